@@ -1,0 +1,157 @@
+/* blockmgr.h - the PagedAttention KV block manager.
+ *
+ * Owns the device-tier and CPU-tier (swap) block pools, per-sequence block
+ * tables, refcounts, the prefix cache (content-hashed full blocks) and
+ * copy-on-write. It never touches block contents: it hands out block ids
+ * and queues kv_op_t copy/swap operations that the engine gives to the
+ * backend before the next forward pass, in queue order.
+ *
+ * DESIGN
+ *   Block states (device and CPU tier alike):
+ *     FREE    ref 0, no hash, on the tier's LRU queue
+ *     CACHED  ref 0, hash,    on the tier's LRU queue (revivable in O(1))
+ *     USED    ref >= 1,       off the queue
+ *   Device block 0 is the null block: never handed out, never freed.
+ *   A full block is hashed (SHA-256 over parent hash, its token ids and
+ *   extra keys; the first block mixes in the tenant's salt) and immutable.
+ *   bm_seq_reserve() takes the token ids the step will write, so a block is
+ *   hashed as soon as the step that fills it is planned: the forward writes
+ *   every new token's K/V of a layer before any attention of that layer,
+ *   so another sequence hitting that block in the same step reads valid KV.
+ *
+ * Errors: ST_EINVAL for bad arguments (unknown sequence, wrong state),
+ * ST_EAGAIN when a pool cannot satisfy the request; on ST_EAGAIN nothing
+ * changed.
+ *
+ * Thread: engine thread only.
+ */
+#ifndef BLOCKMGR_H
+#define BLOCKMGR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kvop.h"
+
+typedef struct bm_pool bm_pool_t; /* opaque */
+
+typedef struct bm_config {
+    uint32_t block_size;  /* tokens per block (default 16) */
+    uint32_t num_blocks;  /* device tier, including the null block 0 */
+    uint32_t swap_blocks; /* CPU tier; 0 disables swapping and demotion */
+    int prefix_caching;   /* 0 disables hashing and lookups */
+    float watermark;      /* fraction of device blocks kept for running growth */
+} bm_config_t;
+
+typedef struct bm_stats {
+    uint32_t dev_total; /* usable device blocks (num_blocks - 1) */
+    uint32_t dev_free;  /* FREE */
+    uint32_t dev_cached;
+    uint32_t dev_used;
+    uint32_t cpu_total;
+    uint32_t cpu_free;
+    uint32_t cpu_cached;
+    uint32_t cpu_used;
+    uint64_t prefix_queries; /* tokens looked up */
+    uint64_t prefix_hits;    /* tokens found cached */
+    uint64_t n_copies;       /* copy-on-write copies queued */
+    uint64_t n_swap_out;     /* blocks queued device -> CPU */
+    uint64_t n_swap_in;      /* blocks queued CPU -> device */
+    uint64_t n_demoted;      /* cached blocks demoted to the CPU tier */
+    uint64_t n_promoted;     /* cached blocks promoted back on a hit */
+    uint64_t n_evicted;      /* cached blocks dropped */
+} bm_stats_t;
+
+/* ST_OK and *out, or ST_EINVAL (block_size 0, num_blocks < 2). */
+int bm_pool_create(const bm_config_t *cfg, bm_pool_t **out);
+/* NULL is a no-op. */
+void bm_pool_destroy(bm_pool_t *pool);
+
+/* Prefix-cache salt for a tenant (copied; len <= 64). Tenants with the
+ * same salt share cached blocks; the default salt is the tenant id. */
+int bm_tenant_set_salt(bm_pool_t *pool, uint32_t tenant, const void *salt, size_t len);
+
+/* Registers an empty, resident sequence owned by tenant. ST_EINVAL if seq
+ * already exists. */
+int bm_seq_create(bm_pool_t *pool, uint64_t seq, uint32_t tenant);
+
+/* For an empty sequence: attach the longest run of cached full blocks that
+ * match tokens[0..n), never covering tokens[n-1]. Blocks found in the CPU
+ * tier are promoted (queued SWAP_IN), which needs free device blocks; the
+ * run stops where it cannot. *n_cached = tokens now covered (a multiple of
+ * block_size). Counts queries and hits. */
+int bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n,
+                         uint32_t *n_cached);
+
+/* Tokens that a lookup would find, without attaching or counting. */
+uint32_t bm_prefix_probe(const bm_pool_t *pool, uint32_t tenant, const int32_t *tokens,
+                         uint32_t n);
+
+/* Device blocks that reserving n_new more tokens of seq would take
+ * (new blocks plus a copy-on-write of a shared tail). */
+uint32_t bm_seq_blocks_needed(const bm_pool_t *pool, uint64_t seq, uint32_t n_new);
+
+/* Whether n_blocks more can be given to a NEW sequence while keeping the
+ * watermark for running ones. */
+int bm_pool_can_admit(const bm_pool_t *pool, uint32_t n_blocks);
+
+/* Make room for tokens[0..n_new) after the sequence's current length,
+ * all-or-nothing. Writes slots[i] = block * block_size + offset for each
+ * new token. Copy-on-write of a shared partly filled tail is queued here.
+ * Blocks that become full are hashed and enter the prefix cache.
+ * ST_EAGAIN: not enough device blocks; nothing changed. */
+int bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_new,
+                   int32_t *slots);
+
+/* Give up the last n tokens of the sequence (speculative or aborted
+ * writes); blocks left empty are released. */
+int bm_seq_truncate(bm_pool_t *pool, uint64_t seq, uint32_t n);
+
+/* child becomes a new sequence sharing every block of parent (refcounts
+ * up), with the same tenant and length. ST_EINVAL if child exists or
+ * parent is swapped. */
+int bm_seq_fork(bm_pool_t *pool, uint64_t parent, uint64_t child);
+
+/* Releases the sequence: blocks go back to the LRU queue, full hashed
+ * ones stay CACHED. Unknown seq is a no-op. */
+void bm_seq_free(bm_pool_t *pool, uint64_t seq);
+
+/* Move every block of a resident sequence to the CPU tier (queued
+ * SWAP_OUT ops; a block shared by several sequences moves once and stays
+ * shared). ST_EAGAIN when the CPU tier lacks room. */
+int bm_seq_swap_out(bm_pool_t *pool, uint64_t seq);
+/* Bring a swapped sequence back (queued SWAP_IN ops). ST_EAGAIN when the
+ * device tier lacks room (respecting nothing but free blocks). */
+int bm_seq_swap_in(bm_pool_t *pool, uint64_t seq);
+/* Device blocks a swap-in of seq would need. */
+uint32_t bm_seq_swap_in_needed(const bm_pool_t *pool, uint64_t seq);
+
+int bm_seq_exists(const bm_pool_t *pool, uint64_t seq);
+int bm_seq_is_swapped(const bm_pool_t *pool, uint64_t seq);
+uint32_t bm_seq_len(const bm_pool_t *pool, uint64_t seq);
+/* Borrowed view of the block table; valid until the next call that
+ * mutates seq. Device block ids while resident. */
+const int32_t *bm_seq_table(const bm_pool_t *pool, uint64_t seq, uint32_t *n_blocks);
+
+/* Queued copy/swap operations since the last clear, in the order they must
+ * run. Borrowed; valid until bm_pool_ops_clear(). */
+const kv_op_t *bm_pool_ops(const bm_pool_t *pool, uint32_t *n_ops);
+void bm_pool_ops_clear(bm_pool_t *pool);
+
+uint32_t bm_pool_block_size(const bm_pool_t *pool);
+/* Device blocks that can be handed out now: FREE plus CACHED (evictable). */
+uint32_t bm_pool_free_blocks(const bm_pool_t *pool);
+/* CPU-tier blocks that can be handed out now. */
+uint32_t bm_pool_free_swap_blocks(const bm_pool_t *pool);
+void bm_pool_stats(const bm_pool_t *pool, bm_stats_t *out);
+/* Device blocks referenced by a tenant's sequences (shared blocks count
+ * once per tenant). */
+uint32_t bm_tenant_blocks(const bm_pool_t *pool, uint32_t tenant);
+
+/* Drops every CACHED block (device and CPU tier) from the prefix cache. */
+void bm_pool_reset_prefix_cache(bm_pool_t *pool);
+
+/* Walks every structure; aborts with a message on any violation. */
+void bm_pool_check(const bm_pool_t *pool);
+
+#endif /* BLOCKMGR_H */

@@ -1,0 +1,27 @@
+/* kvop.h - KV block copy and swap operations.
+ *
+ * blockmgr queues these and never touches bytes; the engine hands them to
+ * the backend, which moves the bytes of every layer's K and V (and any
+ * per-block scales) before the step's forward pass. Shared here so model/
+ * and blockmgr/ need not depend on each other.
+ *
+ * Thread: engine.
+ */
+#ifndef COMMON_KVOP_H
+#define COMMON_KVOP_H
+
+#include <stdint.h>
+
+typedef enum kv_op_kind {
+    KV_OP_COPY = 0,     /* device block src -> device block dst */
+    KV_OP_SWAP_OUT = 1, /* device block src -> CPU-tier block dst */
+    KV_OP_SWAP_IN = 2,  /* CPU-tier block src -> device block dst */
+} kv_op_kind_t;
+
+typedef struct kv_op {
+    kv_op_kind_t kind;
+    int32_t src;
+    int32_t dst;
+} kv_op_t;
+
+#endif /* COMMON_KVOP_H */

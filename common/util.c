@@ -1,0 +1,117 @@
+/* util.c - time, UTF-8 validation, SHA-256 (OpenSSL), constant-time compare. */
+#include "util.h"
+
+#include <openssl/evp.h>
+#include <time.h>
+
+uint64_t
+now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double
+now_s(void)
+{
+    return (double)now_ns() * 1e-9;
+}
+
+/* Length of the well-formed sequence at s (1..4), 0 if malformed, -1 if
+ * truncated (valid so far but cut by the end of the buffer). */
+static int
+utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    int len;
+    unsigned char lo = 0x80, hi = 0xBF;
+
+    if (c < 0x80) {
+        return 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) {
+            lo = 0xA0;
+        } else if (c == 0xED) {
+            hi = 0x9F;
+        }
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) {
+            lo = 0x90;
+        } else if (c == 0xF4) {
+            hi = 0x8F;
+        }
+    } else {
+        return 0;
+    }
+    for (int i = 1; i < len; i++) {
+        if ((size_t)i >= n) {
+            return -1;
+        }
+        unsigned char lo_i = i == 1 ? lo : 0x80, hi_i = i == 1 ? hi : 0xBF;
+        if (s[i] < lo_i || s[i] > hi_i) {
+            return 0;
+        }
+    }
+    return len;
+}
+
+int
+utf8_valid(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        int l = utf8_seq(p + i, n - i);
+        if (l <= 0) {
+            return 0;
+        }
+        i += (size_t)l;
+    }
+    return 1;
+}
+
+size_t
+utf8_complete_prefix(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        int l = utf8_seq(p + i, n - i);
+        if (l < 0) {
+            return i; /* truncated tail: hold it back */
+        }
+        i += l == 0 ? 1 : (size_t)l; /* malformed byte: pass it on */
+    }
+    return n;
+}
+
+void
+sha256_hex(const void *data, size_t n, char out[65])
+{
+    unsigned char md[32];
+    unsigned int len = 0;
+    static const char hex[] = "0123456789abcdef";
+
+    EVP_Digest(data, n, md, &len, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = hex[md[i] >> 4];
+        out[2 * i + 1] = hex[md[i] & 15];
+    }
+    out[64] = '\0';
+}
+
+int
+ct_equal(const void *a, const void *b, size_t n)
+{
+    const volatile unsigned char *x = a, *y = b;
+    unsigned char d = 0;
+    for (size_t i = 0; i < n; i++) {
+        d |= x[i] ^ y[i];
+    }
+    return d == 0;
+}

@@ -1,0 +1,129 @@
+/* model.h - Llama-family model: configuration, loading, and the forward
+ * pass over a backend with a paged KV pool.
+ *
+ * A model (weights mmapped read-only, config, tokenizer, chat template) is
+ * immutable after mdl_model_load() and may be shared between threads. A
+ * runtime binds a model to a backend ("cpu" or "cuda"), owns the KV pool
+ * bytes (layout per layer [block][kv_head][block_size][head_dim] for K and
+ * for V), the CPU swap tier and every scratch buffer, all allocated at
+ * creation: mdl_forward() allocates nothing.
+ *
+ * Thread: mdl_model_* any thread after load; mdl_runtime_* and
+ * mdl_forward engine thread only.
+ */
+#ifndef MODEL_MODEL_H
+#define MODEL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kvop.h"
+
+typedef struct tok_tokenizer tok_tokenizer_t;
+
+typedef enum mdl_rope_scaling {
+    MDL_ROPE_NONE = 0,
+    MDL_ROPE_LINEAR,
+    MDL_ROPE_LLAMA3,
+} mdl_rope_scaling_t;
+
+#define MDL_MAX_EOS 8
+
+typedef struct mdl_config {
+    char arch[32];         /* "llama", "mistral", "qwen2" */
+    int32_t vocab_size;
+    int32_t dim;           /* hidden size */
+    int32_t n_layers;
+    int32_t n_heads;
+    int32_t n_kv_heads;
+    int32_t head_dim;      /* dim / n_heads unless config says otherwise */
+    int32_t ffn_dim;       /* intermediate size */
+    int32_t max_pos;       /* max_position_embeddings: the context length */
+    float norm_eps;
+    float rope_theta;
+    mdl_rope_scaling_t rope_scaling;
+    float rope_factor;
+    float rope_low_freq_factor;   /* llama3 */
+    float rope_high_freq_factor;  /* llama3 */
+    int32_t rope_orig_max_pos;    /* llama3 */
+    int tie_embeddings;
+    int qkv_bias;                 /* Qwen2 */
+    int32_t sliding_window;       /* 0: full attention */
+    int32_t bos_id;               /* -1 when none */
+    int32_t eos_ids[MDL_MAX_EOS]; /* from config.json / generation_config.json */
+    int32_t n_eos;
+} mdl_config_t;
+
+typedef struct mdl_model mdl_model_t;
+
+/* path: a Hugging Face directory or a .gguf file. On failure returns a
+ * negative ST_* and writes a one-line reason naming the file into err. */
+int mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen);
+void mdl_model_destroy(mdl_model_t *m);
+const mdl_config_t *mdl_model_config(const mdl_model_t *m);
+/* Borrowed, lives as long as the model. */
+const tok_tokenizer_t *mdl_model_tokenizer(const mdl_model_t *m);
+/* The chat template source, or NULL when the model has none. */
+const char *mdl_model_chat_template(const mdl_model_t *m);
+/* Bytes of weights read per forward token (for the roofline figure). */
+size_t mdl_model_weight_bytes(const mdl_model_t *m);
+
+/* One step: a flattened varlen batch mixing prefill chunks and decodes
+ * (DESIGN.md section 3). All arrays are host memory owned by the caller. */
+typedef struct mdl_batch {
+    int32_t n_tokens;            /* new tokens this step, all sequences */
+    const int32_t *tokens;       /* [n_tokens] */
+    const int32_t *positions;    /* [n_tokens] */
+    const int32_t *slot_mapping; /* [n_tokens] block * block_size + offset */
+    int32_t n_seqs;
+    const int32_t *query_start;  /* [n_seqs + 1] offsets into tokens */
+    const int32_t *context_len;  /* [n_seqs] KV length after this step */
+    const int32_t *block_tables; /* [n_seqs][max_blocks] physical block ids */
+    int32_t max_blocks;
+    const int32_t *logits_rows;  /* [n_logits] token rows that need logits */
+    int32_t n_logits;
+} mdl_batch_t;
+
+typedef enum mdl_kv_dtype {
+    MDL_KV_AUTO = 0,
+    MDL_KV_F32,
+    MDL_KV_F16,
+    MDL_KV_BF16,
+    MDL_KV_FP8_E4M3,
+    MDL_KV_INT8,
+    MDL_KV_INT4,
+} mdl_kv_dtype_t;
+
+typedef struct mdl_runtime_config {
+    const char *device;             /* "cpu" (default) or "cuda" */
+    int32_t tp_size;                /* tensor-parallel ranks, >= 1 */
+    int32_t n_threads;              /* CPU threads per rank; 0 = all cores */
+    int32_t block_size;             /* tokens per KV block */
+    int32_t num_blocks;             /* device tier, including null block 0 */
+    int32_t swap_blocks;            /* CPU tier */
+    int32_t max_num_batched_tokens; /* sizes activation buffers */
+    int32_t max_num_seqs;
+    int32_t max_blocks_per_seq;
+    mdl_kv_dtype_t kv_dtype;
+} mdl_runtime_config_t;
+
+typedef struct mdl_runtime mdl_runtime_t;
+
+int mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_runtime_t **out,
+                       char *err, size_t errlen);
+void mdl_runtime_destroy(mdl_runtime_t *rt);
+
+/* Bytes of one KV block over all layers, K and V, in the cache dtype
+ * (for sizing --kv-cache-memory into a block count before creation). */
+size_t mdl_kv_block_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype);
+
+/* Runs queued block copy / swap operations, in order. */
+int mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops);
+
+/* Forward pass. On ST_OK *logits points at [b->n_logits][vocab] f32 host
+ * rows in the order of b->logits_rows, owned by the runtime and valid
+ * until the next call. Per layer, every new token's K/V is written through
+ * slot_mapping before any attention reads through block_tables. */
+int mdl_forward(mdl_runtime_t *rt, const mdl_batch_t *b, const float **logits);
+
+#endif /* MODEL_MODEL_H */

@@ -1,0 +1,65 @@
+/* sampler.h - turns a row of logits into a token.
+ *
+ * Order: logit bias, repetition / presence / frequency penalties, then
+ * greedy (temperature 0) or temperature, top-k, top-p, min-p, and a draw
+ * from the request's own seeded RNG (same seed, same output). Reports the
+ * sampled token's logprob and the top-n logprobs, computed from the
+ * distribution after bias and penalties and before temperature and
+ * truncation (as vLLM does by default).
+ *
+ * Thread: a smp_ctx_t belongs to one thread (the engine's).
+ */
+#ifndef MODEL_SAMPLER_H
+#define MODEL_SAMPLER_H
+
+#include <stdint.h>
+
+#define SMP_MAX_LOGPROBS 20
+
+typedef struct smp_bias {
+    int32_t id;
+    float bias;
+} smp_bias_t;
+
+typedef struct smp_params {
+    float temperature;        /* 0: greedy */
+    float top_p;              /* 1: off */
+    int32_t top_k;            /* <= 0: off */
+    float min_p;              /* 0: off */
+    float repetition_penalty; /* 1: off; applied over prompt and output */
+    float presence_penalty;   /* 0: off; output tokens only */
+    float frequency_penalty;  /* 0: off; output tokens only */
+    const smp_bias_t *bias;   /* borrowed; n_bias entries */
+    int32_t n_bias;
+    int32_t n_logprobs;       /* top logprobs to report, 0..SMP_MAX_LOGPROBS */
+} smp_params_t;
+
+/* Per-stream random state (xoshiro256** seeded with splitmix64). */
+typedef struct smp_rng {
+    uint64_t s[4];
+} smp_rng_t;
+
+void smp_rng_seed(smp_rng_t *r, uint64_t seed);
+uint64_t smp_rng_next(smp_rng_t *r);
+double smp_rng_uniform(smp_rng_t *r); /* [0, 1) */
+
+typedef struct smp_result {
+    int32_t token;
+    float logprob;
+    int32_t n_top;
+    int32_t top_ids[SMP_MAX_LOGPROBS];
+    float top_logprobs[SMP_MAX_LOGPROBS];
+} smp_result_t;
+
+typedef struct smp_ctx smp_ctx_t;
+
+/* Preallocates every buffer for a vocabulary: sampling allocates nothing. */
+int smp_ctx_create(int32_t vocab, smp_ctx_t **out);
+void smp_ctx_destroy(smp_ctx_t *c);
+
+/* Samples from logits[vocab] (modified in place). history[0..n_hist) is
+ * the sequence so far, of which the first n_prompt are the prompt. */
+int smp_sample(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, float *logits,
+               const int32_t *history, int32_t n_hist, int32_t n_prompt, smp_result_t *out);
+
+#endif /* MODEL_SAMPLER_H */

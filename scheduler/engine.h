@@ -1,0 +1,182 @@
+/* engine.h - the engine thread and the messages that reach it.
+ *
+ * The loop thread (server/) talks to the engine only through two channels
+ * (common/chan.h): the engine's inbox (SUBMIT, CANCEL, SHUTDOWN, STATS) and
+ * an outbox the caller provides (DELTA, FINISHED, ERROR, STATS_REPLY).
+ * Every message is malloc'd by its sender and freed by its receiver with
+ * eng_msg_free(). Only request ids cross threads; the engine owns the
+ * scheduler, the block manager, the model runtime and the sampler.
+ *
+ * For every SUBMIT the engine sends zero or more DELTA messages per choice,
+ * then exactly one FINISHED per choice, or one ERROR for the request (after
+ * which nothing more comes for that id). A CANCEL for an unknown or
+ * finished id is ignored; a cancelled request still gets its FINISHED
+ * messages (reason ENG_FINISH_ABORT), so the loop thread can free its
+ * record on the engine's last word.
+ *
+ * Thread: engine_* on the thread that created the engine, messages from
+ * any thread.
+ */
+#ifndef SCHEDULER_ENGINE_H
+#define SCHEDULER_ENGINE_H
+
+#include <stdint.h>
+
+#include "common/chan.h"
+#include "model/model.h"
+#include "model/sampler.h"
+
+enum eng_msg_type {
+    /* inbox */
+    ENG_MSG_SUBMIT = 1,
+    ENG_MSG_CANCEL,
+    ENG_MSG_SHUTDOWN,
+    ENG_MSG_STATS,
+    /* outbox */
+    ENG_MSG_DELTA = 16,
+    ENG_MSG_FINISHED,
+    ENG_MSG_ERROR,
+    ENG_MSG_STATS_REPLY,
+};
+
+typedef enum eng_finish {
+    ENG_FINISH_NONE = 0,
+    ENG_FINISH_STOP,   /* EOS or a stop token id, or CANCEL by a stop string */
+    ENG_FINISH_LENGTH, /* max_tokens or the context length */
+    ENG_FINISH_ABORT,  /* cancelled */
+} eng_finish_t;
+
+#define ENG_MAX_STOP_IDS 16
+
+typedef struct eng_request {
+    uint64_t id;
+    uint32_t tenant;      /* index into eng_config_t.tenants */
+    int32_t priority;     /* lower value = served first (vLLM) */
+    int32_t *prompt;      /* owned by the message, malloc'd */
+    int32_t n_prompt;
+    smp_params_t sampling; /* .bias owned by the message, malloc'd */
+    uint64_t seed;
+    int has_seed;
+    int32_t n;            /* choices, >= 1 */
+    int32_t max_tokens;   /* >= 1 */
+    int32_t min_tokens;
+    int ignore_eos;
+    int32_t stop_ids[ENG_MAX_STOP_IDS];
+    int32_t n_stop_ids;
+    uint64_t t_arrival_ns; /* now_ns() when the loop thread received it */
+} eng_request_t;
+
+typedef struct eng_msg_submit {
+    msg_t hdr;
+    eng_request_t req;
+} eng_msg_submit_t;
+
+typedef struct eng_msg_cancel {
+    msg_t hdr;
+    uint64_t id;
+    int as_stop;          /* a stop string matched: finish with STOP, not ABORT */
+    int32_t choice;       /* -1: every choice */
+} eng_msg_cancel_t;
+
+#define ENG_DELTA_MAX 8
+
+typedef struct eng_msg_delta {
+    msg_t hdr;
+    uint64_t id;
+    int32_t choice;
+    int32_t n_tokens;
+    smp_result_t tok[ENG_DELTA_MAX]; /* token, logprob, top logprobs */
+} eng_msg_delta_t;
+
+typedef struct eng_msg_finished {
+    msg_t hdr;
+    uint64_t id;
+    int32_t choice;
+    eng_finish_t reason;
+    int32_t prompt_tokens;
+    int32_t completion_tokens; /* this choice */
+    int32_t cached_tokens;     /* prompt tokens served from the prefix cache */
+} eng_msg_finished_t;
+
+typedef struct eng_msg_error {
+    msg_t hdr;
+    uint64_t id;
+    int status;               /* ST_EQUEUE -> 429, ST_ETOOLONG -> 400, ... */
+    char message[200];
+} eng_msg_error_t;
+
+#define ENG_MAX_TENANTS 64
+
+typedef struct eng_tenant_stats {
+    uint32_t running;
+    uint32_t waiting;
+    uint32_t swapped;
+    uint32_t kv_blocks;
+    uint64_t prompt_tokens;
+    uint64_t generation_tokens;
+    uint64_t requests_finished;
+    uint64_t requests_rejected;
+    double vtc;              /* virtual token counter (weighted service) */
+} eng_tenant_stats_t;
+
+typedef struct eng_stats {
+    uint32_t running;
+    uint32_t waiting;
+    uint32_t swapped;
+    uint32_t kv_total, kv_used, kv_cached;       /* device tier blocks */
+    uint32_t swap_total, swap_used, swap_cached; /* CPU tier blocks */
+    uint64_t prefix_queries, prefix_hits;        /* tokens */
+    uint64_t preempt_swap, preempt_recompute;
+    uint64_t prompt_tokens, generation_tokens;
+    uint64_t steps;
+    uint32_t n_tenants;
+    eng_tenant_stats_t tenant[ENG_MAX_TENANTS];
+} eng_stats_t;
+
+typedef struct eng_msg_stats {
+    msg_t hdr;
+    uint64_t cookie;          /* echoed in the reply */
+    eng_stats_t stats;        /* filled in the reply */
+} eng_msg_stats_t;
+
+typedef struct eng_tenant {
+    char name[64];
+    double weight;            /* fair-share weight, > 0 */
+    int32_t max_running;      /* 0: unlimited */
+    int32_t max_waiting;      /* 0: unlimited */
+    double max_kv_share;      /* 0 < share <= 1 of device blocks */
+    char salt[65];            /* prefix-cache salt; "" = the tenant's name */
+} eng_tenant_t;
+
+typedef struct eng_config {
+    mdl_runtime_config_t rt;  /* device, blocks, budgets */
+    int32_t max_num_seqs;
+    int32_t max_num_batched_tokens;
+    int32_t max_model_len;    /* <= the model's context */
+    int prefix_caching;
+    float watermark;
+    int32_t n_tenants;        /* >= 1; tenant 0 is the default */
+    eng_tenant_t tenants[ENG_MAX_TENANTS];
+    int log_every_steps;      /* INFO summary period; 0 off */
+} eng_config_t;
+
+typedef struct engine engine_t;
+
+/* Creates the runtime (KV pool) and the scheduler; does not start the
+ * thread. outbox receives every reply. Errors: negative ST_* with a reason
+ * in err. */
+int engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
+                  engine_t **out, char *err, size_t errlen);
+int engine_start(engine_t *e);
+/* The inbox: chan_send() SUBMIT / CANCEL / SHUTDOWN / STATS here. */
+chan_t *engine_inbox(engine_t *e);
+/* Sends SHUTDOWN (every open request gets ERROR ST_ESHUTDOWN) and joins. */
+void engine_stop(engine_t *e);
+void engine_destroy(engine_t *e);
+/* 1 while the engine thread runs and has not failed. Any thread. */
+int engine_alive(const engine_t *e);
+
+/* Frees any engine message and what it owns. NULL is a no-op. */
+void eng_msg_free(msg_t *m);
+
+#endif /* SCHEDULER_ENGINE_H */
