@@ -1,0 +1,53 @@
+/* main.c - the kvserve command line: dispatch to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "kvserve_config.h"
+#include "server/cmds.h"
+
+typedef struct cmd {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} cmd_t;
+
+static const cmd_t cmds[] = {
+    /* Each subcommand adds its line here once it is built. */
+    {NULL, NULL, NULL},
+};
+
+static void
+usage(FILE *f)
+{
+    fprintf(f, "usage: kvserve COMMAND [OPTIONS]\n\ncommands:\n");
+    for (const cmd_t *c = cmds; c->name != NULL; c++) {
+        fprintf(f, "  %-16s %s\n", c->name, c->help);
+    }
+    fprintf(f, "\n'kvserve COMMAND --help' describes a command's options.\n");
+}
+
+int
+main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("kvserve %s\n", KVSERVE_VERSION);
+        return 0;
+    }
+    for (const cmd_t *c = cmds; c->name != NULL; c++) {
+        if (strcmp(argv[1], c->name) == 0) {
+            return c->fn(argc - 1, argv + 1);
+        }
+    }
+    fprintf(stderr, "kvserve: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
