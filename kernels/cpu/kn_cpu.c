@@ -1,0 +1,399 @@
+/* kn_cpu.c - CPU kernel dispatch: ISA selection, threading, GEMMs.
+ *
+ * DESIGN. One thread pool: OpenBLAS is put in single-threaded mode and
+ * every parallel kernel forks an OpenMP team of kn_cpu_threads() threads,
+ * each working on its own slice (GEMMs split their output rows, and each
+ * slice is one single-threaded cblas call). A team is forked only when the
+ * work is large enough to amortize it (the KN_PAR_* thresholds): a decode
+ * step of a small model runs entirely on the calling thread, where fork and
+ * barrier costs would exceed the arithmetic.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "kernels/cpu/kn_int.h"
+
+/* Work (multiply-adds or elements) below which a kernel stays serial. */
+#define KN_PAR_GEMM (1L << 19)
+#define KN_PAR_ELEM (1L << 16)
+#define KN_PAR_ATTN (1L << 16)
+
+static const kn_impl_t *kn_impl = &kn__impl_generic;
+static kn_isa_t kn_isa_cur = KN_ISA_GENERIC;
+static kn_isa_t kn_isa_max = KN_ISA_GENERIC;
+static int kn_nthreads = 1;
+static int kn_inited;
+
+static kn_isa_t
+kn_detect(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma")) {
+        return KN_ISA_AVX512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        return KN_ISA_AVX2;
+    }
+#endif
+    return KN_ISA_GENERIC;
+}
+
+void
+kn_cpu_init(int n_threads)
+{
+    if (!kn_inited) {
+        kn_isa_max = kn_detect();
+        kn_cpu_set_isa(kn_isa_max);
+        kn_inited = 1;
+    }
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    kn_nthreads = n_threads;
+    openblas_set_num_threads(1);
+}
+
+int
+kn_cpu_threads(void)
+{
+    return kn_nthreads;
+}
+
+kn_isa_t
+kn_cpu_isa_best(void)
+{
+    if (!kn_inited) {
+        kn_cpu_init(0);
+    }
+    return kn_isa_max;
+}
+
+kn_isa_t
+kn_cpu_isa(void)
+{
+    return kn_isa_cur;
+}
+
+int
+kn_cpu_set_isa(kn_isa_t isa)
+{
+    const kn_impl_t *impl;
+
+    if (kn_inited && isa > kn_isa_max) {
+        return ST_EUNSUPPORTED;
+    }
+    if (!kn_inited && isa > kn_detect()) {
+        return ST_EUNSUPPORTED;
+    }
+    switch (isa) {
+    case KN_ISA_GENERIC:
+        impl = &kn__impl_generic;
+        break;
+    case KN_ISA_AVX2:
+        impl = &kn__impl_avx2;
+        break;
+    case KN_ISA_AVX512:
+        impl = &kn__impl_avx512;
+        break;
+    default:
+        return ST_EINVAL;
+    }
+    kn_impl = impl;
+    kn_isa_cur = isa;
+    return ST_OK;
+}
+
+const char *
+kn_isa_name(kn_isa_t isa)
+{
+    switch (isa) {
+    case KN_ISA_AVX2:
+        return "avx2";
+    case KN_ISA_AVX512:
+        return "avx512";
+    default:
+        return "generic";
+    }
+}
+
+/* Threads for a job of the given size: 1 below the threshold. */
+static int
+kn_team(long work, long threshold)
+{
+    return work >= threshold ? kn_nthreads : 1;
+}
+
+/* One slice of rows [r0, r1) of the output: a single-threaded cblas call. */
+static void
+kn_matmul_rows(const float *x, const float *w, const float *bias, float *y, int32_t n_tok,
+               int32_t d_in, int32_t d_out, int accumulate, int32_t r0, int32_t r1)
+{
+    int32_t rows = r1 - r0;
+    float beta = accumulate ? 1.0f : 0.0f;
+
+    if (rows <= 0) {
+        return;
+    }
+    if (bias != NULL) {
+        for (int32_t t = 0; t < n_tok; t++) {
+            float *yr = y + (size_t)t * d_out + r0;
+
+            if (accumulate) {
+                for (int32_t o = 0; o < rows; o++) {
+                    yr[o] += bias[r0 + o];
+                }
+            } else {
+                memcpy(yr, bias + r0, sizeof(float) * (size_t)rows);
+            }
+        }
+        beta = 1.0f;
+    }
+    if (n_tok == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, d_in, 1.0f, w + (size_t)r0 * d_in, d_in, x,
+                    1, beta, y + r0, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tok, rows, d_in, 1.0f, x, d_in,
+                    w + (size_t)r0 * d_in, d_in, beta, y + r0, d_out);
+    }
+}
+
+void
+kn_cpu_matmul(const float *x, const float *w, const float *bias, float *y, int32_t n_tok,
+              int32_t d_in, int32_t d_out, int accumulate)
+{
+    int nt = kn_team((long)n_tok * d_in * d_out, KN_PAR_GEMM);
+
+    if (nt <= 1 || d_out < 32) {
+        kn_matmul_rows(x, w, bias, y, n_tok, d_in, d_out, accumulate, 0, d_out);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int id = omp_get_thread_num(), n = omp_get_num_threads();
+        /* Slices aligned to 16 rows so each thread's rows start on a cache line. */
+        int32_t per = ((d_out + n - 1) / n + 15) & ~15;
+        int32_t r0 = id * per, r1 = r0 + per > d_out ? d_out : r0 + per;
+
+        kn_matmul_rows(x, w, bias, y, n_tok, d_in, d_out, accumulate, r0, r1);
+    }
+}
+
+void
+kn_cpu_rmsnorm(const float *x, const float *w, float *y, int32_t n_tok, int32_t dim, float eps)
+{
+    int nt = kn_team((long)n_tok * dim, KN_PAR_ELEM);
+    const kn_impl_t *impl = kn_impl;
+
+    if (nt <= 1) {
+        impl->rmsnorm(x, w, y, n_tok, dim, eps);
+        return;
+    }
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int32_t t = 0; t < n_tok; t++) {
+        impl->rmsnorm(x + (size_t)t * dim, w, y + (size_t)t * dim, 1, dim, eps);
+    }
+}
+
+void
+kn_cpu_rope_inv_freq(const kn_rope_params_t *p, float *inv_freq)
+{
+    int32_t half = p->head_dim / 2;
+    const double pi = 3.14159265358979323846;
+
+    for (int32_t i = 0; i < half; i++) {
+        double f = 1.0 / pow((double)p->theta, (double)(2 * i) / (double)p->head_dim);
+
+        if (p->scaling == KN_ROPE_LINEAR && p->factor > 0.0f) {
+            f /= p->factor;
+        } else if (p->scaling == KN_ROPE_LLAMA3 && p->factor > 0.0f) {
+            double low_wl = (double)p->orig_max_pos / p->low_freq_factor;
+            double high_wl = (double)p->orig_max_pos / p->high_freq_factor;
+            double wl = 2.0 * pi / f;
+
+            if (wl > low_wl) {
+                f /= p->factor;
+            } else if (wl >= high_wl) {
+                double smooth = ((double)p->orig_max_pos / wl - p->low_freq_factor) /
+                                (p->high_freq_factor - p->low_freq_factor);
+
+                f = (1.0 - smooth) * f / p->factor + smooth * f;
+            }
+        }
+        inv_freq[i] = (float)f;
+    }
+}
+
+void
+kn_cpu_rope_table(const int32_t *pos, int32_t n_tok, const float *inv_freq, int32_t half,
+                  float *cos_t, float *sin_t)
+{
+    int nt = kn_team((long)n_tok * half * 16, KN_PAR_ELEM);
+
+    /* Angles in double: positions up to 10^6 times inv_freq near 1 lose
+     * too many bits in f32 for the 1e-4 reference tolerance. */
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int32_t t = 0; t < n_tok; t++) {
+        for (int32_t i = 0; i < half; i++) {
+            double ang = (double)pos[t] * (double)inv_freq[i];
+
+            cos_t[(size_t)t * half + i] = (float)cos(ang);
+            sin_t[(size_t)t * half + i] = (float)sin(ang);
+        }
+    }
+}
+
+void
+kn_cpu_rope(float *x, int32_t n_tok, int32_t n_heads, int32_t head_dim, const float *cos_t,
+            const float *sin_t)
+{
+    int nt = kn_team((long)n_tok * n_heads * head_dim, KN_PAR_ELEM);
+    const kn_impl_t *impl = kn_impl;
+    size_t row = (size_t)n_heads * head_dim, half = (size_t)head_dim / 2;
+
+    if (nt <= 1) {
+        impl->rope(x, n_tok, n_heads, head_dim, cos_t, sin_t);
+        return;
+    }
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int32_t t = 0; t < n_tok; t++) {
+        impl->rope(x + t * row, 1, n_heads, head_dim, cos_t + t * half, sin_t + t * half);
+    }
+}
+
+void
+kn_cpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
+                const int32_t *slot, int32_t n_tok, int32_t n_kv_heads, int32_t block_size,
+                int32_t head_dim)
+{
+    size_t hb = sizeof(float) * (size_t)head_dim;
+
+    for (int32_t t = 0; t < n_tok; t++) {
+        if (slot[t] < 0) {
+            continue;
+        }
+        int32_t blk = slot[t] / block_size, off = slot[t] % block_size;
+
+        for (int32_t h = 0; h < n_kv_heads; h++) {
+            size_t dst = (((size_t)blk * n_kv_heads + h) * block_size + off) * head_dim;
+            size_t src = ((size_t)t * n_kv_heads + h) * head_dim;
+
+            memcpy(k_cache + dst, k + src, hb);
+            memcpy(v_cache + dst, v + src, hb);
+        }
+    }
+}
+
+/* The sequence that owns token row t: query_start is non-decreasing. */
+static int32_t
+kn_seq_of(const kn_attn_args_t *a, int32_t t)
+{
+    int32_t lo = 0, hi = a->n_seqs - 1;
+
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) / 2;
+
+        if (a->query_start[mid] <= t) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+void
+kn_cpu_attention(const kn_attn_args_t *a)
+{
+    const kn_impl_t *impl = kn_impl;
+    long work = 0;
+    int32_t n_tasks = a->n_tok * a->n_kv_heads;
+
+    for (int32_t s = 0; s < a->n_seqs; s++) {
+        work += (long)(a->query_start[s + 1] - a->query_start[s]) * a->context_len[s];
+    }
+    work *= (long)a->n_heads * a->head_dim;
+
+    int nt = kn_team(work, KN_PAR_ATTN);
+
+    if (nt <= 1 || n_tasks < 2) {
+        int32_t s = 0;
+
+        for (int32_t t = 0; t < a->n_tok; t++) {
+            while (a->query_start[s + 1] <= t) {
+                s++;
+            }
+            for (int32_t kh = 0; kh < a->n_kv_heads; kh++) {
+                impl->attn_task(a, t, s, kh);
+            }
+        }
+        return;
+    }
+    /* Later tokens of a prefill chunk see more context: hand tasks out
+     * dynamically, latest tokens first. */
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int32_t i = 0; i < n_tasks; i++) {
+        int32_t t = a->n_tok - 1 - i / a->n_kv_heads;
+
+        impl->attn_task(a, t, kn_seq_of(a, t), i % a->n_kv_heads);
+    }
+}
+
+void
+kn_cpu_silu_mul(const float *gate, const float *up, float *out, size_t n)
+{
+    int nt = kn_team((long)n, KN_PAR_ELEM);
+    const kn_impl_t *impl = kn_impl;
+
+    if (nt <= 1) {
+        impl->silu_mul(gate, up, out, n);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int id = omp_get_thread_num(), k = omp_get_num_threads();
+        size_t per = ((n + (size_t)k - 1) / (size_t)k + 15) & ~(size_t)15;
+        size_t i0 = (size_t)id * per, i1 = i0 + per > n ? n : i0 + per;
+
+        if (i0 < i1) {
+            impl->silu_mul(gate + i0, up + i0, out + i0, i1 - i0);
+        }
+    }
+}
+
+void
+kn_cpu_embed(const float *table, const int32_t *tokens, int32_t n_tok, int32_t dim, float *out)
+{
+    for (int32_t t = 0; t < n_tok; t++) {
+        memcpy(out + (size_t)t * dim, table + (size_t)tokens[t] * dim, sizeof(float) * (size_t)dim);
+    }
+}
+
+void
+kn_cpu_add(float *x, const float *y, size_t n)
+{
+    int nt = kn_team((long)n, KN_PAR_ELEM);
+    const kn_impl_t *impl = kn_impl;
+
+    if (nt <= 1) {
+        impl->add(x, y, n);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int id = omp_get_thread_num(), k = omp_get_num_threads();
+        size_t per = ((n + (size_t)k - 1) / (size_t)k + 15) & ~(size_t)15;
+        size_t i0 = (size_t)id * per, i1 = i0 + per > n ? n : i0 + per;
+
+        if (i0 < i1) {
+            impl->add(x + i0, y + i0, i1 - i0);
+        }
+    }
+}
