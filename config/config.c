@@ -470,6 +470,13 @@ opt_set(const opt_t *o, void *base, const char *value, int *has_api_key)
         strcpy(p, value);
         return ST_OK;
     case OT_HEX64:
+        if (*value == '\0') {
+            p[0] = '\0'; /* unset */
+            if (has_api_key != NULL) {
+                *has_api_key = 0;
+            }
+            return ST_OK;
+        }
         if (!hex64_ok(value)) {
             return ST_EINVAL;
         }
