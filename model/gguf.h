@@ -104,6 +104,9 @@ const gguf_tensor_t *gguf_tensor(const gguf_file_t *g, int64_t i);
 /* NULL if absent. */
 const gguf_tensor_t *gguf_find_tensor(const gguf_file_t *g, const char *name);
 
+/* "F32", "Q8_0", ... or "unknown". */
+const char *gguf_tensor_type_name(uint32_t type);
+
 /* Converts a tensor's elements to f32 (F32, F16, BF16, Q8_0): dst holds
  * n_elems = product of dims floats. ST_EFORMAT for other types. */
 int gguf_tensor_to_f32(const gguf_tensor_t *t, float *dst);

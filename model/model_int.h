@@ -1,4 +1,4 @@
-/* model_int.h - model internals shared by model/*.c and the backends.
+/* model_int.h - model internals shared by the model/ sources and the backends.
  *
  * Weights are held in f32 on the host (converted at load from F16, BF16 or
  * Q8_0; F32 safetensors are used in place from the mmap). Shapes follow

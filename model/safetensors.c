@@ -1,0 +1,505 @@
+/* safetensors.c - safetensors parsing with strict bounds checks, the
+ * f16/bf16 conversions, and the file helpers shared by the loaders
+ * (mmap, small-file reads, error strings).
+ *
+ * Every number taken from the file is checked before it is used as a
+ * size or an offset: the header length against the file size, each
+ * data_offsets pair against the data section, each shape's element count
+ * (with overflow checks) against its byte range. Tensors may not overlap.
+ */
+#define LOG_MODULE "safetensors"
+
+#include "model/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/xmalloc.h"
+#include "model/loader_int.h"
+
+struct st_file {
+    st_tensor_t *tensors;
+    int64_t n_tensors;
+    void *map; /* set by st_open only */
+    size_t map_len;
+};
+
+static const struct {
+    const char *name;
+    st_dtype_t dt;
+    size_t size;
+} st_dtypes[] = {
+    { "F32", ST_DTYPE_F32, 4 },   { "F16", ST_DTYPE_F16, 2 },   { "BF16", ST_DTYPE_BF16, 2 },
+    { "F64", ST_DTYPE_F64, 8 },   { "I8", ST_DTYPE_I8, 1 },     { "U8", ST_DTYPE_U8, 1 },
+    { "I16", ST_DTYPE_I16, 2 },   { "I32", ST_DTYPE_I32, 4 },   { "I64", ST_DTYPE_I64, 8 },
+    { "BOOL", ST_DTYPE_BOOL, 1 },
+};
+
+void
+mdl__seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err == NULL || errlen == 0) {
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+int
+mdl__map_file(const char *path, void **data, size_t *len, char *err, size_t errlen)
+{
+    struct stat sb;
+    void *p;
+    int fd, rc;
+
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = -errno;
+        mdl__seterr(err, errlen, "%s: %s", path, strerror(errno));
+        return rc;
+    }
+    if (fstat(fd, &sb) != 0) {
+        rc = -errno;
+        mdl__seterr(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        mdl__seterr(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return ST_EFORMAT;
+    }
+    if (sb.st_size == 0) {
+        mdl__seterr(err, errlen, "%s: empty file", path);
+        close(fd);
+        return ST_EFORMAT;
+    }
+    p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+        rc = -errno;
+        mdl__seterr(err, errlen, "%s: mmap: %s", path, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    close(fd);
+    *data = p;
+    *len = (size_t)sb.st_size;
+    return ST_OK;
+}
+
+void
+mdl__unmap(void *data, size_t len)
+{
+    if (data != NULL) {
+        munmap(data, len);
+    }
+}
+
+int
+mdl__read_file(const char *path, size_t max, char **data, size_t *len, char *err, size_t errlen)
+{
+    FILE *fp;
+    char *buf = NULL;
+    size_t cap = 0, n = 0, got;
+    int rc;
+
+    fp = fopen(path, "rb");
+    if (fp == NULL) {
+        rc = -errno;
+        mdl__seterr(err, errlen, "%s: %s", path, strerror(errno));
+        return rc;
+    }
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap == 0 ? 8192 : cap * 2;
+            buf = xrealloc(buf, cap);
+        }
+        got = fread(buf + n, 1, cap - n - 1, fp);
+        n += got;
+        if (n > max) {
+            mdl__seterr(err, errlen, "%s: larger than %zu bytes", path, max);
+            rc = ST_EFORMAT;
+            goto fail;
+        }
+        if (got == 0) {
+            break;
+        }
+    }
+    if (ferror(fp)) {
+        mdl__seterr(err, errlen, "%s: read error", path);
+        rc = -EIO;
+        goto fail;
+    }
+    fclose(fp);
+    buf[n] = '\0';
+    *data = buf;
+    *len = n;
+    return ST_OK;
+
+fail:
+    fclose(fp);
+    free(buf);
+    return rc;
+}
+
+const char *
+st_dtype_name(st_dtype_t dt)
+{
+    for (size_t i = 0; i < sizeof(st_dtypes) / sizeof(st_dtypes[0]); i++) {
+        if (st_dtypes[i].dt == dt) {
+            return st_dtypes[i].name;
+        }
+    }
+    return "?";
+}
+
+size_t
+st_dtype_size(st_dtype_t dt)
+{
+    for (size_t i = 0; i < sizeof(st_dtypes) / sizeof(st_dtypes[0]); i++) {
+        if (st_dtypes[i].dt == dt) {
+            return st_dtypes[i].size;
+        }
+    }
+    return 0;
+}
+
+float
+st_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    float f;
+
+    if (exp == 0) {
+        /* zero or subnormal: man * 2^-24 */
+        f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+float
+st_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+int
+st_to_f32(st_dtype_t dt, const void *src, uint64_t n, float *dst)
+{
+    const unsigned char *p = src;
+    uint16_t h;
+
+    switch (dt) {
+    case ST_DTYPE_F32:
+        memcpy(dst, src, n * sizeof(float));
+        return ST_OK;
+    case ST_DTYPE_F16:
+        for (uint64_t i = 0; i < n; i++) {
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = st_f16_to_f32(h);
+        }
+        return ST_OK;
+    case ST_DTYPE_BF16:
+        for (uint64_t i = 0; i < n; i++) {
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = st_bf16_to_f32(h);
+        }
+        return ST_OK;
+    default:
+        return ST_EFORMAT;
+    }
+}
+
+/* A JSON number that is a non-negative integer exactly representable in a
+ * double (below 2^53). */
+static int
+json_u64(const cJSON *j, uint64_t *out)
+{
+    double d;
+
+    if (!cJSON_IsNumber(j)) {
+        return 0;
+    }
+    d = j->valuedouble;
+    if (!(d >= 0.0) || d > 9007199254740992.0 || d != floor(d)) {
+        return 0;
+    }
+    *out = (uint64_t)d;
+    return 1;
+}
+
+static int
+cmp_range(const void *a, const void *b)
+{
+    const st_tensor_t *x = *(const st_tensor_t *const *)a;
+    const st_tensor_t *y = *(const st_tensor_t *const *)b;
+    uintptr_t px = (uintptr_t)x->data, py = (uintptr_t)y->data;
+
+    if (px != py) {
+        return px < py ? -1 : 1;
+    }
+    return x->nbytes < y->nbytes ? -1 : (x->nbytes > y->nbytes);
+}
+
+static int
+parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len, st_tensor_t *t,
+             char *err, size_t errlen)
+{
+    const cJSON *dtype, *shape, *offs, *dim;
+    uint64_t begin, end, n = 1, esz, d;
+    size_t k;
+    int found = 0;
+
+    if (!cJSON_IsObject(item)) {
+        mdl__seterr(err, errlen, "tensor '%s': entry is not an object", t->name);
+        return ST_EFORMAT;
+    }
+    dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+    shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
+    offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
+    if (!cJSON_IsString(dtype) || !cJSON_IsArray(shape) || !cJSON_IsArray(offs)) {
+        mdl__seterr(err, errlen, "tensor '%s': needs dtype, shape and data_offsets", t->name);
+        return ST_EFORMAT;
+    }
+    for (k = 0; k < sizeof(st_dtypes) / sizeof(st_dtypes[0]); k++) {
+        if (strcmp(st_dtypes[k].name, dtype->valuestring) == 0) {
+            t->dtype = st_dtypes[k].dt;
+            found = 1;
+            break;
+        }
+    }
+    if (!found) {
+        mdl__seterr(err, errlen, "tensor '%s': unknown dtype '%.16s'", t->name,
+                    dtype->valuestring);
+        return ST_EFORMAT;
+    }
+    esz = st_dtypes[k].size;
+    if (cJSON_GetArraySize(shape) > ST_MAX_DIMS) {
+        mdl__seterr(err, errlen, "tensor '%s': more than %d dimensions", t->name, ST_MAX_DIMS);
+        return ST_EFORMAT;
+    }
+    t->n_dims = 0;
+    cJSON_ArrayForEach(dim, shape) {
+        if (!json_u64(dim, &d)) {
+            mdl__seterr(err, errlen, "tensor '%s': bad shape entry", t->name);
+            return ST_EFORMAT;
+        }
+        if (d != 0 && n > UINT64_MAX / d) {
+            mdl__seterr(err, errlen, "tensor '%s': shape overflows", t->name);
+            return ST_EFORMAT;
+        }
+        n *= d;
+        t->dims[t->n_dims++] = d;
+    }
+    if (cJSON_GetArraySize(offs) != 2 || !json_u64(cJSON_GetArrayItem(offs, 0), &begin) ||
+        !json_u64(cJSON_GetArrayItem(offs, 1), &end)) {
+        mdl__seterr(err, errlen, "tensor '%s': data_offsets must be two integers", t->name);
+        return ST_EFORMAT;
+    }
+    if (begin > end || end > data_len) {
+        mdl__seterr(err, errlen,
+                    "tensor '%s': data_offsets [%llu, %llu] outside the data section (%llu bytes)",
+                    t->name, (unsigned long long)begin, (unsigned long long)end,
+                    (unsigned long long)data_len);
+        return ST_EFORMAT;
+    }
+    if (n > UINT64_MAX / esz || n * esz != end - begin) {
+        mdl__seterr(err, errlen, "tensor '%s': shape does not match its %llu bytes of %s",
+                    t->name, (unsigned long long)(end - begin), st_dtypes[k].name);
+        return ST_EFORMAT;
+    }
+    t->n_elems = n;
+    t->data = data_sec + begin;
+    t->nbytes = end - begin;
+    return ST_OK;
+}
+
+int
+st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t errlen)
+{
+    const unsigned char *p = data;
+    uint64_t hlen = 0;
+    cJSON *root = NULL;
+    const cJSON *item;
+    st_file_t *f = NULL;
+    st_tensor_t **sorted = NULL;
+    int64_t n, i;
+    int rc;
+
+    if (len < 8) {
+        mdl__seterr(err, errlen, "truncated: %zu bytes, no header length", len);
+        return ST_EFORMAT;
+    }
+    for (int b = 7; b >= 0; b--) {
+        hlen = (hlen << 8) | p[b];
+    }
+    if (hlen > ST_MAX_HEADER) {
+        mdl__seterr(err, errlen, "header length %llu is larger than the %u limit",
+                    (unsigned long long)hlen, ST_MAX_HEADER);
+        return ST_EFORMAT;
+    }
+    if (hlen > len - 8) {
+        mdl__seterr(err, errlen, "truncated: header length %llu exceeds the %zu bytes of the file",
+                    (unsigned long long)hlen, len - 8);
+        return ST_EFORMAT;
+    }
+    if (hlen < 2 || p[8] != '{') {
+        mdl__seterr(err, errlen, "header is not a JSON object");
+        return ST_EFORMAT;
+    }
+    root = cJSON_ParseWithLength((const char *)p + 8, (size_t)hlen);
+    if (root == NULL || !cJSON_IsObject(root)) {
+        mdl__seterr(err, errlen, "header is not valid JSON");
+        rc = ST_EFORMAT;
+        goto fail;
+    }
+
+    f = xcalloc(1, sizeof(*f));
+    n = 0;
+    cJSON_ArrayForEach(item, root) {
+        n++;
+    }
+    f->tensors = xcalloc((size_t)(n > 0 ? n : 1), sizeof(*f->tensors));
+    cJSON_ArrayForEach(item, root) {
+        st_tensor_t *t;
+
+        if (item->string == NULL) {
+            mdl__seterr(err, errlen, "header entry without a name");
+            rc = ST_EFORMAT;
+            goto fail;
+        }
+        if (strcmp(item->string, "__metadata__") == 0) {
+            continue;
+        }
+        for (i = 0; i < f->n_tensors; i++) {
+            if (strcmp(f->tensors[i].name, item->string) == 0) {
+                mdl__seterr(err, errlen, "duplicate tensor '%s'", item->string);
+                rc = ST_EFORMAT;
+                goto fail;
+            }
+        }
+        t = &f->tensors[f->n_tensors++];
+        t->name = xstrdup(item->string);
+        rc = parse_tensor(item, p + 8 + hlen, len - 8 - hlen, t, err, errlen);
+        if (rc != ST_OK) {
+            goto fail;
+        }
+    }
+
+    /* No two tensors may share bytes. */
+    sorted = xcalloc((size_t)(f->n_tensors > 0 ? f->n_tensors : 1), sizeof(*sorted));
+    for (i = 0; i < f->n_tensors; i++) {
+        sorted[i] = &f->tensors[i];
+    }
+    qsort(sorted, (size_t)f->n_tensors, sizeof(*sorted), cmp_range);
+    for (i = 1; i < f->n_tensors; i++) {
+        const unsigned char *prev_end = (const unsigned char *)sorted[i - 1]->data +
+                                        sorted[i - 1]->nbytes;
+        if (sorted[i]->nbytes > 0 && (const unsigned char *)sorted[i]->data < prev_end) {
+            mdl__seterr(err, errlen, "tensors '%s' and '%s' overlap", sorted[i - 1]->name,
+                        sorted[i]->name);
+            rc = ST_EFORMAT;
+            goto fail;
+        }
+    }
+    free(sorted);
+    cJSON_Delete(root);
+    *out = f;
+    return ST_OK;
+
+fail:
+    free(sorted);
+    cJSON_Delete(root);
+    st_close(f);
+    return rc;
+}
+
+int
+st_open(const char *path, st_file_t **out, char *err, size_t errlen)
+{
+    void *data;
+    size_t len;
+    char why[256];
+    int rc;
+
+    rc = mdl__map_file(path, &data, &len, err, errlen);
+    if (rc != ST_OK) {
+        return rc;
+    }
+    rc = st_parse_header(data, len, out, why, sizeof(why));
+    if (rc != ST_OK) {
+        mdl__seterr(err, errlen, "%s: %s", path, why);
+        mdl__unmap(data, len);
+        return rc;
+    }
+    (*out)->map = data;
+    (*out)->map_len = len;
+    return ST_OK;
+}
+
+void
+st_close(st_file_t *f)
+{
+    if (f == NULL) {
+        return;
+    }
+    for (int64_t i = 0; i < f->n_tensors; i++) {
+        free(f->tensors[i].name);
+    }
+    free(f->tensors);
+    mdl__unmap(f->map, f->map_len);
+    free(f);
+}
+
+int64_t
+st_n_tensors(const st_file_t *f)
+{
+    return f->n_tensors;
+}
+
+const st_tensor_t *
+st_tensor(const st_file_t *f, int64_t i)
+{
+    if (i < 0 || i >= f->n_tensors) {
+        return NULL;
+    }
+    return &f->tensors[i];
+}
+
+const st_tensor_t *
+st_find(const st_file_t *f, const char *name)
+{
+    for (int64_t i = 0; i < f->n_tensors; i++) {
+        if (strcmp(f->tensors[i].name, name) == 0) {
+            return &f->tensors[i];
+        }
+    }
+    return NULL;
+}
