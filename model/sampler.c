@@ -1,0 +1,596 @@
+/* sampler.c - logits row -> token: bias, penalties, greedy or truncated
+ * random sampling, logprobs.
+ *
+ * DESIGN. Everything vocabulary-sized lives in the smp_ctx_t and is
+ * allocated once; smp_sample() allocates nothing. One call is a few linear
+ * passes over the row:
+ *
+ *   1. bias and penalties, in place on logits[] (penalty bookkeeping walks
+ *      the history, never the vocabulary: a count array is incremented over
+ *      the output tokens and decremented back afterwards);
+ *   2. passes for the max, the log-sum-exp (exp in 4-lane vector code) and,
+ *      if asked, the top-n logprobs (a small sorted array);
+ *   3. greedy: argmax (ties -> lowest id). Random: (weight, id) candidates
+ *      in two arrays; top-k is a quickselect on the logits (no sort),
+ *      top-p a "mass quickselect" that partitions around a pivot and keeps
+ *      or discards whole sides by their probability mass (expected linear,
+ *      never a full sort), min-p a threshold filter, then one uniform draw
+ *      scanned over the surviving candidates.
+ *
+ * The candidates that survive truncation are not sorted; the draw scans
+ * them in the deterministic order the selection left them in, so the same
+ * seed always gives the same token.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "model/sampler.h"
+
+/* Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS). */
+#define SMP_TEMP_EPS 1e-5f
+/* Segments this small are finished by insertion sort. */
+#define SMP_SMALL_SEG 16
+
+/* 4 floats: GCC / Clang vector extensions, one SSE2 / NEON register (the
+ * x86-64 and aarch64 baselines, so no target flags are needed). */
+typedef float smp_v4f __attribute__((vector_size(16)));
+typedef int32_t smp_v4i __attribute__((vector_size(16)));
+
+struct smp_ctx {
+    int32_t vocab;
+    /* Candidates of the random path, structure of arrays so the exp pass
+     * vectorizes: cand_v[vocab] holds logits, then weights
+     * exp((logit - max) / T); cand_id[vocab] the token ids. */
+    float *cand_v;
+    int32_t *cand_id;
+    int32_t *counts; /* [vocab] output-token counts; all zero between calls */
+    uint8_t *seen;   /* [vocab] repetition-penalty marks; all zero between calls */
+};
+
+/* ---- RNG: xoshiro256** seeded by splitmix64 ---------------------------- */
+
+static uint64_t
+smp_splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t
+smp_rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+void
+smp_rng_seed(smp_rng_t *r, uint64_t seed)
+{
+    uint64_t x = seed;
+
+    for (int i = 0; i < 4; i++) {
+        r->s[i] = smp_splitmix64(&x);
+    }
+}
+
+uint64_t
+smp_rng_next(smp_rng_t *r)
+{
+    uint64_t *s = r->s;
+    uint64_t result = smp_rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = smp_rotl(s[3], 45);
+    return result;
+}
+
+double
+smp_rng_uniform(smp_rng_t *r)
+{
+    return (double)(smp_rng_next(r) >> 11) * 0x1.0p-53;
+}
+
+/* ---- context ------------------------------------------------------------ */
+
+int
+smp_ctx_create(int32_t vocab, smp_ctx_t **out)
+{
+    smp_ctx_t *c;
+
+    if (vocab <= 0 || out == NULL) {
+        return ST_EINVAL;
+    }
+    c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return ST_ENOMEM;
+    }
+    c->vocab = vocab;
+    c->cand_v = malloc((size_t)vocab * sizeof(*c->cand_v));
+    c->cand_id = malloc((size_t)vocab * sizeof(*c->cand_id));
+    c->counts = calloc((size_t)vocab, sizeof(*c->counts));
+    c->seen = calloc((size_t)vocab, sizeof(*c->seen));
+    if (c->cand_v == NULL || c->cand_id == NULL || c->counts == NULL || c->seen == NULL) {
+        smp_ctx_destroy(c);
+        return ST_ENOMEM;
+    }
+    *out = c;
+    return ST_OK;
+}
+
+void
+smp_ctx_destroy(smp_ctx_t *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    free(c->cand_v);
+    free(c->cand_id);
+    free(c->counts);
+    free(c->seen);
+    free(c);
+}
+
+/* ---- validation, bias and penalties --------------------------------------- */
+
+static int
+smp_check_params(const smp_ctx_t *c, const smp_params_t *p, const int32_t *history,
+                 int32_t n_hist, int32_t n_prompt)
+{
+    if (!(p->temperature >= 0.0f) || !(p->top_p > 0.0f && p->top_p <= 1.0f) ||
+        !(p->min_p >= 0.0f && p->min_p <= 1.0f) || !(p->repetition_penalty > 0.0f) ||
+        !isfinite(p->repetition_penalty) || !isfinite(p->presence_penalty) ||
+        !isfinite(p->frequency_penalty) || !isfinite(p->temperature)) {
+        return ST_EINVAL;
+    }
+    if (p->n_logprobs < 0 || p->n_logprobs > SMP_MAX_LOGPROBS) {
+        return ST_EINVAL;
+    }
+    if (p->n_bias < 0 || (p->n_bias > 0 && p->bias == NULL)) {
+        return ST_EINVAL;
+    }
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        if (p->bias[i].id < 0 || p->bias[i].id >= c->vocab || isnan(p->bias[i].bias)) {
+            return ST_EINVAL;
+        }
+    }
+    if (n_hist < 0 || n_prompt < 0 || n_prompt > n_hist || (n_hist > 0 && history == NULL)) {
+        return ST_EINVAL;
+    }
+    for (int32_t i = 0; i < n_hist; i++) {
+        if (history[i] < 0 || history[i] >= c->vocab) {
+            return ST_EINVAL;
+        }
+    }
+    return ST_OK;
+}
+
+static void
+smp_apply_penalties(smp_ctx_t *c, const smp_params_t *p, float *logits, const int32_t *history,
+                    int32_t n_hist, int32_t n_prompt)
+{
+    /* Repetition penalty (HF / vLLM): once per distinct token of prompt and
+     * output; positive logits are divided, negative ones multiplied. */
+    if (p->repetition_penalty != 1.0f) {
+        float rp = p->repetition_penalty;
+
+        for (int32_t i = 0; i < n_hist; i++) {
+            int32_t t = history[i];
+
+            if (c->seen[t]) {
+                continue;
+            }
+            c->seen[t] = 1;
+            logits[t] = logits[t] > 0.0f ? logits[t] / rp : logits[t] * rp;
+        }
+        for (int32_t i = 0; i < n_hist; i++) {
+            c->seen[history[i]] = 0;
+        }
+    }
+
+    /* Presence and frequency penalties (OpenAI): output tokens only,
+     * logit -= count * frequency + (count > 0) * presence. */
+    if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
+        for (int32_t i = n_prompt; i < n_hist; i++) {
+            c->counts[history[i]]++;
+        }
+        for (int32_t i = n_prompt; i < n_hist; i++) {
+            int32_t t = history[i];
+            int32_t n = c->counts[t];
+
+            if (n == 0) {
+                continue; /* already applied for this token */
+            }
+            logits[t] -= (float)n * p->frequency_penalty + p->presence_penalty;
+            c->counts[t] = 0;
+        }
+    }
+}
+
+/* ---- vectorized exp ------------------------------------------------------ */
+
+/* exp(x) for x <= 0, 4 lanes (Cephes expf: Cody-Waite reduction and a
+ * degree-6 polynomial, about 1 ulp). Lanes below -87 (exp underflows), -inf
+ * and NaN give exactly 0, so masked or NaN logits get no weight. */
+static inline void
+smp_exp4(smp_v4f *px)
+{
+    smp_v4f x = *px;
+    smp_v4i keep = x >= -87.0f;
+    smp_v4f t, nf, r, y;
+    smp_v4i n;
+
+    x = (smp_v4f)((smp_v4i)x & keep); /* dropped lanes compute exp(0) */
+    t = x * 1.44269504088896341f - 0.5f;
+    n = __builtin_convertvector(t, smp_v4i); /* truncation: round(x log2 e) */
+    nf = __builtin_convertvector(n, smp_v4f);
+    r = x - nf * 0.693359375f;
+    r = r - nf * -2.12194440e-4f;
+    y = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    y = y * (smp_v4f)((n + 127) << 23); /* n >= -126: a normal power of two */
+    *px = (smp_v4f)((smp_v4i)y & keep);
+}
+
+/* Returns sum exp((x[i] - max) * inv_t) over x[0..n) and, when out is not
+ * NULL, stores each term in out[i] (out may equal x). The sum is kept in
+ * float lanes and flushed to a double every 1024 elements. */
+static double
+smp_exp_sum(const float *x, float *out, int32_t n, float max, float inv_t)
+{
+    double total = 0.0;
+    smp_v4f acc = { 0 };
+    int32_t i = 0, blocks = 0;
+
+    for (; i + 4 <= n; i += 4) {
+        smp_v4f v, e;
+
+        memcpy(&v, x + i, sizeof(v));
+        e = (v - max) * inv_t;
+        smp_exp4(&e);
+        if (out != NULL) {
+            memcpy(out + i, &e, sizeof(e));
+        }
+        acc += e;
+        if (++blocks == 256) {
+            for (int k = 0; k < 4; k++) {
+                total += acc[k];
+            }
+            acc = (smp_v4f){ 0 };
+            blocks = 0;
+        }
+    }
+    if (i < n) {
+        smp_v4f v = { -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+        smp_v4f e;
+
+        memcpy(&v, x + i, (size_t)(n - i) * sizeof(float));
+        e = (v - max) * inv_t;
+        smp_exp4(&e);
+        if (out != NULL) {
+            memcpy(out + i, &e, (size_t)(n - i) * sizeof(float));
+        }
+        acc += e;
+    }
+    for (int k = 0; k < 4; k++) {
+        total += acc[k];
+    }
+    return total;
+}
+
+/* Max over x[0..n), NaN ignored; -inf when nothing is finite or larger. */
+static float
+smp_max(const float *x, int32_t n)
+{
+    smp_v4f m = { -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+    float best = -INFINITY;
+    int32_t i = 0;
+
+    for (; i + 4 <= n; i += 4) {
+        smp_v4f v;
+        smp_v4i gt;
+
+        memcpy(&v, x + i, sizeof(v));
+        gt = v > m; /* false for NaN */
+        m = (smp_v4f)(((smp_v4i)v & gt) | ((smp_v4i)m & ~gt));
+    }
+    for (int k = 0; k < 4; k++) {
+        best = m[k] > best ? m[k] : best;
+    }
+    for (; i < n; i++) {
+        best = x[i] > best ? x[i] : best;
+    }
+    return best;
+}
+
+/* ---- top-n logprobs ------------------------------------------------------ */
+
+/* Keeps (tv, ti)[0..*n) sorted by value descending, equal values by id
+ * ascending. Ids arrive in ascending order, so an equal value goes after
+ * the entries already there. */
+static inline void
+smp_top_insert(float *tv, int32_t *ti, int32_t *n, int32_t cap, float v, int32_t id)
+{
+    int32_t pos = *n < cap ? *n : cap - 1;
+
+    while (pos > 0 && tv[pos - 1] < v) {
+        tv[pos] = tv[pos - 1];
+        ti[pos] = ti[pos - 1];
+        pos--;
+    }
+    tv[pos] = v;
+    ti[pos] = id;
+    if (*n < cap) {
+        (*n)++;
+    }
+}
+
+/* ---- selection over (v, id) arrays ---------------------------------------- */
+
+static inline void
+smp_swap(float *v, int32_t *id, int32_t a, int32_t b)
+{
+    float tv = v[a];
+    int32_t ti = id[a];
+
+    v[a] = v[b];
+    id[a] = id[b];
+    v[b] = tv;
+    id[b] = ti;
+}
+
+/* Sorts (v, id)[lo..hi) by v descending (insertion sort, short runs only). */
+static void
+smp_sort_small(float *v, int32_t *id, int32_t lo, int32_t hi)
+{
+    for (int32_t i = lo + 1; i < hi; i++) {
+        float x = v[i];
+        int32_t xi = id[i];
+        int32_t j = i;
+
+        while (j > lo && v[j - 1] < x) {
+            v[j] = v[j - 1];
+            id[j] = id[j - 1];
+            j--;
+        }
+        v[j] = x;
+        id[j] = xi;
+    }
+}
+
+static inline float
+smp_median3(float a, float b, float c)
+{
+    if (a < b) {
+        return b < c ? b : (a < c ? c : a);
+    }
+    return a < c ? a : (b < c ? c : b);
+}
+
+/* Three-way partition of (v, id)[lo..hi) around pivot:
+ * [> pivot | == pivot | < pivot]; sets *gt_end and *eq_end. No NaN. */
+static void
+smp_partition3(float *v, int32_t *id, int32_t lo, int32_t hi, float pivot, int32_t *gt_end,
+               int32_t *eq_end)
+{
+    int32_t lt = lo, i = lo, gt = hi;
+
+    while (i < gt) {
+        if (v[i] > pivot) {
+            smp_swap(v, id, lt++, i++);
+        } else if (v[i] < pivot) {
+            smp_swap(v, id, i, --gt);
+        } else {
+            i++;
+        }
+    }
+    *gt_end = lt;
+    *eq_end = gt;
+}
+
+/* Moves the k largest of (v, id)[0..n) to [0..k) (unordered). 0 < k < n.
+ * Expected linear (quickselect, median-of-3 pivots). */
+static void
+smp_select_top_k(float *v, int32_t *id, int32_t n, int32_t k)
+{
+    int32_t lo = 0, hi = n;
+
+    while (hi - lo > SMP_SMALL_SEG) {
+        int32_t g, e;
+        float pivot = smp_median3(v[lo], v[lo + (hi - lo) / 2], v[hi - 1]);
+
+        smp_partition3(v, id, lo, hi, pivot, &g, &e);
+        if (k <= g) {
+            hi = g;
+        } else if (k <= e) {
+            return; /* [g..e) all equal: any of them completes the set */
+        } else {
+            lo = e;
+        }
+    }
+    smp_sort_small(v, id, lo, hi);
+}
+
+/* Top-p on weights: reorders (v, id)[0..n) and returns the length of the
+ * shortest prefix holding the largest weights whose mass reaches `need`
+ * (the token that crosses the threshold is kept, as in HF and vLLM). The
+ * prefix is unordered. Expected linear: each round partitions around a
+ * pivot and keeps the heavy side or banks it and goes on in the light one. */
+static int32_t
+smp_select_mass(float *v, int32_t *id, int32_t n, double need)
+{
+    int32_t lo = 0, hi = n;
+
+    while (hi - lo > SMP_SMALL_SEG) {
+        int32_t g, e, take;
+        float pivot = smp_median3(v[lo], v[lo + (hi - lo) / 2], v[hi - 1]);
+        double mass_g = 0.0, mass_e;
+
+        smp_partition3(v, id, lo, hi, pivot, &g, &e);
+        for (int32_t i = lo; i < g; i++) {
+            mass_g += v[i];
+        }
+        if (mass_g >= need && g > lo) {
+            hi = g;
+            continue;
+        }
+        mass_e = (double)(e - g) * pivot;
+        if (mass_g + mass_e < need && e < hi) {
+            need -= mass_g + mass_e;
+            lo = e;
+            continue;
+        }
+        /* Part of the run equal to the pivot completes the set. */
+        take = pivot > 0.0f ? (int32_t)ceil((need - mass_g) / pivot) : e - g;
+        take = take < 1 ? 1 : (take > e - g ? e - g : take);
+        return g + take;
+    }
+    smp_sort_small(v, id, lo, hi);
+    for (int32_t i = lo; i < hi; i++) {
+        need -= v[i];
+        if (need <= 0.0) {
+            return i + 1;
+        }
+    }
+    return hi; /* rounding: everything is kept */
+}
+
+/* ---- sampling ------------------------------------------------------------ */
+
+/* The random path: truncation and one draw. logits[] has had bias and
+ * penalties applied; max is its finite maximum. */
+static int32_t
+smp_draw(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, const float *logits, float max)
+{
+    float *v = c->cand_v;
+    int32_t *id = c->cand_id;
+    int32_t n = c->vocab;
+    float inv_t = 1.0f / p->temperature;
+    double total, u, acc;
+
+    for (int32_t i = 0; i < n; i++) {
+        id[i] = i;
+    }
+    if (p->top_k > 0 && p->top_k < n) {
+        /* Top-k on the logits (NaN as -inf), so the exp pass covers k. */
+        for (int32_t i = 0; i < n; i++) {
+            v[i] = logits[i] == logits[i] ? logits[i] : -INFINITY;
+        }
+        smp_select_top_k(v, id, n, p->top_k);
+        n = p->top_k;
+        total = smp_exp_sum(v, v, n, max, inv_t);
+    } else {
+        total = smp_exp_sum(logits, v, n, max, inv_t);
+    }
+    /* The best token has weight exp(0) = 1 and survives every truncation. */
+    if (p->top_p < 1.0f) {
+        n = smp_select_mass(v, id, n, (double)p->top_p * total);
+        total = 0.0;
+        for (int32_t i = 0; i < n; i++) {
+            total += v[i];
+        }
+    }
+    if (p->min_p > 0.0f) {
+        /* Relative to the most likely token, whose weight is 1. */
+        int32_t k = 0;
+
+        total = 0.0;
+        for (int32_t i = 0; i < n; i++) {
+            if (v[i] >= p->min_p) {
+                v[k] = v[i];
+                id[k] = id[i];
+                total += v[i];
+                k++;
+            }
+        }
+        n = k;
+    }
+
+    /* The first candidate where the running sum passes u has a positive
+     * weight, so masked (weight 0) tokens are never drawn. */
+    u = smp_rng_uniform(rng) * total;
+    acc = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        acc += v[i];
+        if (u < acc) {
+            return id[i];
+        }
+    }
+    for (int32_t i = n - 1; i > 0; i--) { /* rounding put u at the end */
+        if (v[i] > 0.0f) {
+            return id[i];
+        }
+    }
+    return id[0];
+}
+
+int
+smp_sample(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, float *logits,
+           const int32_t *history, int32_t n_hist, int32_t n_prompt, smp_result_t *out)
+{
+    int32_t vocab, argmax = 0, n_top = 0, token;
+    float max, top_v[SMP_MAX_LOGPROBS];
+    int32_t top_i[SMP_MAX_LOGPROBS];
+    double lse;
+    int rc;
+
+    if (c == NULL || p == NULL || logits == NULL || out == NULL) {
+        return ST_EINVAL;
+    }
+    rc = smp_check_params(c, p, history, n_hist, n_prompt);
+    if (rc != ST_OK) {
+        return rc;
+    }
+    if (p->temperature >= SMP_TEMP_EPS && rng == NULL) {
+        return ST_EINVAL;
+    }
+    vocab = c->vocab;
+
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        logits[p->bias[i].id] += p->bias[i].bias;
+    }
+    smp_apply_penalties(c, p, logits, history, n_hist, n_prompt);
+
+    max = smp_max(logits, vocab);
+    if (!isfinite(max)) {
+        return ST_EINVAL; /* no token left with a finite logit */
+    }
+    while (logits[argmax] != max) { /* the lowest id wins ties */
+        argmax++;
+    }
+
+    /* Log-softmax after bias and penalties, before temperature. */
+    lse = (double)max + log(smp_exp_sum(logits, NULL, vocab, max, 1.0f));
+    if (p->n_logprobs > 0) {
+        for (int32_t i = 0; i < vocab; i++) {
+            float x = logits[i];
+
+            if (n_top < p->n_logprobs ? x >= -INFINITY : x > top_v[n_top - 1]) {
+                smp_top_insert(top_v, top_i, &n_top, p->n_logprobs, x, i);
+            }
+        }
+    }
+
+    token = p->temperature < SMP_TEMP_EPS ? argmax : smp_draw(c, p, rng, logits, max);
+
+    out->token = token;
+    out->logprob = (float)((double)logits[token] - lse);
+    out->n_top = n_top;
+    for (int32_t i = 0; i < n_top; i++) {
+        out->top_ids[i] = top_i[i];
+        out->top_logprobs[i] = (float)((double)top_v[i] - lse);
+    }
+    return ST_OK;
+}
