@@ -1,0 +1,38 @@
+/* backend.h - the interface between the model runtime and a compute
+ * backend (CPU today; CUDA plugs in the same way).
+ *
+ * runtime.c validates configurations and batches, then calls a backend
+ * through this table. A backend owns its KV pool (device tier and CPU swap
+ * tier, layout per layer [block][kv_head][block_size][head_dim] for K and
+ * for V), its scratch buffers and its logits buffer, all allocated in
+ * create(): forward() and kv_ops() allocate nothing.
+ *
+ * Thread: engine thread only, like mdl_runtime_*.
+ */
+#ifndef MODEL_BACKEND_H
+#define MODEL_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kvop.h"
+#include "model/model.h"
+
+typedef struct mdl_backend {
+    const char *name; /* matches mdl_runtime_config_t.device */
+    /* cfg has been validated and its defaults filled in. On failure returns
+     * a negative ST_* with a one-line reason in err and leaves *state unset. */
+    int (*create)(const mdl_model_t *m, const mdl_runtime_config_t *cfg, void **state, char *err,
+                  size_t errlen);
+    void (*destroy)(void *state); /* NULL is a no-op */
+    /* ops are validated against num_blocks / swap_blocks. */
+    int (*kv_ops)(void *state, const kv_op_t *ops, int32_t n_ops);
+    /* b is validated (ids, slots, block ids, sizes within the config).
+     * On ST_OK *logits is [n_logits][vocab] f32 host memory owned by the
+     * backend, valid until the next forward. */
+    int (*forward)(void *state, const mdl_batch_t *b, const float **logits);
+} mdl_backend_t;
+
+extern const mdl_backend_t mdl_backend_cpu;
+
+#endif /* MODEL_BACKEND_H */

@@ -1,0 +1,297 @@
+/* forward_cpu.c - the CPU backend: KV pool, swap tier and the Llama
+ * forward pass over a flattened varlen batch (DESIGN.md sections 3, 4, 6).
+ *
+ * DESIGN. One step runs every new token of every sequence through each
+ * layer together, so each weight matrix is read once per step whatever
+ * the mix of prefill chunks and decodes (GEMMs over all n_tokens rows):
+ *
+ *   x = embed(tokens)                                   (T, dim)
+ *   per layer:
+ *     h = rmsnorm(x);  q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)
+ *     rope(q, k);  K/V cache[slot_mapping[t]] = k[t], v[t]   (write first)
+ *     a = paged_attention(q, cache, block_tables)        (T, n_heads*hd)
+ *     x += a Wo^T                                        (fused: GEMM beta 1)
+ *     h = rmsnorm(x);  x += (silu(h Wg^T) * h Wu^T) Wd^T
+ *   logits = rmsnorm(x[logits_rows]) lm_head^T           (n_logits, vocab)
+ *
+ * KV pool (device tier here is host memory), one region per layer and
+ * kind, each [num_blocks][n_kv_heads][block_size][head_dim] f32:
+ *
+ *   kv:   | L0 K | L0 V | L1 K | L1 V | ... |     swap: same, swap_blocks
+ *
+ * Both tiers are anonymous mmaps (zero pages, committed on first write).
+ * Activations are sized for max_num_batched_tokens rows and logits for
+ * max_num_seqs rows at creation; forward() allocates nothing.
+ */
+#define LOG_MODULE "cpu"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/xmalloc.h"
+#include "kernels/cpu/kn_cpu.h"
+#include "model/backend.h"
+#include "model/model_int.h"
+
+typedef struct cpu_state {
+    const mdl_model_t *m;
+    mdl_config_t c;
+    mdl_runtime_config_t rc;
+    size_t blk_floats;   /* one block of one layer and kind: n_kv * bs * hd */
+    float *kv;           /* [n_layers][2][num_blocks][blk_floats] */
+    size_t kv_len;       /* bytes mapped */
+    float *swap;         /* [n_layers][2][swap_blocks][blk_floats], NULL if none */
+    size_t swap_len;
+    /* Scratch, rows = max_num_batched_tokens (T). */
+    float *x;            /* (T, dim) residual stream */
+    float *h;            /* (T, dim) normed */
+    float *q;            /* (T, n_heads * hd) */
+    float *k;            /* (T, n_kv * hd) */
+    float *v;            /* (T, n_kv * hd) */
+    float *att;          /* (T, n_heads * hd) */
+    float *gate;         /* (T, ffn) */
+    float *up;           /* (T, ffn) */
+    float *cos_t;        /* (T, hd / 2) */
+    float *sin_t;        /* (T, hd / 2) */
+    float *inv_freq;     /* (hd / 2) */
+    float *hrows;        /* (max_num_seqs, dim) final hidden rows */
+    float *logits;       /* (max_num_seqs, vocab) */
+    void *scratch;       /* the one allocation behind every scratch pointer */
+} cpu_state_t;
+
+static float *
+cpu_kv_region(float *base, int32_t n_blocks, size_t blk_floats, int32_t layer, int kind)
+{
+    return base + ((size_t)layer * 2 + (size_t)kind) * (size_t)n_blocks * blk_floats;
+}
+
+static void *
+cpu_map(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void
+cpu_destroy(void *state)
+{
+    cpu_state_t *s = state;
+
+    if (s == NULL) {
+        return;
+    }
+    if (s->kv != NULL) {
+        munmap(s->kv, s->kv_len);
+    }
+    if (s->swap != NULL) {
+        munmap(s->swap, s->swap_len);
+    }
+    free(s->scratch);
+    free(s);
+}
+
+static int
+cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, char *err,
+           size_t errlen)
+{
+    const mdl_config_t *c = &m->cfg;
+    size_t T = (size_t)rc->max_num_batched_tokens, S = (size_t)rc->max_num_seqs;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t half = (size_t)c->head_dim / 2;
+    cpu_state_t *s;
+    int rc_st;
+
+    if (rc->kv_dtype != MDL_KV_F32) {
+        snprintf(err, errlen, "the cpu backend keeps its KV cache in f32 only");
+        return ST_EUNSUPPORTED;
+    }
+    if (c->head_dim > KN_ATTN_MAX_HEAD_DIM) {
+        snprintf(err, errlen, "head_dim %d exceeds %d", c->head_dim, KN_ATTN_MAX_HEAD_DIM);
+        return ST_EUNSUPPORTED;
+    }
+
+    s = xcalloc(1, sizeof(*s));
+    s->m = m;
+    s->c = *c;
+    s->rc = *rc;
+    s->blk_floats = kvd * (size_t)rc->block_size;
+
+    s->kv_len = sizeof(float) * 2 * (size_t)c->n_layers * (size_t)rc->num_blocks * s->blk_floats;
+    s->kv = cpu_map(s->kv_len);
+    if (s->kv == NULL) {
+        snprintf(err, errlen, "cannot map a %zu MiB KV pool", s->kv_len >> 20);
+        rc_st = ST_ENOMEM;
+        goto fail;
+    }
+    if (rc->swap_blocks > 0) {
+        s->swap_len =
+            sizeof(float) * 2 * (size_t)c->n_layers * (size_t)rc->swap_blocks * s->blk_floats;
+        s->swap = cpu_map(s->swap_len);
+        if (s->swap == NULL) {
+            snprintf(err, errlen, "cannot map a %zu MiB swap tier", s->swap_len >> 20);
+            rc_st = ST_ENOMEM;
+            goto fail;
+        }
+    }
+
+    /* Carve every scratch buffer out of one 64-byte aligned block. */
+    size_t sizes[] = {
+        T * c->dim, T * c->dim, T * qd, T * kvd, T * kvd, T * qd, T * c->ffn_dim,
+        T * c->ffn_dim, T * half, T * half, half, S * c->dim, S * c->vocab_size,
+    };
+    float **ptrs[] = {
+        &s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->gate, &s->up, &s->cos_t, &s->sin_t,
+        &s->inv_freq, &s->hrows, &s->logits,
+    };
+    size_t total = 0;
+
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        total += (sizes[i] + 15) & ~(size_t)15;
+    }
+    if (posix_memalign(&s->scratch, 64, total * sizeof(float)) != 0) {
+        s->scratch = NULL;
+        snprintf(err, errlen, "cannot allocate %zu MiB of activations",
+                 (total * sizeof(float)) >> 20);
+        rc_st = ST_ENOMEM;
+        goto fail;
+    }
+    memset(s->scratch, 0, total * sizeof(float));
+    float *p = s->scratch;
+
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        *ptrs[i] = p;
+        p += (sizes[i] + 15) & ~(size_t)15;
+    }
+
+    kn_rope_params_t rp = {
+        .head_dim = c->head_dim,
+        .theta = c->rope_theta > 0.0f ? c->rope_theta : 10000.0f,
+        .scaling = c->rope_scaling == MDL_ROPE_LINEAR   ? KN_ROPE_LINEAR
+                   : c->rope_scaling == MDL_ROPE_LLAMA3 ? KN_ROPE_LLAMA3
+                                                        : KN_ROPE_NONE,
+        .factor = c->rope_factor,
+        .low_freq_factor = c->rope_low_freq_factor,
+        .high_freq_factor = c->rope_high_freq_factor,
+        .orig_max_pos = c->rope_orig_max_pos,
+    };
+    kn_cpu_rope_inv_freq(&rp, s->inv_freq);
+    kn_cpu_init(rc->n_threads);
+    LOG_DEBUG("cpu backend: %s kernels, %d threads, KV pool %zu MiB, scratch %zu MiB",
+              kn_isa_name(kn_cpu_isa()), kn_cpu_threads(), s->kv_len >> 20,
+              (total * sizeof(float)) >> 20);
+    *state = s;
+    return ST_OK;
+
+fail:
+    cpu_destroy(s);
+    return rc_st;
+}
+
+static int
+cpu_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
+{
+    cpu_state_t *s = state;
+    int32_t nb = s->rc.num_blocks, ns = s->rc.swap_blocks;
+    size_t bytes = s->blk_floats * sizeof(float);
+
+    for (int32_t i = 0; i < n_ops; i++) {
+        float *src_base = ops[i].kind == KV_OP_SWAP_IN ? s->swap : s->kv;
+        float *dst_base = ops[i].kind == KV_OP_SWAP_OUT ? s->swap : s->kv;
+        int32_t src_n = ops[i].kind == KV_OP_SWAP_IN ? ns : nb;
+        int32_t dst_n = ops[i].kind == KV_OP_SWAP_OUT ? ns : nb;
+
+        if (src_base == NULL || dst_base == NULL) {
+            return ST_EINVAL; /* swap op without a swap tier */
+        }
+        for (int32_t l = 0; l < s->c.n_layers; l++) {
+            for (int kind = 0; kind < 2; kind++) {
+                float *src = cpu_kv_region(src_base, src_n, s->blk_floats, l, kind);
+                float *dst = cpu_kv_region(dst_base, dst_n, s->blk_floats, l, kind);
+
+                memmove(dst + (size_t)ops[i].dst * s->blk_floats,
+                        src + (size_t)ops[i].src * s->blk_floats, bytes);
+            }
+        }
+    }
+    return ST_OK;
+}
+
+static int
+cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
+{
+    cpu_state_t *s = state;
+    const mdl_config_t *c = &s->c;
+    const mdl_model_t *m = s->m;
+    const int32_t T = b->n_tokens, dim = c->dim, hd = c->head_dim;
+    const int32_t qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    kn_attn_args_t aa = {
+        .out = s->att,
+        .q = s->q,
+        .query_start = b->query_start,
+        .context_len = b->context_len,
+        .block_tables = b->block_tables,
+        .max_blocks = b->max_blocks,
+        .n_seqs = b->n_seqs,
+        .n_tok = T,
+        .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv_heads,
+        .head_dim = hd,
+        .block_size = s->rc.block_size,
+        .sliding_window = c->sliding_window,
+        .scale = 1.0f / sqrtf((float)hd),
+    };
+
+    kn_cpu_embed(m->tok_embd, b->tokens, T, dim, s->x);
+    kn_cpu_rope_table(b->positions, T, s->inv_freq, hd / 2, s->cos_t, s->sin_t);
+
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const mdl_layer_t *L = &m->layers[l];
+        float *kc = cpu_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 0);
+        float *vc = cpu_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 1);
+
+        kn_cpu_rmsnorm(s->x, L->attn_norm, s->h, T, dim, c->norm_eps);
+        kn_cpu_matmul(s->h, L->wq, L->bq, s->q, T, dim, qd, 0);
+        kn_cpu_matmul(s->h, L->wk, L->bk, s->k, T, dim, kvd, 0);
+        kn_cpu_matmul(s->h, L->wv, L->bv, s->v, T, dim, kvd, 0);
+        kn_cpu_rope(s->q, T, c->n_heads, hd, s->cos_t, s->sin_t);
+        kn_cpu_rope(s->k, T, c->n_kv_heads, hd, s->cos_t, s->sin_t);
+        /* All new K/V of this layer land before any attention reads. */
+        kn_cpu_kv_write(kc, vc, s->k, s->v, b->slot_mapping, T, c->n_kv_heads,
+                        s->rc.block_size, hd);
+        aa.k_cache = kc;
+        aa.v_cache = vc;
+        kn_cpu_attention(&aa);
+        kn_cpu_matmul(s->att, L->wo, NULL, s->x, T, qd, dim, 1);
+
+        kn_cpu_rmsnorm(s->x, L->ffn_norm, s->h, T, dim, c->norm_eps);
+        kn_cpu_matmul(s->h, L->w_gate, NULL, s->gate, T, dim, c->ffn_dim, 0);
+        kn_cpu_matmul(s->h, L->w_up, NULL, s->up, T, dim, c->ffn_dim, 0);
+        kn_cpu_silu_mul(s->gate, s->up, s->gate, (size_t)T * c->ffn_dim);
+        kn_cpu_matmul(s->gate, L->w_down, NULL, s->x, T, c->ffn_dim, dim, 1);
+    }
+
+    for (int32_t i = 0; i < b->n_logits; i++) {
+        memcpy(s->hrows + (size_t)i * dim, s->x + (size_t)b->logits_rows[i] * dim,
+               sizeof(float) * (size_t)dim);
+    }
+    if (b->n_logits > 0) {
+        kn_cpu_rmsnorm(s->hrows, m->out_norm, s->hrows, b->n_logits, dim, c->norm_eps);
+        kn_cpu_matmul(s->hrows, m->lm_head, NULL, s->logits, b->n_logits, dim, c->vocab_size, 0);
+    }
+    *logits = s->logits;
+    return ST_OK;
+}
+
+const mdl_backend_t mdl_backend_cpu = {
+    .name = "cpu",
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .kv_ops = cpu_kv_ops,
+    .forward = cpu_forward,
+};

@@ -1,0 +1,222 @@
+/* runtime.c - the model runtime: binds a loaded model to a backend,
+ * validates every batch and KV operation, and dispatches.
+ *
+ * DESIGN. The runtime is the trust boundary between the scheduler and the
+ * kernels: a bad token id, slot, block id or size in a batch becomes
+ * ST_EINVAL here instead of an out-of-bounds write in a kernel. The checks
+ * cost O(n_tokens + blocks referenced) per step, nothing next to the
+ * forward itself. The backend then assumes a valid batch.
+ */
+#define LOG_MODULE "runtime"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/xmalloc.h"
+#include "model/backend.h"
+#include "model/model_int.h"
+
+struct mdl_runtime {
+    const mdl_backend_t *be;
+    void *state;
+    const mdl_model_t *m;
+    mdl_runtime_config_t cfg; /* defaults filled in */
+};
+
+static const mdl_backend_t *const rt_backends[] = {
+    &mdl_backend_cpu,
+};
+
+size_t
+mdl_kv_block_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype)
+{
+    size_t elems = 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)block_size *
+                   (size_t)c->head_dim;
+
+    switch (dtype) {
+    case MDL_KV_F16:
+    case MDL_KV_BF16:
+        return elems * 2;
+    case MDL_KV_FP8_E4M3:
+    case MDL_KV_INT8:
+        return elems;
+    case MDL_KV_INT4:
+        return (elems + 1) / 2;
+    case MDL_KV_AUTO: /* f32 on the CPU backend */
+    case MDL_KV_F32:
+    default:
+        return elems * 4;
+    }
+}
+
+int
+mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_runtime_t **out,
+                   char *err, size_t errlen)
+{
+    mdl_runtime_config_t c = *cfg;
+    const mdl_config_t *mc = &m->cfg;
+    const mdl_backend_t *be = NULL;
+    mdl_runtime_t *rt;
+    int rc;
+
+    if (c.device == NULL || c.device[0] == '\0') {
+        c.device = "cpu";
+    }
+    for (size_t i = 0; i < sizeof(rt_backends) / sizeof(rt_backends[0]); i++) {
+        if (strcmp(rt_backends[i]->name, c.device) == 0) {
+            be = rt_backends[i];
+        }
+    }
+    if (be == NULL) {
+        snprintf(err, errlen, "device '%s' is not available in this build", c.device);
+        return strcmp(c.device, "cuda") == 0 ? ST_ENODEV : ST_EINVAL;
+    }
+    if (c.tp_size <= 0) {
+        c.tp_size = 1;
+    }
+    if (c.block_size <= 0) {
+        c.block_size = 16;
+    }
+    if (c.max_num_batched_tokens <= 0) {
+        c.max_num_batched_tokens = 512;
+    }
+    if (c.max_num_seqs <= 0) {
+        c.max_num_seqs = 16;
+    }
+    if (c.max_blocks_per_seq <= 0) {
+        c.max_blocks_per_seq = (mc->max_pos + c.block_size - 1) / c.block_size;
+    }
+    if (c.kv_dtype == MDL_KV_AUTO) {
+        c.kv_dtype = MDL_KV_F32;
+    }
+    if (c.tp_size != 1) {
+        snprintf(err, errlen, "tensor parallel size %d: only 1 is supported", c.tp_size);
+        return ST_EUNSUPPORTED;
+    }
+    if (c.num_blocks < 2 || c.swap_blocks < 0 || c.max_blocks_per_seq <= 0 ||
+        c.block_size > 4096) {
+        snprintf(err, errlen, "bad KV pool shape: %d blocks of %d tokens, %d swap blocks",
+                 c.num_blocks, c.block_size, c.swap_blocks);
+        return ST_EINVAL;
+    }
+    if (mc->head_dim <= 0 || mc->head_dim % 2 != 0 || mc->n_kv_heads <= 0 ||
+        mc->n_heads % mc->n_kv_heads != 0) {
+        snprintf(err, errlen, "unsupported head shape: %d heads, %d KV heads, head_dim %d",
+                 mc->n_heads, mc->n_kv_heads, mc->head_dim);
+        return ST_EFORMAT;
+    }
+
+    rt = xcalloc(1, sizeof(*rt));
+    rt->be = be;
+    rt->m = m;
+    rt->cfg = c;
+    rc = be->create(m, &rt->cfg, &rt->state, err, errlen);
+    if (rc != ST_OK) {
+        free(rt);
+        return rc;
+    }
+    LOG_DEBUG("runtime on %s: %d blocks x %d tokens, %d swap blocks, %d tokens/step",
+              be->name, c.num_blocks, c.block_size, c.swap_blocks, c.max_num_batched_tokens);
+    *out = rt;
+    return ST_OK;
+}
+
+void
+mdl_runtime_destroy(mdl_runtime_t *rt)
+{
+    if (rt == NULL) {
+        return;
+    }
+    rt->be->destroy(rt->state);
+    free(rt);
+}
+
+int
+mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops)
+{
+    int32_t nb = rt->cfg.num_blocks, ns = rt->cfg.swap_blocks;
+
+    if (n_ops < 0 || (n_ops > 0 && ops == NULL)) {
+        return ST_EINVAL;
+    }
+    for (int32_t i = 0; i < n_ops; i++) {
+        int32_t src_max = ops[i].kind == KV_OP_SWAP_IN ? ns : nb;
+        int32_t dst_max = ops[i].kind == KV_OP_SWAP_OUT ? ns : nb;
+
+        if (ops[i].kind != KV_OP_COPY && ops[i].kind != KV_OP_SWAP_OUT &&
+            ops[i].kind != KV_OP_SWAP_IN) {
+            return ST_EINVAL;
+        }
+        if (ops[i].src < 0 || ops[i].src >= src_max || ops[i].dst < 0 ||
+            ops[i].dst >= dst_max) {
+            LOG_ERROR("kv op %d (kind %d): block %d -> %d out of range", i, ops[i].kind,
+                      ops[i].src, ops[i].dst);
+            return ST_EINVAL;
+        }
+    }
+    return n_ops == 0 ? ST_OK : rt->be->kv_ops(rt->state, ops, n_ops);
+}
+
+/* Everything a kernel would index with, checked against the config. */
+static int
+rt_batch_valid(const mdl_runtime_t *rt, const mdl_batch_t *b)
+{
+    const mdl_runtime_config_t *c = &rt->cfg;
+    int32_t vocab = rt->m->cfg.vocab_size;
+    int64_t n_slots = (int64_t)c->num_blocks * c->block_size;
+
+    if (b->n_tokens <= 0 || b->n_tokens > c->max_num_batched_tokens || b->n_seqs <= 0 ||
+        b->n_seqs > c->max_num_seqs || b->n_logits < 0 || b->n_logits > c->max_num_seqs ||
+        b->max_blocks <= 0 || b->max_blocks > c->max_blocks_per_seq) {
+        return 0;
+    }
+    if (b->tokens == NULL || b->positions == NULL || b->slot_mapping == NULL ||
+        b->query_start == NULL || b->context_len == NULL || b->block_tables == NULL ||
+        (b->n_logits > 0 && b->logits_rows == NULL)) {
+        return 0;
+    }
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= vocab || b->positions[t] < 0 ||
+            b->slot_mapping[t] < 0 || b->slot_mapping[t] >= n_slots) {
+            return 0;
+        }
+    }
+    if (b->query_start[0] != 0 || b->query_start[b->n_seqs] != b->n_tokens) {
+        return 0;
+    }
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        int32_t n_new = b->query_start[s + 1] - b->query_start[s];
+        int32_t ctx = b->context_len[s];
+
+        if (n_new <= 0 || ctx < n_new || ctx > b->max_blocks * c->block_size) {
+            return 0;
+        }
+        for (int32_t i = 0; i < (ctx + c->block_size - 1) / c->block_size; i++) {
+            int32_t blk = b->block_tables[(size_t)s * b->max_blocks + i];
+
+            if (blk < 0 || blk >= c->num_blocks) {
+                return 0;
+            }
+        }
+    }
+    for (int32_t i = 0; i < b->n_logits; i++) {
+        if (b->logits_rows[i] < 0 || b->logits_rows[i] >= b->n_tokens) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int
+mdl_forward(mdl_runtime_t *rt, const mdl_batch_t *b, const float **logits)
+{
+    if (!rt_batch_valid(rt, b)) {
+        LOG_ERROR("invalid batch: %d tokens, %d seqs, %d logits rows", b->n_tokens, b->n_seqs,
+                  b->n_logits);
+        return ST_EINVAL;
+    }
+    return rt->be->forward(rt->state, b, logits);
+}
