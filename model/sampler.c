@@ -10,12 +10,13 @@
  *      the output tokens and decremented back afterwards);
  *   2. passes for the max, the log-sum-exp (exp in 4-lane vector code) and,
  *      if asked, the top-n logprobs (a small sorted array);
- *   3. greedy: argmax (ties -> lowest id). Random: (weight, id) candidates
- *      in two arrays; top-k is a quickselect on the logits (no sort),
- *      top-p a "mass quickselect" that partitions around a pivot and keeps
- *      or discards whole sides by their probability mass (expected linear,
- *      never a full sort), min-p a threshold filter, then one uniform draw
- *      scanned over the surviving candidates.
+ *   3. greedy: argmax (ties -> lowest id). Random: weights
+ *      exp((l - max) / T) for the whole row (vector exp, the best token has
+ *      weight exactly 1); top-k and top-p build a log-scale histogram of the
+ *      weights (count, mass), find the bucket the cut falls in, keep every
+ *      bucket above it and run a quickselect only inside that bucket; so
+ *      nothing is ever fully sorted. min-p is a threshold (the best weight
+ *      is 1). The draw sums 64-weight blocks, then scans one block.
  *
  * The candidates that survive truncation are not sorted; the draw scans
  * them in the deterministic order the selection left them in, so the same
@@ -32,6 +33,12 @@
 #define SMP_TEMP_EPS 1e-5f
 /* Segments this small are finished by insertion sort. */
 #define SMP_SMALL_SEG 16
+/* Weight histogram: float bits >> 19 (exponent and 4 mantissa bits); a
+ * weight <= 1.0f (0x3f800000) has a key below 2048. */
+#define SMP_KEY_SHIFT 19
+#define SMP_NBUCKETS 2048
+/* Block size of the two-level draw. */
+#define SMP_BLOCK 64
 
 /* 4 floats: GCC / Clang vector extensions, one SSE2 / NEON register (the
  * x86-64 and aarch64 baselines, so no target flags are needed). */
@@ -45,6 +52,11 @@ struct smp_ctx {
      * exp((logit - max) / T); cand_id[vocab] the token ids. */
     float *cand_v;
     int32_t *cand_id;
+    float *cand2_v;    /* [vocab] the bucket a truncation cuts through */
+    int32_t *cand2_id; /* [vocab] */
+    uint32_t *hist_n;  /* [SMP_NBUCKETS] candidates per weight bucket */
+    double *hist_m;    /* [SMP_NBUCKETS] their mass */
+    double *blk;       /* [vocab / SMP_BLOCK + 1] block sums of the draw */
     int32_t *counts; /* [vocab] output-token counts; all zero between calls */
     uint8_t *seen;   /* [vocab] repetition-penalty marks; all zero between calls */
 };
@@ -116,9 +128,16 @@ smp_ctx_create(int32_t vocab, smp_ctx_t **out)
     c->vocab = vocab;
     c->cand_v = malloc((size_t)vocab * sizeof(*c->cand_v));
     c->cand_id = malloc((size_t)vocab * sizeof(*c->cand_id));
+    c->cand2_v = malloc((size_t)vocab * sizeof(*c->cand2_v));
+    c->cand2_id = malloc((size_t)vocab * sizeof(*c->cand2_id));
+    c->hist_n = malloc(SMP_NBUCKETS * sizeof(*c->hist_n));
+    c->hist_m = malloc(SMP_NBUCKETS * sizeof(*c->hist_m));
+    c->blk = malloc(((size_t)vocab / SMP_BLOCK + 1) * sizeof(*c->blk));
     c->counts = calloc((size_t)vocab, sizeof(*c->counts));
     c->seen = calloc((size_t)vocab, sizeof(*c->seen));
-    if (c->cand_v == NULL || c->cand_id == NULL || c->counts == NULL || c->seen == NULL) {
+    if (c->cand_v == NULL || c->cand_id == NULL || c->cand2_v == NULL || c->cand2_id == NULL ||
+        c->hist_n == NULL || c->hist_m == NULL || c->blk == NULL || c->counts == NULL ||
+        c->seen == NULL) {
         smp_ctx_destroy(c);
         return ST_ENOMEM;
     }
@@ -134,6 +153,11 @@ smp_ctx_destroy(smp_ctx_t *c)
     }
     free(c->cand_v);
     free(c->cand_id);
+    free(c->cand2_v);
+    free(c->cand2_id);
+    free(c->hist_n);
+    free(c->hist_m);
+    free(c->blk);
     free(c->counts);
     free(c->seen);
     free(c);
@@ -467,73 +491,198 @@ smp_select_mass(float *v, int32_t *id, int32_t n, double need)
     return hi; /* rounding: everything is kept */
 }
 
+/* ---- truncation by histogram -------------------------------------------- */
+
+/* Bucket of a weight in [0, 1]: its float exponent and 4 mantissa bits, a
+ * log-scale histogram with 6% wide buckets. Monotonic in w. */
+static inline uint32_t
+smp_wkey(float w)
+{
+    uint32_t bits;
+
+    memcpy(&bits, &w, sizeof(bits));
+    return bits >> SMP_KEY_SHIFT;
+}
+
+/* Splits (v, id)[0..n) by bucket: keys above `b` are compacted in place to
+ * the front (returned count), keys equal to `b` go to (v2, id2) (*n_eq).
+ * With ident set, id[] is not read: the ids are the indices. */
+static int32_t
+smp_split(smp_ctx_t *c, int ident, int32_t n, uint32_t b, int32_t *n_eq)
+{
+    float *v = c->cand_v, *v2 = c->cand2_v;
+    int32_t *id = c->cand_id, *id2 = c->cand2_id;
+    int32_t na = 0, ne = 0;
+
+    for (int32_t i = 0; i < n; i++) {
+        float w = v[i];
+        int32_t t = ident ? i : id[i];
+        uint32_t k = smp_wkey(w);
+
+        v[na] = w;
+        id[na] = t;
+        na += k > b;
+        v2[ne] = w;
+        id2[ne] = t;
+        ne += k == b;
+    }
+    *n_eq = ne;
+    return na;
+}
+
+/* Keeps the k largest weights of the n candidates (0 < k < n): a count
+ * histogram finds the bucket holding the k-th, everything above it is in,
+ * and a quickselect inside that one bucket picks the rest. Returns k. */
+static int32_t
+smp_trunc_top_k(smp_ctx_t *c, int ident, int32_t n, int32_t k)
+{
+    uint32_t *hn = c->hist_n;
+    int32_t above = 0, n_eq, na, r;
+    uint32_t b;
+
+    memset(hn, 0, SMP_NBUCKETS * sizeof(*hn));
+    for (int32_t i = 0; i < n; i++) {
+        hn[smp_wkey(c->cand_v[i])]++;
+    }
+    for (b = SMP_NBUCKETS - 1; b > 0; b--) {
+        if (above + (int32_t)hn[b] >= k) {
+            break;
+        }
+        above += (int32_t)hn[b];
+    }
+    na = smp_split(c, ident, n, b, &n_eq);
+    r = k - na;
+    if (r < n_eq) {
+        smp_select_top_k(c->cand2_v, c->cand2_id, n_eq, r);
+    }
+    memcpy(c->cand_v + na, c->cand2_v, (size_t)r * sizeof(float));
+    memcpy(c->cand_id + na, c->cand2_id, (size_t)r * sizeof(int32_t));
+    return k;
+}
+
+/* Top-p: keeps the shortest set of largest weights whose mass reaches
+ * `need`. A mass histogram finds the bucket where the running mass crosses
+ * `need`; buckets above are in, and the mass quickselect runs inside that
+ * bucket only. Returns the new count. */
+static int32_t
+smp_trunc_top_p(smp_ctx_t *c, int ident, int32_t n, double need)
+{
+    uint32_t *hn = c->hist_n;
+    double *hm = c->hist_m, mass_above = 0.0;
+    int32_t na, n_eq, r;
+    uint32_t b;
+
+    memset(hn, 0, SMP_NBUCKETS * sizeof(*hn));
+    memset(hm, 0, SMP_NBUCKETS * sizeof(*hm));
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t k = smp_wkey(c->cand_v[i]);
+
+        hn[k]++;
+        hm[k] += c->cand_v[i];
+    }
+    for (b = SMP_NBUCKETS - 1; b > 0; b--) {
+        if (hn[b] > 0 && mass_above + hm[b] >= need) {
+            break;
+        }
+        mass_above += hm[b];
+    }
+    if (b == 0 && mass_above + hm[0] < need) {
+        return n; /* rounding: everything is kept */
+    }
+    na = smp_split(c, ident, n, b, &n_eq);
+    r = smp_select_mass(c->cand2_v, c->cand2_id, n_eq, need - mass_above);
+    memcpy(c->cand_v + na, c->cand2_v, (size_t)r * sizeof(float));
+    memcpy(c->cand_id + na, c->cand2_id, (size_t)r * sizeof(int32_t));
+    return na + r;
+}
+
+/* Draws index i of v[0..n) with probability v[i] / sum(v), u in [0, 1).
+ * Two levels (sums of 64-weight blocks, then one block) so the serial
+ * running sum covers n / 64 + 64 terms. Never returns a weight-0 entry
+ * unless every weight is 0. */
+static int32_t
+smp_pick(smp_ctx_t *c, const float *v, int32_t n, double u)
+{
+    int32_t nb = (n + SMP_BLOCK - 1) / SMP_BLOCK, b, end;
+    double total = 0.0, acc = 0.0;
+
+    for (b = 0; b < nb; b++) {
+        int32_t lo = b * SMP_BLOCK, hi = lo + SMP_BLOCK < n ? lo + SMP_BLOCK : n;
+        float s = 0.0f;
+
+        for (int32_t i = lo; i < hi; i++) {
+            s += v[i];
+        }
+        c->blk[b] = s;
+        total += s;
+    }
+    u *= total;
+    for (b = 0; b < nb - 1; b++) {
+        if (u < acc + c->blk[b]) {
+            break;
+        }
+        acc += c->blk[b];
+    }
+    end = b * SMP_BLOCK + SMP_BLOCK < n ? b * SMP_BLOCK + SMP_BLOCK : n;
+    for (int32_t i = b * SMP_BLOCK; i < end; i++) {
+        acc += v[i];
+        if (u < acc && v[i] > 0.0f) {
+            return i;
+        }
+    }
+    for (int32_t i = end - 1; i > 0; i--) { /* rounding put u at the end */
+        if (v[i] > 0.0f) {
+            return i;
+        }
+    }
+    return 0;
+}
+
 /* ---- sampling ------------------------------------------------------------ */
 
-/* The random path: truncation and one draw. logits[] has had bias and
- * penalties applied; max is its finite maximum. */
+/* The random path: weights, truncation and one draw. logits[] has had bias
+ * and penalties applied; max is its finite maximum. */
 static int32_t
 smp_draw(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, const float *logits, float max)
 {
     float *v = c->cand_v;
     int32_t *id = c->cand_id;
-    int32_t n = c->vocab;
-    float inv_t = 1.0f / p->temperature;
-    double total, u, acc;
+    int32_t n = c->vocab, i;
+    int ident = 1; /* id[i] == i, not materialized yet */
+    double total;
 
-    for (int32_t i = 0; i < n; i++) {
-        id[i] = i;
-    }
+    /* Weights exp((l - max) / T) in (0, 1]; the best token has weight 1
+     * and survives every truncation; -inf and NaN logits get 0. */
+    total = smp_exp_sum(logits, v, n, max, 1.0f / p->temperature);
     if (p->top_k > 0 && p->top_k < n) {
-        /* Top-k on the logits (NaN as -inf), so the exp pass covers k. */
-        for (int32_t i = 0; i < n; i++) {
-            v[i] = logits[i] == logits[i] ? logits[i] : -INFINITY;
-        }
-        smp_select_top_k(v, id, n, p->top_k);
-        n = p->top_k;
-        total = smp_exp_sum(v, v, n, max, inv_t);
-    } else {
-        total = smp_exp_sum(logits, v, n, max, inv_t);
-    }
-    /* The best token has weight exp(0) = 1 and survives every truncation. */
-    if (p->top_p < 1.0f) {
-        n = smp_select_mass(v, id, n, (double)p->top_p * total);
+        n = smp_trunc_top_k(c, ident, n, p->top_k);
+        ident = 0;
         total = 0.0;
-        for (int32_t i = 0; i < n; i++) {
+        for (i = 0; i < n; i++) {
             total += v[i];
         }
+    }
+    if (p->top_p < 1.0f) {
+        n = smp_trunc_top_p(c, ident, n, (double)p->top_p * total);
+        ident = 0;
     }
     if (p->min_p > 0.0f) {
         /* Relative to the most likely token, whose weight is 1. */
         int32_t k = 0;
 
-        total = 0.0;
-        for (int32_t i = 0; i < n; i++) {
-            if (v[i] >= p->min_p) {
-                v[k] = v[i];
-                id[k] = id[i];
-                total += v[i];
-                k++;
-            }
+        for (i = 0; i < n; i++) {
+            float w = v[i];
+            int32_t t = ident ? i : id[i];
+
+            v[k] = w;
+            id[k] = t;
+            k += w >= p->min_p;
         }
         n = k;
+        ident = 0;
     }
-
-    /* The first candidate where the running sum passes u has a positive
-     * weight, so masked (weight 0) tokens are never drawn. */
-    u = smp_rng_uniform(rng) * total;
-    acc = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        acc += v[i];
-        if (u < acc) {
-            return id[i];
-        }
-    }
-    for (int32_t i = n - 1; i > 0; i--) { /* rounding put u at the end */
-        if (v[i] > 0.0f) {
-            return id[i];
-        }
-    }
-    return id[0];
+    i = smp_pick(c, v, n, smp_rng_uniform(rng));
+    return ident ? i : id[i];
 }
 
 int
