@@ -14,6 +14,7 @@ typedef struct cmd {
 static const cmd_t cmds[] = {
     /* Each subcommand adds its line here once it is built. */
     {"hash-key", cmd_hash_key, "print the SHA-256 digest of an API key for the config"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text as JSON"},
     {NULL, NULL, NULL},
 };
 

