@@ -12,7 +12,10 @@
  * which nothing more comes for that id). A CANCEL for an unknown or
  * finished id is ignored; a cancelled request still gets its FINISHED
  * messages (reason ENG_FINISH_ABORT), so the loop thread can free its
- * record on the engine's last word.
+ * record on the engine's last word. The token that stops a choice on EOS
+ * or a stop id comes in a DELTA like any other (it counts in
+ * completion_tokens) and again as FINISHED.stop_token, so the front end
+ * can leave it out of the text.
  *
  * Thread: engine_* on the thread that created the engine, messages from
  * any thread.
@@ -96,6 +99,8 @@ typedef struct eng_msg_finished {
     int32_t prompt_tokens;
     int32_t completion_tokens; /* this choice */
     int32_t cached_tokens;     /* prompt tokens served from the prefix cache */
+    int32_t stop_token;        /* STOP on EOS or a stop id: that token (also the
+                                * last DELTA token), else -1 */
 } eng_msg_finished_t;
 
 typedef struct eng_msg_error {
@@ -131,6 +136,8 @@ typedef struct eng_stats {
     uint64_t steps;
     uint32_t n_tenants;
     eng_tenant_stats_t tenant[ENG_MAX_TENANTS];
+    uint32_t kv_used_peak;                       /* most device blocks USED after a step */
+    uint64_t requests_finished;
 } eng_stats_t;
 
 typedef struct eng_msg_stats {

@@ -1,0 +1,620 @@
+/* engine.c - the engine thread: inbox, step loop, outbox.
+ *
+ * DESIGN
+ *   One thread owns the scheduler, the block manager, the model runtime
+ *   and the sampler. Each iteration (llama.cpp start_loop, vLLM step):
+ *
+ *     take the inbox (block only when there is nothing to run)
+ *     apply SUBMIT / CANCEL / STATS / SHUTDOWN      -> ERROR, FINISHED, STATS_REPLY
+ *     sched_step: plan one varlen batch              (admit, reserve, preempt, swap)
+ *     mdl_runtime_kv_ops: run queued copies / swaps  (before the forward)
+ *     mdl_forward                                    -> one logits row per sampled seq
+ *     smp_sample per choice (own seeded stream)
+ *     sched_commit: append, stop checks, fork n > 1  -> DELTA, FINISHED
+ *
+ *   A CANCEL is applied at the iteration boundary: the choice's blocks are
+ *   freed before the next plan. A failed forward fails every open request
+ *   with ERROR and leaves the engine answering ERROR until SHUTDOWN.
+ *
+ * Thread: engine_* on the owner's thread; the loop on the engine thread.
+ */
+#define LOG_MODULE "engine"
+
+#include "scheduler/engine.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blockmgr/blockmgr.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/thread.h"
+#include "common/util.h"
+#include "common/xmalloc.h"
+#include "scheduler/engine_int.h"
+#include "scheduler/sched.h"
+
+struct engine {
+    eng_config_t cfg;
+    const mdl_model_t *model;
+    int32_t vocab;
+    mdl_runtime_t *rt;
+    bm_pool_t *pool;
+    sched_t *sched;
+    smp_ctx_t *smp;
+    chan_t inbox;
+    chan_t *outbox;
+    pthread_t thread;
+    int started;
+    atomic_int alive;
+    int failed;          /* status of the failure, 0 while healthy */
+    int shutdown;
+    int stalled;         /* the last plan ran nothing while work is queued */
+    float *row;          /* [vocab] logits scratch for one sample */
+    smp_result_t *results; /* [max_num_seqs] */
+    uint32_t kv_used_peak;
+    uint64_t requests_finished;
+    /* periodic summary */
+    uint64_t log_steps;
+    uint64_t log_t0;
+    uint64_t log_gen0, log_prompt0;
+};
+
+/* ---- messages -------------------------------------------------------- */
+
+void
+eng_msg_free(msg_t *m)
+{
+    if (m == NULL) {
+        return;
+    }
+    if (m->type == ENG_MSG_SUBMIT) {
+        eng_msg_submit_t *sm = (eng_msg_submit_t *)m;
+        free(sm->req.prompt);
+        free((void *)sm->req.sampling.bias);
+    }
+    free(m);
+}
+
+static void
+send_error(engine_t *e, uint64_t id, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void
+send_error(engine_t *e, uint64_t id, int status, const char *fmt, ...)
+{
+    eng_msg_error_t *m = xcalloc(1, sizeof(*m));
+    va_list ap;
+
+    m->hdr.type = ENG_MSG_ERROR;
+    m->id = id;
+    m->status = status;
+    va_start(ap, fmt);
+    vsnprintf(m->message, sizeof(m->message), fmt, ap);
+    va_end(ap);
+    chan_send(e->outbox, &m->hdr);
+}
+
+/* Scheduler events become outbox messages. */
+static void
+engine_emit(void *arg, const sched_event_t *ev)
+{
+    engine_t *e = arg;
+
+    switch (ev->kind) {
+    case SCHED_EV_TOKEN: {
+        eng_msg_delta_t *m = xmalloc(sizeof(*m));
+        m->hdr.type = ENG_MSG_DELTA;
+        m->id = ev->id;
+        m->choice = ev->choice;
+        m->n_tokens = 1;
+        m->tok[0] = *ev->tok;
+        chan_send(e->outbox, &m->hdr);
+        break;
+    }
+    case SCHED_EV_FINISHED: {
+        eng_msg_finished_t *m = xcalloc(1, sizeof(*m));
+        m->hdr.type = ENG_MSG_FINISHED;
+        m->id = ev->id;
+        m->choice = ev->choice;
+        m->reason = ev->reason;
+        m->prompt_tokens = ev->prompt_tokens;
+        m->completion_tokens = ev->completion_tokens;
+        m->cached_tokens = ev->cached_tokens;
+        m->stop_token = ev->stop_token;
+        e->requests_finished++;
+        chan_send(e->outbox, &m->hdr);
+        break;
+    }
+    case SCHED_EV_ERROR:
+        send_error(e, ev->id, ev->status, "%s", st_str(ev->status));
+        break;
+    }
+}
+
+void
+eng__stats(engine_t *e, eng_stats_t *st)
+{
+    sched_stats_t ss;
+    bm_stats_t bs;
+
+    memset(st, 0, sizeof(*st));
+    sched_get_stats(e->sched, &ss);
+    bm_pool_stats(e->pool, &bs);
+    st->running = ss.running;
+    st->waiting = ss.waiting;
+    st->swapped = ss.swapped;
+    st->kv_total = bs.dev_total;
+    st->kv_used = bs.dev_used;
+    st->kv_cached = bs.dev_cached;
+    st->swap_total = bs.cpu_total;
+    st->swap_used = bs.cpu_used;
+    st->swap_cached = bs.cpu_cached;
+    st->prefix_queries = bs.prefix_queries;
+    st->prefix_hits = bs.prefix_hits;
+    st->preempt_swap = ss.preempt_swap;
+    st->preempt_recompute = ss.preempt_recompute;
+    st->prompt_tokens = ss.prompt_tokens;
+    st->generation_tokens = ss.generation_tokens;
+    st->steps = ss.steps;
+    st->n_tenants = (uint32_t)e->cfg.n_tenants;
+    for (int32_t t = 0; t < e->cfg.n_tenants; t++) {
+        sched_tenant_stats_t ts;
+        eng_tenant_stats_t *o = &st->tenant[t];
+        sched_get_tenant_stats(e->sched, (uint32_t)t, &ts);
+        o->running = ts.running;
+        o->waiting = ts.waiting;
+        o->swapped = ts.swapped;
+        o->kv_blocks = bm_tenant_blocks(e->pool, (uint32_t)t);
+        o->prompt_tokens = ts.prompt_tokens;
+        o->generation_tokens = ts.generation_tokens;
+        o->requests_finished = ts.requests_finished;
+        o->requests_rejected = ts.requests_rejected;
+        o->vtc = ts.vtc;
+    }
+    st->kv_used_peak = e->kv_used_peak;
+    st->requests_finished = e->requests_finished;
+}
+
+static const char *
+submit_reason(int rc)
+{
+    switch (rc) {
+    case ST_EQUEUE:
+        return "the tenant's request queue is full";
+    case ST_ETOOLONG:
+        return "the prompt does not fit the context length or the KV cache";
+    default:
+        return "invalid request";
+    }
+}
+
+/* Checks what the sampler would otherwise reject mid-step. */
+static int
+check_sampling(const engine_t *e, const eng_request_t *r)
+{
+    const smp_params_t *p = &r->sampling;
+
+    if (!(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) || !(p->min_p >= 0) ||
+        !(p->min_p <= 1) || !(p->repetition_penalty > 0) || p->n_logprobs < 0 ||
+        p->n_logprobs > SMP_MAX_LOGPROBS || p->n_bias < 0) {
+        return ST_EINVAL;
+    }
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        if (p->bias == NULL || p->bias[i].id < 0 || p->bias[i].id >= e->vocab) {
+            return ST_EINVAL;
+        }
+    }
+    return ST_OK;
+}
+
+static void
+apply_submit(engine_t *e, eng_msg_submit_t *m)
+{
+    eng_request_t *r = &m->req;
+    int rc;
+
+    if (e->failed != 0 || e->shutdown) {
+        send_error(e, r->id, e->failed != 0 ? e->failed : ST_ESHUTDOWN, "engine %s",
+                   e->failed != 0 ? "failed" : "shutting down");
+        return;
+    }
+    rc = check_sampling(e, r);
+    if (rc == ST_OK) {
+        if (r->t_arrival_ns == 0) {
+            r->t_arrival_ns = now_ns();
+        }
+        rc = sched_submit(e->sched, r);
+    }
+    if (rc != ST_OK) {
+        REQ_DEBUG(r->id, "refused: %s", st_str(rc));
+        send_error(e, r->id, rc, "%s", submit_reason(rc));
+    }
+}
+
+/* Applies a list of inbox messages in order; frees every one. */
+static void
+engine_apply(engine_t *e, msg_t *list)
+{
+    while (list != NULL) {
+        msg_t *m = list;
+        list = m->next;
+        m->next = NULL;
+
+        switch (m->type) {
+        case ENG_MSG_SUBMIT:
+            apply_submit(e, (eng_msg_submit_t *)m);
+            break;
+        case ENG_MSG_CANCEL: {
+            eng_msg_cancel_t *c = (eng_msg_cancel_t *)m;
+            (void)sched_cancel(e->sched, c->id, c->choice, c->as_stop);
+            break;
+        }
+        case ENG_MSG_STATS: {
+            eng_msg_stats_t *sm = (eng_msg_stats_t *)m;
+            eng__stats(e, &sm->stats);
+            sm->hdr.type = ENG_MSG_STATS_REPLY;
+            chan_send(e->outbox, &sm->hdr);
+            continue; /* ownership passed to the outbox */
+        }
+        case ENG_MSG_SHUTDOWN:
+            e->shutdown = 1;
+            break;
+        default:
+            LOG_WARN("unexpected message type %d in the inbox", m->type);
+            break;
+        }
+        eng_msg_free(m);
+    }
+}
+
+static void
+engine_fail(engine_t *e, int status, const char *what)
+{
+    LOG_ERROR("%s failed: %s; failing every open request", what, st_str(status));
+    e->failed = status;
+    atomic_store(&e->alive, 0);
+    sched_abort_all(e->sched, status);
+    bm_pool_ops_clear(e->pool);
+}
+
+static void
+log_summary(engine_t *e)
+{
+    eng_stats_t st;
+    uint64_t now = now_ns();
+    double dt = (double)(now - e->log_t0) * 1e-9;
+
+    eng__stats(e, &st);
+    if (dt > 0) {
+        LOG_INFO("steps=%llu running=%u waiting=%u swapped=%u prompt_tok/s=%.1f gen_tok/s=%.1f "
+                 "kv=%u/%u (cached %u) swap=%u/%u preempt swap=%llu recompute=%llu",
+                 (unsigned long long)st.steps, st.running, st.waiting, st.swapped,
+                 (double)(st.prompt_tokens - e->log_prompt0) / dt,
+                 (double)(st.generation_tokens - e->log_gen0) / dt, st.kv_used, st.kv_total,
+                 st.kv_cached, st.swap_used, st.swap_total, (unsigned long long)st.preempt_swap,
+                 (unsigned long long)st.preempt_recompute);
+    }
+    e->log_t0 = now;
+    e->log_gen0 = st.generation_tokens;
+    e->log_prompt0 = st.prompt_tokens;
+}
+
+/* Plans and runs one step. 1 when a forward ran. */
+static int
+engine_step(engine_t *e)
+{
+    sched_plan_t plan;
+    const kv_op_t *ops;
+    const float *logits = NULL;
+    uint32_t n_ops = 0;
+    int rc;
+
+    sched_step(e->sched, &plan);
+    ops = bm_pool_ops(e->pool, &n_ops);
+    if (n_ops > 0) {
+        rc = mdl_runtime_kv_ops(e->rt, ops, (int32_t)n_ops);
+        bm_pool_ops_clear(e->pool);
+        if (rc != ST_OK) {
+            engine_fail(e, rc, "KV block copy");
+            return 0;
+        }
+    }
+    if (plan.batch.n_tokens == 0) {
+        e->stalled = !sched_idle(e->sched);
+        return 0;
+    }
+    e->stalled = 0;
+
+    rc = mdl_forward(e->rt, &plan.batch, &logits);
+    if (rc != ST_OK) {
+        engine_fail(e, rc, "forward");
+        return 0;
+    }
+    for (int32_t i = 0; i < plan.n_samples; i++) {
+        sched_sample_view_t v;
+        memcpy(e->row, logits + (size_t)plan.samples[i].row * (size_t)e->vocab,
+               (size_t)e->vocab * sizeof(float));
+        sched_sample_view(e->sched, &plan, i, &v);
+        sched_sample_mask(e->sched, &plan, i, e->row);
+        rc = smp_sample(e->smp, v.params, v.rng, e->row, v.history, v.n_hist, v.n_prompt,
+                        &e->results[i]);
+        if (rc != ST_OK) {
+            engine_fail(e, rc, "sampling");
+            return 0;
+        }
+    }
+    sched_commit(e->sched, &plan, e->results);
+
+    {
+        bm_stats_t bs;
+        bm_pool_stats(e->pool, &bs);
+        if (bs.dev_used > e->kv_used_peak) {
+            e->kv_used_peak = bs.dev_used;
+        }
+    }
+    if (e->cfg.log_every_steps > 0 && ++e->log_steps % (uint64_t)e->cfg.log_every_steps == 0) {
+        log_summary(e);
+    }
+    return 1;
+}
+
+int
+eng__iterate(engine_t *e, int wait_ms)
+{
+    msg_t *in;
+
+    if (e->failed != 0 || sched_idle(e->sched)) {
+        in = chan_wait_all(&e->inbox, wait_ms);
+    } else if (e->stalled) {
+        in = chan_wait_all(&e->inbox, 1); /* waiting on nothing but time */
+    } else {
+        in = chan_take_all(&e->inbox);
+    }
+    engine_apply(e, in);
+    if (e->shutdown) {
+        sched_abort_all(e->sched, ST_ESHUTDOWN);
+        return ST_ESHUTDOWN;
+    }
+    if (e->failed != 0 || sched_idle(e->sched)) {
+        return 0;
+    }
+    return engine_step(e);
+}
+
+static void *
+engine_main(void *arg)
+{
+    engine_t *e = arg;
+
+    thread_set_role(THREAD_ENGINE);
+    e->log_t0 = now_ns();
+    while (eng__iterate(e, -1) != ST_ESHUTDOWN) {
+    }
+    atomic_store(&e->alive, 0);
+    return NULL;
+}
+
+sched_t *
+eng__sched(engine_t *e)
+{
+    return e->sched;
+}
+
+bm_pool_t *
+eng__pool(engine_t *e)
+{
+    return e->pool;
+}
+
+/* ---- lifecycle ------------------------------------------------------- */
+
+int
+engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox, engine_t **out,
+              char *err, size_t errlen)
+{
+    const mdl_config_t *mc = mdl_model_config(model);
+    engine_t *e;
+    sched_config_t sc;
+    bm_config_t bc;
+    int rc;
+
+    e = xcalloc(1, sizeof(*e));
+    e->cfg = *cfg;
+    e->model = model;
+    e->outbox = outbox;
+    e->vocab = mc->vocab_size;
+    chan_init(&e->inbox, NULL, NULL);
+
+    /* Defaults for zeros, and the model's limits. */
+    eng_config_t *c = &e->cfg;
+    if (c->rt.block_size <= 0) {
+        c->rt.block_size = 16;
+    }
+    if (c->max_model_len <= 0 || c->max_model_len > mc->max_pos) {
+        c->max_model_len = mc->max_pos;
+    }
+    if (c->max_num_seqs <= 0) {
+        c->max_num_seqs = 256;
+    }
+    if (c->max_num_batched_tokens <= 0) {
+        c->max_num_batched_tokens = c->max_model_len > 2048 ? c->max_model_len : 2048;
+    }
+    c->rt.max_num_seqs = c->max_num_seqs;
+    c->rt.max_num_batched_tokens = c->max_num_batched_tokens;
+    c->rt.max_blocks_per_seq = (c->max_model_len + c->rt.block_size - 1) / c->rt.block_size;
+    if (c->rt.num_blocks <= 0) {
+        c->rt.num_blocks = c->max_num_seqs * c->rt.max_blocks_per_seq + 1;
+    }
+    if (c->rt.swap_blocks < 0) {
+        c->rt.swap_blocks = 0;
+    }
+    if (c->rt.tp_size <= 0) {
+        c->rt.tp_size = 1;
+    }
+    if (c->n_tenants <= 0) {
+        c->n_tenants = 1;
+        memset(&c->tenants[0], 0, sizeof(c->tenants[0]));
+        snprintf(c->tenants[0].name, sizeof(c->tenants[0].name), "default");
+    }
+    if (c->n_tenants > ENG_MAX_TENANTS) {
+        snprintf(err, errlen, "too many tenants (%d > %d)", c->n_tenants, ENG_MAX_TENANTS);
+        rc = ST_EINVAL;
+        goto fail;
+    }
+    for (int32_t t = 0; t < c->n_tenants; t++) {
+        if (!(c->tenants[t].weight > 0)) {
+            c->tenants[t].weight = 1.0;
+        }
+        if (!(c->tenants[t].max_kv_share > 0) || c->tenants[t].max_kv_share > 1) {
+            c->tenants[t].max_kv_share = 1.0;
+        }
+    }
+
+    rc = mdl_runtime_create(model, &c->rt, &e->rt, err, errlen);
+    if (rc != ST_OK) {
+        goto fail;
+    }
+
+    memset(&bc, 0, sizeof(bc));
+    bc.block_size = (uint32_t)c->rt.block_size;
+    bc.num_blocks = (uint32_t)c->rt.num_blocks;
+    bc.swap_blocks = (uint32_t)c->rt.swap_blocks;
+    bc.prefix_caching = c->prefix_caching;
+    bc.watermark = c->watermark;
+    rc = bm_pool_create(&bc, &e->pool);
+    if (rc != ST_OK) {
+        snprintf(err, errlen, "KV block pool: %s (num_blocks %d, block_size %d)", st_str(rc),
+                 c->rt.num_blocks, c->rt.block_size);
+        goto fail;
+    }
+    for (int32_t t = 0; t < c->n_tenants; t++) {
+        const char *salt = c->tenants[t].salt[0] != '\0' ? c->tenants[t].salt
+                                                         : c->tenants[t].name;
+        if (salt[0] != '\0') {
+            rc = bm_tenant_set_salt(e->pool, (uint32_t)t, salt, strnlen(salt, 64));
+            if (rc != ST_OK) {
+                snprintf(err, errlen, "tenant %d salt: %s", t, st_str(rc));
+                goto fail;
+            }
+        }
+    }
+
+    memset(&sc, 0, sizeof(sc));
+    sc.max_num_seqs = c->max_num_seqs;
+    sc.max_num_batched_tokens = c->max_num_batched_tokens;
+    sc.max_model_len = c->max_model_len;
+    sc.vocab_size = mc->vocab_size;
+    sc.prefix_caching = c->prefix_caching;
+    sc.n_eos = mc->n_eos;
+    memcpy(sc.eos_ids, mc->eos_ids, sizeof(sc.eos_ids));
+    sc.n_tenants = c->n_tenants;
+    memcpy(sc.tenants, c->tenants, sizeof(sc.tenants));
+    rc = sched_create(&sc, e->pool, engine_emit, e, &e->sched);
+    if (rc != ST_OK) {
+        snprintf(err, errlen, "scheduler: %s", st_str(rc));
+        goto fail;
+    }
+    rc = smp_ctx_create(mc->vocab_size, &e->smp);
+    if (rc != ST_OK) {
+        snprintf(err, errlen, "sampler: %s", st_str(rc));
+        goto fail;
+    }
+    e->row = xmalloc((size_t)mc->vocab_size * sizeof(float));
+    e->results = xcalloc((size_t)c->max_num_seqs, sizeof(*e->results));
+    e->log_t0 = now_ns();
+    atomic_store(&e->alive, 1);
+    LOG_INFO("engine: %d KV blocks of %d tokens, %d swap blocks, max_num_seqs %d, "
+             "max_num_batched_tokens %d, max_model_len %d, prefix caching %s, %d tenant(s)",
+             c->rt.num_blocks, c->rt.block_size, c->rt.swap_blocks, c->max_num_seqs,
+             c->max_num_batched_tokens, c->max_model_len, c->prefix_caching ? "on" : "off",
+             c->n_tenants);
+    *out = e;
+    return ST_OK;
+
+fail:
+    engine_destroy(e);
+    return rc;
+}
+
+int
+engine_start(engine_t *e)
+{
+    int rc;
+
+    if (e->started) {
+        return ST_EINVAL;
+    }
+    rc = pthread_create(&e->thread, NULL, engine_main, e);
+    if (rc != 0) {
+        return -rc;
+    }
+    e->started = 1;
+    return ST_OK;
+}
+
+chan_t *
+engine_inbox(engine_t *e)
+{
+    return &e->inbox;
+}
+
+void
+engine_stop(engine_t *e)
+{
+    msg_t *m;
+
+    if (e == NULL) {
+        return;
+    }
+    if (e->started) {
+        m = xcalloc(1, sizeof(*m));
+        m->type = ENG_MSG_SHUTDOWN;
+        chan_send(&e->inbox, m);
+        pthread_join(e->thread, NULL);
+        e->started = 0;
+    } else if (e->sched != NULL && !e->shutdown) {
+        /* Never started (or driven by eng__iterate): answer what is queued. */
+        engine_apply(e, chan_take_all(&e->inbox));
+        e->shutdown = 1;
+        sched_abort_all(e->sched, ST_ESHUTDOWN);
+    }
+    atomic_store(&e->alive, 0);
+}
+
+void
+engine_destroy(engine_t *e)
+{
+    msg_t *m;
+
+    if (e == NULL) {
+        return;
+    }
+    if (e->started) {
+        engine_stop(e);
+    }
+    m = chan_take_all(&e->inbox);
+    while (m != NULL) {
+        msg_t *next = m->next;
+        eng_msg_free(m);
+        m = next;
+    }
+    sched_destroy(e->sched);
+    bm_pool_destroy(e->pool);
+    mdl_runtime_destroy(e->rt);
+    smp_ctx_destroy(e->smp);
+    free(e->row);
+    free(e->results);
+    chan_fini(&e->inbox);
+    free(e);
+}
+
+int
+engine_alive(const engine_t *e)
+{
+    return atomic_load(&((engine_t *)e)->alive);
+}

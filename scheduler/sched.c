@@ -1,0 +1,1219 @@
+/* sched.c - request state, queues, tenant fair share, step planning,
+ * preemption and stop checks (see sched.h for the design).
+ *
+ * Sequence states and the lists that hold them:
+ *
+ *   UNBORN   choice k > 0 of an n > 1 request before the fork: on no list
+ *   WAITING  on its tenant's waiting list, sorted (priority, arrival)
+ *   RUNNING  on s->running, in admission order; holds device blocks
+ *   SWAPPED  on s->swapped, sorted (priority, arrival); holds CPU blocks
+ *   DONE     finished (FINISHED emitted) and detached from everything
+ *
+ * Token ranges of a sequence (its buffer holds prompt + generated):
+ *
+ *   tokens: |p0 p1 ... p(P-1) g0 g1 ... |
+ *           |<-- n_computed -->|<-- new this step -->|
+ *           |<------------------ n_tokens ---------------->|
+ *
+ * n_computed tokens have K/V in blocks; a decode has exactly one token
+ * left (the last sampled one), a prefill more. After a recompute
+ * preemption n_computed is 0 again and the whole buffer is the prefill.
+ *
+ * Slot accounting: a running (or swapped) sequence takes one of the
+ * max_num_seqs slots, except choice 0 of an n > 1 request before its fork,
+ * which takes n, so the fork never overflows the budget.
+ *
+ * Requests that finish while a plan may still point at them are parked on
+ * s->dead and freed at the next safe point (start of sched_step, end of
+ * sched_commit and sched_cancel).
+ */
+#define LOG_MODULE "sched"
+
+#include "scheduler/sched.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/list.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "common/xmalloc.h"
+
+typedef enum seq_state {
+    SEQ_UNBORN = 0,
+    SEQ_WAITING,
+    SEQ_RUNNING,
+    SEQ_SWAPPED,
+    SEQ_DONE,
+} seq_state_t;
+
+typedef struct sched_req sched_req_t;
+
+struct sched_seq {
+    list_node_t node;      /* in a waiting, running or swapped list */
+    sched_req_t *req;
+    uint64_t bm_id;        /* blockmgr sequence id */
+    int32_t choice;
+    seq_state_t state;
+    int in_pool;           /* registered with blockmgr */
+    int done;              /* FINISHED emitted */
+    int32_t *tokens;       /* [req->cap]: prompt then generated */
+    int32_t n_tokens;
+    int32_t n_computed;
+    int32_t n_generated;
+    uint64_t admit_no;     /* admission order, for victim choice */
+    uint64_t step_no;      /* last step that planned it */
+    smp_rng_t rng;
+};
+
+struct sched_req {
+    list_node_t node;      /* s->reqs or s->dead */
+    eng_request_t r;       /* owns r.prompt and r.sampling.bias */
+    uint64_t arrival;      /* submit order */
+    int32_t cap;           /* token buffer capacity per choice */
+    int32_t n_live;        /* choices without FINISHED */
+    int fork_pending;      /* choice 0 still computes the prompt for all */
+    int admitted;          /* left the waiting queue once (charged) */
+    int32_t cached_tokens; /* prompt tokens hit at first admission */
+    sched_seq_t *seqs;     /* [r.n] */
+};
+
+typedef struct sched_tenant {
+    eng_tenant_t cfg;
+    list_node_t waiting;    /* sched_seq_t, sorted (priority, arrival) */
+    double vtc;             /* served tokens / weight */
+    uint32_t n_live_reqs;
+    uint32_t n_waiting_fresh; /* requests not yet admitted */
+    uint32_t n_waiting;     /* sequences */
+    uint32_t n_running;     /* sequences */
+    uint32_t run_slots;
+    uint32_t n_swapped;
+    uint32_t kv_limit;      /* device blocks allowed; 0 = all */
+    uint64_t blocked_step;  /* not admissible again in this step */
+    uint64_t prompt_tokens;
+    uint64_t generation_tokens;
+    uint64_t requests_finished;
+    uint64_t requests_rejected;
+} sched_tenant_t;
+
+struct sched {
+    sched_config_t cfg;
+    bm_pool_t *pool;
+    sched_emit_cb emit;
+    void *emit_arg;
+    uint32_t block_size;
+    uint32_t dev_total;
+
+    sched_tenant_t tenants[ENG_MAX_TENANTS];
+    list_node_t reqs;     /* live requests */
+    list_node_t dead;     /* finished, to free at a safe point */
+    list_node_t running;
+    list_node_t swapped;
+    uint32_t n_reqs;
+    uint32_t n_running;   /* sequences */
+    uint32_t run_slots;
+    uint32_t n_swapped;
+    uint32_t n_waiting;
+    uint64_t arrival_no;
+    uint64_t admit_no;
+    uint64_t next_bm_id;
+    uint64_t step_no;
+    smp_rng_t seed_rng;   /* seeds for unseeded requests */
+
+    uint64_t preempt_swap, preempt_recompute;
+    uint64_t prompt_tokens, generation_tokens;
+
+    /* Per-step arrays, allocated at creation (the step allocates nothing). */
+    int32_t max_blocks_per_seq;
+    int32_t *b_tokens;      /* [max_num_batched_tokens] */
+    int32_t *b_positions;   /* [max_num_batched_tokens] */
+    int32_t *b_slots;       /* [max_num_batched_tokens] */
+    int32_t *b_query_start; /* [max_num_seqs + 1] */
+    int32_t *b_context_len; /* [max_num_seqs] */
+    int32_t *b_tables;      /* [max_num_seqs][max_blocks_per_seq] */
+    int32_t *b_logits_rows; /* [max_num_seqs] */
+    sched_seq_t **rows_seq; /* [max_num_seqs] sequence of each batch row */
+    int32_t *rows_new;      /* [max_num_seqs] tokens planned per row */
+    sched_sample_t *samples; /* [max_num_seqs] */
+    sched_seq_t **snap;     /* [max_num_seqs] running list snapshot */
+    int32_t n_tok, n_rows, n_logits, n_samples;
+    int32_t budget_tokens;
+    uint32_t step_swap, step_recompute, step_swap_in, step_admitted;
+};
+
+/* ---- small helpers --------------------------------------------------- */
+
+static int32_t
+min_i32(int32_t a, int32_t b)
+{
+    return a < b ? a : b;
+}
+
+static sched_tenant_t *
+seq_tenant(sched_t *s, const sched_seq_t *q)
+{
+    return &s->tenants[q->req->r.tenant];
+}
+
+/* Slots a running sequence takes from max_num_seqs. */
+static uint32_t
+seq_slots(const sched_seq_t *q)
+{
+    return (q->req->fork_pending && q->choice == 0) ? (uint32_t)q->req->r.n : 1;
+}
+
+/* (priority, arrival, choice) order: negative when a comes first. */
+static int
+seq_cmp(const sched_seq_t *a, const sched_seq_t *b)
+{
+    if (a->req->r.priority != b->req->r.priority) {
+        return a->req->r.priority < b->req->r.priority ? -1 : 1;
+    }
+    if (a->req->arrival != b->req->arrival) {
+        return a->req->arrival < b->req->arrival ? -1 : 1;
+    }
+    return a->choice < b->choice ? -1 : (a->choice > b->choice);
+}
+
+static void
+list_insert_sorted(list_node_t *head, sched_seq_t *q)
+{
+    list_node_t *it;
+
+    /* Walk from the back: recomputed sequences are rare, fresh ones sort
+     * last within their priority. */
+    for (it = head->prev; it != head; it = it->prev) {
+        if (seq_cmp(LIST_ENTRY(it, sched_seq_t, node), q) <= 0) {
+            break;
+        }
+    }
+    list_insert_before(it->next, &q->node);
+}
+
+static void
+run_account(sched_t *s, sched_seq_t *q, int add)
+{
+    sched_tenant_t *t = seq_tenant(s, q);
+    uint32_t slots = seq_slots(q);
+
+    if (add) {
+        s->n_running++;
+        s->run_slots += slots;
+        t->n_running++;
+        t->run_slots += slots;
+    } else {
+        CHECK(s->n_running > 0 && s->run_slots >= slots);
+        CHECK(t->n_running > 0 && t->run_slots >= slots);
+        s->n_running--;
+        s->run_slots -= slots;
+        t->n_running--;
+        t->run_slots -= slots;
+    }
+}
+
+static void
+waiting_add(sched_t *s, sched_seq_t *q)
+{
+    sched_tenant_t *t = seq_tenant(s, q);
+
+    q->state = SEQ_WAITING;
+    list_insert_sorted(&t->waiting, q);
+    t->n_waiting++;
+    s->n_waiting++;
+}
+
+static void
+waiting_del(sched_t *s, sched_seq_t *q)
+{
+    sched_tenant_t *t = seq_tenant(s, q);
+
+    list_remove(&q->node);
+    CHECK(t->n_waiting > 0 && s->n_waiting > 0);
+    t->n_waiting--;
+    s->n_waiting--;
+    if (!q->req->admitted) {
+        CHECK(t->n_waiting_fresh > 0);
+        t->n_waiting_fresh--;
+    }
+}
+
+/* Removes q from whatever holds it and releases its blocks. */
+static void
+seq_detach(sched_t *s, sched_seq_t *q)
+{
+    sched_tenant_t *t = seq_tenant(s, q);
+
+    switch (q->state) {
+    case SEQ_WAITING:
+        waiting_del(s, q);
+        break;
+    case SEQ_RUNNING:
+        list_remove(&q->node);
+        run_account(s, q, 0);
+        break;
+    case SEQ_SWAPPED:
+        list_remove(&q->node);
+        CHECK(t->n_swapped > 0 && s->n_swapped > 0);
+        t->n_swapped--;
+        s->n_swapped--;
+        break;
+    case SEQ_UNBORN:
+    case SEQ_DONE:
+        break;
+    }
+    if (q->in_pool) {
+        bm_seq_free(s->pool, q->bm_id);
+        q->in_pool = 0;
+    }
+    q->state = SEQ_DONE;
+}
+
+static void
+req_free(sched_req_t *rq)
+{
+    if (rq == NULL) {
+        return;
+    }
+    for (int32_t k = 0; k < rq->r.n; k++) {
+        free(rq->seqs[k].tokens);
+    }
+    free(rq->seqs);
+    free(rq->r.prompt);
+    free((void *)rq->r.sampling.bias);
+    free(rq);
+}
+
+static void
+reap_dead(sched_t *s)
+{
+    while (!list_empty(&s->dead)) {
+        list_node_t *n = s->dead.next;
+        list_remove(n);
+        req_free(LIST_ENTRY(n, sched_req_t, node));
+    }
+}
+
+/* The request has no live choice left: detach everything, park it. */
+static void
+req_retire(sched_t *s, sched_req_t *rq)
+{
+    sched_tenant_t *t = &s->tenants[rq->r.tenant];
+
+    for (int32_t k = 0; k < rq->r.n; k++) {
+        seq_detach(s, &rq->seqs[k]);
+    }
+    list_remove(&rq->node);
+    list_push_back(&s->dead, &rq->node);
+    CHECK(s->n_reqs > 0 && t->n_live_reqs > 0);
+    s->n_reqs--;
+    t->n_live_reqs--;
+}
+
+static void
+emit_finished(sched_t *s, sched_seq_t *q, eng_finish_t reason, int32_t stop_token)
+{
+    sched_event_t ev = {
+        .kind = SCHED_EV_FINISHED,
+        .id = q->req->r.id,
+        .choice = q->choice,
+        .reason = reason,
+        .stop_token = stop_token,
+        .prompt_tokens = q->req->r.n_prompt,
+        .completion_tokens = q->n_generated,
+        .cached_tokens = q->req->cached_tokens,
+        .t_arrival_ns = q->req->r.t_arrival_ns,
+    };
+
+    s->emit(s->emit_arg, &ev);
+}
+
+/* Marks a choice finished, emits FINISHED and frees what it holds. Choice
+ * 0 of a request still computing its prompt for other live choices stays
+ * in place as their carrier until the fork. */
+static void
+seq_finish(sched_t *s, sched_seq_t *q, eng_finish_t reason, int32_t stop_token)
+{
+    sched_req_t *rq = q->req;
+
+    CHECK(!q->done);
+    q->done = 1;
+    rq->n_live--;
+    emit_finished(s, q, reason, stop_token);
+    if (rq->n_live == 0) {
+        s->tenants[rq->r.tenant].requests_finished++;
+        req_retire(s, rq);
+        return;
+    }
+    if (rq->fork_pending && q->choice == 0) {
+        return; /* carrier */
+    }
+    seq_detach(s, q);
+}
+
+/* Finishes every live choice of rq (the request retires with the last). */
+static void
+req_finish_all(sched_t *s, sched_req_t *rq, eng_finish_t reason)
+{
+    for (int32_t k = 0; k < rq->r.n && rq->n_live > 0; k++) {
+        if (!rq->seqs[k].done) {
+            seq_finish(s, &rq->seqs[k], reason, -1);
+        }
+    }
+}
+
+static void
+tenant_lift(sched_t *s, uint32_t tid)
+{
+    double lo = INFINITY;
+
+    for (int32_t u = 0; u < s->cfg.n_tenants; u++) {
+        if ((uint32_t)u != tid && s->tenants[u].n_live_reqs > 0 && s->tenants[u].vtc < lo) {
+            lo = s->tenants[u].vtc;
+        }
+    }
+    if (lo != INFINITY && s->tenants[tid].vtc < lo) {
+        s->tenants[tid].vtc = lo;
+    }
+}
+
+/* ---- create / destroy ------------------------------------------------ */
+
+int
+sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, void *emit_arg,
+             sched_t **out)
+{
+    sched_t *s;
+    bm_stats_t bst;
+    int32_t mns, mnbt;
+
+    if (cfg == NULL || pool == NULL || emit == NULL || cfg->max_num_seqs < 1 ||
+        cfg->max_num_batched_tokens < 1 || cfg->max_model_len < 2 || cfg->vocab_size < 1 ||
+        cfg->n_tenants < 1 || cfg->n_tenants > ENG_MAX_TENANTS || cfg->n_eos < 0 ||
+        cfg->n_eos > MDL_MAX_EOS) {
+        return ST_EINVAL;
+    }
+    for (int32_t t = 0; t < cfg->n_tenants; t++) {
+        if (!(cfg->tenants[t].weight > 0) || cfg->tenants[t].max_kv_share < 0 ||
+            cfg->tenants[t].max_kv_share > 1 || cfg->tenants[t].max_running < 0 ||
+            cfg->tenants[t].max_waiting < 0) {
+            return ST_EINVAL;
+        }
+    }
+
+    s = xcalloc(1, sizeof(*s));
+    s->cfg = *cfg;
+    s->pool = pool;
+    s->emit = emit;
+    s->emit_arg = emit_arg;
+    s->block_size = bm_pool_block_size(pool);
+    bm_pool_stats(pool, &bst);
+    s->dev_total = bst.dev_total;
+    list_init(&s->reqs);
+    list_init(&s->dead);
+    list_init(&s->running);
+    list_init(&s->swapped);
+    s->next_bm_id = 1;
+    smp_rng_seed(&s->seed_rng, cfg->random_seed != 0 ? cfg->random_seed
+                                                     : now_ns() ^ (uint64_t)time(NULL));
+
+    for (int32_t t = 0; t < cfg->n_tenants; t++) {
+        sched_tenant_t *tn = &s->tenants[t];
+        tn->cfg = cfg->tenants[t];
+        list_init(&tn->waiting);
+        if (tn->cfg.max_kv_share > 0 && tn->cfg.max_kv_share < 1) {
+            tn->kv_limit = (uint32_t)floor(tn->cfg.max_kv_share * s->dev_total);
+            if (tn->kv_limit == 0) {
+                tn->kv_limit = 1;
+            }
+        }
+    }
+
+    mns = cfg->max_num_seqs;
+    mnbt = cfg->max_num_batched_tokens;
+    s->max_blocks_per_seq = (int32_t)((cfg->max_model_len + s->block_size - 1) / s->block_size);
+    s->b_tokens = xcalloc((size_t)mnbt, sizeof(int32_t));
+    s->b_positions = xcalloc((size_t)mnbt, sizeof(int32_t));
+    s->b_slots = xcalloc((size_t)mnbt, sizeof(int32_t));
+    s->b_query_start = xcalloc((size_t)mns + 1, sizeof(int32_t));
+    s->b_context_len = xcalloc((size_t)mns, sizeof(int32_t));
+    s->b_tables = xcalloc((size_t)mns * (size_t)s->max_blocks_per_seq, sizeof(int32_t));
+    s->b_logits_rows = xcalloc((size_t)mns, sizeof(int32_t));
+    s->rows_seq = xcalloc((size_t)mns, sizeof(*s->rows_seq));
+    s->rows_new = xcalloc((size_t)mns, sizeof(int32_t));
+    s->samples = xcalloc((size_t)mns, sizeof(*s->samples));
+    s->snap = xcalloc((size_t)mns, sizeof(*s->snap));
+    *out = s;
+    return ST_OK;
+}
+
+void
+sched_destroy(sched_t *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    while (!list_empty(&s->reqs)) {
+        sched_req_t *rq = LIST_ENTRY(s->reqs.next, sched_req_t, node);
+        for (int32_t k = 0; k < rq->r.n; k++) {
+            seq_detach(s, &rq->seqs[k]);
+        }
+        list_remove(&rq->node);
+        req_free(rq);
+    }
+    reap_dead(s);
+    free(s->b_tokens);
+    free(s->b_positions);
+    free(s->b_slots);
+    free(s->b_query_start);
+    free(s->b_context_len);
+    free(s->b_tables);
+    free(s->b_logits_rows);
+    free(s->rows_seq);
+    free(s->rows_new);
+    free(s->samples);
+    free(s->snap);
+    free(s);
+}
+
+/* ---- submit / cancel ------------------------------------------------- */
+
+static sched_req_t *
+req_find(sched_t *s, uint64_t id)
+{
+    list_node_t *it;
+
+    LIST_FOREACH(it, &s->reqs) {
+        sched_req_t *rq = LIST_ENTRY(it, sched_req_t, node);
+        if (rq->r.id == id) {
+            return rq;
+        }
+    }
+    return NULL;
+}
+
+int
+sched_submit(sched_t *s, eng_request_t *req)
+{
+    sched_tenant_t *t;
+    sched_req_t *rq;
+    uint32_t bs = s->block_size;
+    uint32_t need;
+
+    if (req->tenant >= (uint32_t)s->cfg.n_tenants || req->n_prompt < 1 || req->prompt == NULL ||
+        req->n < 1 || req->max_tokens < 1 || req->min_tokens < 0 || req->n_stop_ids < 0 ||
+        req->n_stop_ids > ENG_MAX_STOP_IDS || (req->sampling.n_bias > 0 && req->sampling.bias == NULL)) {
+        return ST_EINVAL;
+    }
+    if (req->n > s->cfg.max_num_seqs) {
+        return ST_EINVAL;
+    }
+    for (int32_t i = 0; i < req->n_prompt; i++) {
+        if (req->prompt[i] < 0 || req->prompt[i] >= s->cfg.vocab_size) {
+            return ST_EINVAL;
+        }
+    }
+    if (req_find(s, req->id) != NULL) {
+        return ST_EINVAL;
+    }
+    t = &s->tenants[req->tenant];
+    /* The prompt plus its first sampled token must fit the context, the
+     * pool and the tenant's KV share, or the request could never run. */
+    need = ((uint32_t)req->n_prompt + 1 + bs - 1) / bs;
+    if (req->n_prompt >= s->cfg.max_model_len || need > s->dev_total ||
+        (t->kv_limit > 0 && need > t->kv_limit)) {
+        return ST_ETOOLONG;
+    }
+    if (t->cfg.max_waiting > 0 && t->n_waiting_fresh >= (uint32_t)t->cfg.max_waiting) {
+        t->requests_rejected++;
+        return ST_EQUEUE;
+    }
+
+    rq = xcalloc(1, sizeof(*rq));
+    rq->r = *req;
+    req->prompt = NULL;
+    req->sampling.bias = NULL;
+    rq->arrival = ++s->arrival_no;
+    rq->cap = min_i32(s->cfg.max_model_len, req->n_prompt + req->max_tokens);
+    rq->n_live = req->n;
+    rq->fork_pending = req->n > 1;
+    rq->seqs = xcalloc((size_t)req->n, sizeof(*rq->seqs));
+    for (int32_t k = 0; k < req->n; k++) {
+        sched_seq_t *q = &rq->seqs[k];
+        list_init(&q->node);
+        q->req = rq;
+        q->choice = k;
+        q->bm_id = s->next_bm_id++;
+        q->state = SEQ_UNBORN;
+        q->tokens = xmalloc((size_t)rq->cap * sizeof(int32_t));
+        memcpy(q->tokens, rq->r.prompt, (size_t)req->n_prompt * sizeof(int32_t));
+        q->n_tokens = req->n_prompt;
+        smp_rng_seed(&q->rng, req->has_seed ? req->seed + (uint64_t)k
+                                            : smp_rng_next(&s->seed_rng));
+    }
+
+    if (t->n_live_reqs == 0) {
+        tenant_lift(s, req->tenant);
+    }
+    t->n_live_reqs++;
+    s->n_reqs++;
+    list_push_back(&s->reqs, &rq->node);
+    t->n_waiting_fresh++;
+    waiting_add(s, &rq->seqs[0]);
+    return ST_OK;
+}
+
+int
+sched_cancel(sched_t *s, uint64_t id, int32_t choice, int as_stop)
+{
+    sched_req_t *rq = req_find(s, id);
+    eng_finish_t reason = as_stop ? ENG_FINISH_STOP : ENG_FINISH_ABORT;
+    int found = 0;
+
+    if (rq == NULL || choice >= rq->r.n) {
+        return ST_ENOENT;
+    }
+    for (int32_t k = 0; k < rq->r.n && rq->n_live > 0; k++) {
+        if ((choice < 0 || k == choice) && !rq->seqs[k].done) {
+            seq_finish(s, &rq->seqs[k], reason, -1);
+            found = 1;
+        }
+    }
+    reap_dead(s);
+    return found ? ST_OK : ST_ENOENT;
+}
+
+void
+sched_abort_all(sched_t *s, int status)
+{
+    while (!list_empty(&s->reqs)) {
+        sched_req_t *rq = LIST_ENTRY(s->reqs.next, sched_req_t, node);
+        sched_event_t ev = {
+            .kind = SCHED_EV_ERROR,
+            .id = rq->r.id,
+            .choice = -1,
+            .status = status,
+            .t_arrival_ns = rq->r.t_arrival_ns,
+        };
+        rq->n_live = 0;
+        req_retire(s, rq);
+        s->emit(s->emit_arg, &ev);
+    }
+    reap_dead(s);
+}
+
+int
+sched_idle(const sched_t *s)
+{
+    return s->n_reqs == 0;
+}
+
+/* ---- step planning --------------------------------------------------- */
+
+/* Appends one batch row for q: n_new tokens from q->n_computed, whose
+ * slots bm_seq_reserve() already wrote at b_slots[n_tok]. */
+static void
+plan_add_row(sched_t *s, sched_seq_t *q, int32_t n_new)
+{
+    int32_t row = s->n_rows++;
+    int32_t base = s->n_tok;
+    sched_req_t *rq = q->req;
+
+    s->b_query_start[row] = base;
+    for (int32_t j = 0; j < n_new; j++) {
+        s->b_tokens[base + j] = q->tokens[q->n_computed + j];
+        s->b_positions[base + j] = q->n_computed + j;
+    }
+    s->b_context_len[row] = q->n_computed + n_new;
+    s->rows_seq[row] = q;
+    s->rows_new[row] = n_new;
+    s->n_tok += n_new;
+    s->budget_tokens -= n_new;
+    q->step_no = s->step_no;
+
+    if (q->n_computed + n_new < q->n_tokens) {
+        return; /* a prefill chunk that does not reach the end: no logits */
+    }
+    int32_t lrow = s->n_logits++;
+    s->b_logits_rows[lrow] = s->n_tok - 1;
+    if (rq->fork_pending) {
+        /* The prompt's last token: one sample per live choice. */
+        for (int32_t k = 0; k < rq->r.n; k++) {
+            if (!rq->seqs[k].done) {
+                s->samples[s->n_samples++] = (sched_sample_t){.row = lrow, .seq = &rq->seqs[k]};
+            }
+        }
+    } else {
+        s->samples[s->n_samples++] = (sched_sample_t){.row = lrow, .seq = q};
+    }
+}
+
+/* Victim for preemption: not yet planned this step, from the tenant with
+ * the most weighted service, then the lowest priority, then the most
+ * recently admitted. */
+static sched_seq_t *
+pick_victim(sched_t *s)
+{
+    sched_seq_t *best = NULL;
+    list_node_t *it;
+
+    LIST_FOREACH(it, &s->running) {
+        sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
+        if (q->step_no == s->step_no) {
+            continue;
+        }
+        if (best == NULL) {
+            best = q;
+            continue;
+        }
+        double vq = seq_tenant(s, q)->vtc, vb = seq_tenant(s, best)->vtc;
+        if (vq != vb) {
+            if (vq > vb) {
+                best = q;
+            }
+            continue;
+        }
+        if (q->req->r.priority != best->req->r.priority) {
+            if (q->req->r.priority > best->req->r.priority) {
+                best = q;
+            }
+            continue;
+        }
+        if (q->admit_no > best->admit_no ||
+            (q->admit_no == best->admit_no && q->choice > best->choice)) {
+            best = q;
+        }
+    }
+    return best;
+}
+
+static void
+preempt(sched_t *s, sched_seq_t *q)
+{
+    sched_tenant_t *t = seq_tenant(s, q);
+
+    list_remove(&q->node);
+    run_account(s, q, 0);
+    if (q->in_pool && bm_pool_free_swap_blocks(s->pool) > 0 &&
+        bm_seq_swap_out(s->pool, q->bm_id) == ST_OK) {
+        q->state = SEQ_SWAPPED;
+        list_insert_sorted(&s->swapped, q);
+        t->n_swapped++;
+        s->n_swapped++;
+        s->preempt_swap++;
+        s->step_swap++;
+        REQ_DEBUG(q->req->r.id, "choice %d swapped out at %d tokens", q->choice, q->n_tokens);
+        return;
+    }
+    if (q->in_pool) {
+        bm_seq_free(s->pool, q->bm_id);
+        q->in_pool = 0;
+    }
+    q->n_computed = 0;
+    waiting_add(s, q);
+    s->preempt_recompute++;
+    s->step_recompute++;
+    REQ_DEBUG(q->req->r.id, "choice %d preempted for recompute at %d tokens", q->choice,
+              q->n_tokens);
+}
+
+enum { PLAN_OK, PLAN_PREEMPTED, PLAN_FINISHED };
+
+/* Reserves n_new tokens for running q, preempting others (or q itself)
+ * until it fits. */
+static int
+plan_running(sched_t *s, sched_seq_t *q, int32_t n_new)
+{
+    for (;;) {
+        int rc = bm_seq_reserve(s->pool, q->bm_id, q->tokens + q->n_computed, (uint32_t)n_new,
+                                s->b_slots + s->n_tok);
+        if (rc == ST_OK) {
+            plan_add_row(s, q, n_new);
+            return PLAN_OK;
+        }
+        CHECK(rc == ST_EAGAIN);
+        sched_seq_t *v = pick_victim(s);
+        CHECK(v != NULL);
+        if (v == q && s->n_running == 1) {
+            /* Alone on the device and still out of blocks: the pool cannot
+             * hold this sequence any longer. */
+            REQ_WARN(q->req->r.id, "choice %d outgrew the KV pool at %d tokens", q->choice,
+                     q->n_tokens);
+            seq_finish(s, q, ENG_FINISH_LENGTH, -1);
+            return PLAN_FINISHED;
+        }
+        preempt(s, v);
+        if (v == q) {
+            return PLAN_PREEMPTED;
+        }
+    }
+}
+
+static void
+plan_swap_in(sched_t *s)
+{
+    while (!list_empty(&s->swapped)) {
+        sched_seq_t *q = LIST_ENTRY(s->swapped.next, sched_seq_t, node);
+        sched_tenant_t *t = seq_tenant(s, q);
+        uint32_t need = bm_seq_swap_in_needed(s->pool, q->bm_id);
+
+        /* One block of headroom for the next token, unless nothing runs. */
+        if (s->run_slots + seq_slots(q) > (uint32_t)s->cfg.max_num_seqs ||
+            need + (s->n_running > 0) > bm_pool_free_blocks(s->pool)) {
+            break;
+        }
+        if (bm_seq_swap_in(s->pool, q->bm_id) != ST_OK) {
+            break;
+        }
+        list_remove(&q->node);
+        t->n_swapped--;
+        s->n_swapped--;
+        q->state = SEQ_RUNNING;
+        list_push_back(&s->running, &q->node);
+        run_account(s, q, 1);
+        s->step_swap_in++;
+
+        if (s->budget_tokens > 0 && s->n_rows < s->cfg.max_num_seqs) {
+            int32_t n_new = min_i32(q->n_tokens - q->n_computed, s->budget_tokens);
+            if (bm_seq_reserve(s->pool, q->bm_id, q->tokens + q->n_computed, (uint32_t)n_new,
+                               s->b_slots + s->n_tok) == ST_OK) {
+                plan_add_row(s, q, n_new);
+            }
+        }
+    }
+}
+
+/* The tenant to admit from: least weighted service among tenants with an
+ * admissible head, ties to the earlier head. */
+static sched_tenant_t *
+pick_tenant(sched_t *s)
+{
+    sched_tenant_t *best = NULL;
+    sched_seq_t *best_head = NULL;
+
+    for (int32_t u = 0; u < s->cfg.n_tenants; u++) {
+        sched_tenant_t *t = &s->tenants[u];
+        if (list_empty(&t->waiting) || t->blocked_step == s->step_no) {
+            continue;
+        }
+        sched_seq_t *h = LIST_ENTRY(t->waiting.next, sched_seq_t, node);
+        if (t->cfg.max_running > 0 && t->run_slots + seq_slots(h) > (uint32_t)t->cfg.max_running) {
+            continue;
+        }
+        if (best == NULL || t->vtc < best->vtc ||
+            (t->vtc == best->vtc && seq_cmp(h, best_head) < 0)) {
+            best = t;
+            best_head = h;
+        }
+    }
+    return best;
+}
+
+static void
+plan_admit(sched_t *s)
+{
+    uint32_t bs = s->block_size;
+
+    while (s->budget_tokens > 0 && s->n_rows < s->cfg.max_num_seqs) {
+        sched_tenant_t *t = pick_tenant(s);
+        if (t == NULL) {
+            break;
+        }
+        sched_seq_t *q = LIST_ENTRY(t->waiting.next, sched_seq_t, node);
+        sched_req_t *rq = q->req;
+        uint32_t tid = rq->r.tenant;
+
+        if (s->run_slots + seq_slots(q) > (uint32_t)s->cfg.max_num_seqs) {
+            break;
+        }
+        /* Estimate the blocks with a probe before touching the pool. */
+        uint32_t cached = s->cfg.prefix_caching
+                              ? bm_prefix_probe(s->pool, tid, q->tokens, (uint32_t)q->n_tokens)
+                              : 0;
+        int32_t n_new = min_i32(q->n_tokens - (int32_t)cached, s->budget_tokens);
+        uint32_t blocks = (cached + (uint32_t)n_new + bs - 1) / bs - cached / bs;
+        if (t->kv_limit > 0 && bm_tenant_blocks(s->pool, tid) + blocks > t->kv_limit) {
+            if (t->n_running == 0 && blocks > t->kv_limit) {
+                /* A recomputed sequence that outgrew its tenant's share. */
+                req_finish_all(s, rq, ENG_FINISH_LENGTH);
+                continue;
+            }
+            t->blocked_step = s->step_no;
+            continue;
+        }
+        /* The watermark keeps room for running sequences to grow; with
+         * nothing running there is nothing to keep it for. */
+        if (s->n_running > 0 && !bm_pool_can_admit(s->pool, blocks)) {
+            break;
+        }
+
+        CHECK(bm_seq_create(s->pool, q->bm_id, tid) == ST_OK);
+        q->in_pool = 1;
+        q->n_computed = 0;
+        if (s->cfg.prefix_caching) {
+            uint32_t got = 0;
+            CHECK(bm_seq_lookup_prefix(s->pool, q->bm_id, q->tokens, (uint32_t)q->n_tokens,
+                                       &got) == ST_OK);
+            q->n_computed = (int32_t)got;
+        }
+        n_new = min_i32(q->n_tokens - q->n_computed, s->budget_tokens);
+        int rc = bm_seq_reserve(s->pool, q->bm_id, q->tokens + q->n_computed, (uint32_t)n_new,
+                                s->b_slots + s->n_tok);
+        if (rc != ST_OK) {
+            CHECK(rc == ST_EAGAIN);
+            bm_seq_free(s->pool, q->bm_id);
+            q->in_pool = 0;
+            q->n_computed = 0;
+            if (s->n_running == 0) {
+                /* The whole pool cannot hold it: a recomputed sequence
+                 * that outgrew the pool (fresh prompts are checked at
+                 * submit). */
+                req_finish_all(s, rq, ENG_FINISH_LENGTH);
+                continue;
+            }
+            break;
+        }
+
+        waiting_del(s, q);
+        if (!rq->admitted) {
+            rq->admitted = 1;
+            rq->cached_tokens = q->n_computed;
+            t->vtc += (double)rq->r.n_prompt / t->cfg.weight;
+            t->prompt_tokens += (uint64_t)rq->r.n_prompt;
+            s->prompt_tokens += (uint64_t)rq->r.n_prompt;
+        }
+        q->state = SEQ_RUNNING;
+        q->admit_no = ++s->admit_no;
+        list_push_back(&s->running, &q->node);
+        run_account(s, q, 1);
+        s->step_admitted++;
+        plan_add_row(s, q, n_new);
+    }
+}
+
+/* Lays out block tables with the step's widest table as the stride. */
+static void
+plan_finalize(sched_t *s, sched_plan_t *plan)
+{
+    int32_t max_blocks = 1;
+
+    for (int32_t r = 0; r < s->n_rows; r++) {
+        uint32_t nb = 0;
+        (void)bm_seq_table(s->pool, s->rows_seq[r]->bm_id, &nb);
+        if ((int32_t)nb > max_blocks) {
+            max_blocks = (int32_t)nb;
+        }
+    }
+    CHECK(max_blocks <= s->max_blocks_per_seq);
+    for (int32_t r = 0; r < s->n_rows; r++) {
+        uint32_t nb = 0;
+        const int32_t *tab = bm_seq_table(s->pool, s->rows_seq[r]->bm_id, &nb);
+        int32_t *dst = s->b_tables + (size_t)r * (size_t)max_blocks;
+        memcpy(dst, tab, (size_t)nb * sizeof(int32_t));
+        for (int32_t j = (int32_t)nb; j < max_blocks; j++) {
+            dst[j] = 0; /* the null block */
+        }
+    }
+    s->b_query_start[s->n_rows] = s->n_tok;
+
+    memset(plan, 0, sizeof(*plan));
+    plan->batch.n_tokens = s->n_tok;
+    plan->batch.tokens = s->b_tokens;
+    plan->batch.positions = s->b_positions;
+    plan->batch.slot_mapping = s->b_slots;
+    plan->batch.n_seqs = s->n_rows;
+    plan->batch.query_start = s->b_query_start;
+    plan->batch.context_len = s->b_context_len;
+    plan->batch.block_tables = s->b_tables;
+    plan->batch.max_blocks = max_blocks;
+    plan->batch.logits_rows = s->b_logits_rows;
+    plan->batch.n_logits = s->n_logits;
+    plan->n_samples = s->n_samples;
+    plan->samples = s->samples;
+    plan->n_preempt_swap = s->step_swap;
+    plan->n_preempt_recompute = s->step_recompute;
+    plan->n_swap_in = s->step_swap_in;
+    plan->n_admitted = s->step_admitted;
+}
+
+int
+sched_step(sched_t *s, sched_plan_t *plan)
+{
+    int32_t n_snap = 0;
+    list_node_t *it;
+
+    reap_dead(s);
+    s->step_no++;
+    s->n_tok = s->n_rows = s->n_logits = s->n_samples = 0;
+    s->budget_tokens = s->cfg.max_num_batched_tokens;
+    s->step_swap = s->step_recompute = s->step_swap_in = s->step_admitted = 0;
+
+    LIST_FOREACH(it, &s->running) {
+        CHECK(n_snap < s->cfg.max_num_seqs);
+        s->snap[n_snap++] = LIST_ENTRY(it, sched_seq_t, node);
+    }
+    /* Pass 0: decodes; pass 1: partial prefills. Both in admission order.
+     * A sequence preempted or finished meanwhile is no longer RUNNING;
+     * nothing is freed during the step (see reap_dead), so the snapshot
+     * stays valid. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < n_snap; i++) {
+            sched_seq_t *q = s->snap[i];
+            if (q->state != SEQ_RUNNING || q->step_no == s->step_no) {
+                continue;
+            }
+            int32_t remaining = q->n_tokens - q->n_computed;
+            if ((pass == 0) != (remaining == 1)) {
+                continue;
+            }
+            if (s->budget_tokens == 0 || s->n_rows == s->cfg.max_num_seqs) {
+                break;
+            }
+            (void)plan_running(s, q, min_i32(remaining, s->budget_tokens));
+        }
+    }
+    if (s->step_swap == 0 && s->step_recompute == 0) {
+        plan_swap_in(s);
+        if (list_empty(&s->swapped)) {
+            plan_admit(s);
+        }
+    }
+    plan_finalize(s, plan);
+    return ST_OK;
+}
+
+/* ---- sampling view and commit ---------------------------------------- */
+
+void
+sched_sample_view(const sched_t *s, const sched_plan_t *plan, int32_t i, sched_sample_view_t *v)
+{
+    const sched_seq_t *q = plan->samples[i].seq;
+
+    (void)s;
+    v->id = q->req->r.id;
+    v->choice = q->choice;
+    v->params = &q->req->r.sampling;
+    v->rng = &((sched_seq_t *)q)->rng;
+    v->history = q->tokens;
+    v->n_hist = q->n_tokens;
+    v->n_prompt = q->req->r.n_prompt;
+    v->n_generated = q->n_generated;
+}
+
+void
+sched_sample_mask(const sched_t *s, const sched_plan_t *plan, int32_t i, float *logits)
+{
+    const sched_seq_t *q = plan->samples[i].seq;
+    const eng_request_t *r = &q->req->r;
+
+    if (q->n_generated >= r->min_tokens) {
+        return;
+    }
+    if (!r->ignore_eos) {
+        for (int32_t k = 0; k < s->cfg.n_eos; k++) {
+            int32_t id = s->cfg.eos_ids[k];
+            if (id >= 0 && id < s->cfg.vocab_size) {
+                logits[id] = -INFINITY;
+            }
+        }
+    }
+    for (int32_t k = 0; k < r->n_stop_ids; k++) {
+        int32_t id = r->stop_ids[k];
+        if (id >= 0 && id < s->cfg.vocab_size) {
+            logits[id] = -INFINITY;
+        }
+    }
+}
+
+static void
+commit_fork(sched_t *s, sched_seq_t *parent)
+{
+    sched_req_t *rq = parent->req;
+    list_node_t *after = &parent->node;
+
+    run_account(s, parent, 0); /* n slots */
+    rq->fork_pending = 0;
+    for (int32_t k = 1; k < rq->r.n; k++) {
+        sched_seq_t *c = &rq->seqs[k];
+        if (c->done) {
+            continue;
+        }
+        CHECK(bm_seq_fork(s->pool, parent->bm_id, c->bm_id) == ST_OK);
+        c->in_pool = 1;
+        c->n_computed = parent->n_computed;
+        c->state = SEQ_RUNNING;
+        c->admit_no = parent->admit_no;
+        c->step_no = parent->step_no;
+        list_insert_before(after->next, &c->node);
+        after = &c->node;
+        run_account(s, c, 1);
+    }
+    run_account(s, parent, 1); /* now one slot */
+    if (parent->done) {
+        seq_detach(s, parent); /* the carrier's job is over */
+    }
+}
+
+static int
+is_eos(const sched_t *s, int32_t tok)
+{
+    for (int32_t k = 0; k < s->cfg.n_eos; k++) {
+        if (s->cfg.eos_ids[k] == tok) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void
+commit_token(sched_t *s, sched_seq_t *q, const smp_result_t *res)
+{
+    sched_req_t *rq = q->req;
+    sched_tenant_t *t = seq_tenant(s, q);
+    int32_t tok = res->token;
+    sched_event_t ev = {
+        .kind = SCHED_EV_TOKEN,
+        .id = rq->r.id,
+        .choice = q->choice,
+        .tok = res,
+        .t_arrival_ns = rq->r.t_arrival_ns,
+    };
+
+    CHECK(q->state == SEQ_RUNNING && q->n_computed == q->n_tokens && q->n_tokens < rq->cap);
+    q->tokens[q->n_tokens++] = tok;
+    q->n_generated++;
+    t->generation_tokens++;
+    s->generation_tokens++;
+    t->vtc += 1.0 / t->cfg.weight;
+    s->emit(s->emit_arg, &ev);
+
+    /* EOS and stop ids do not stop a choice before min_tokens (the mask
+     * keeps a real sampler from producing them). */
+    if (q->n_generated >= rq->r.min_tokens) {
+        if (!rq->r.ignore_eos && is_eos(s, tok)) {
+            seq_finish(s, q, ENG_FINISH_STOP, tok);
+            return;
+        }
+        for (int32_t k = 0; k < rq->r.n_stop_ids; k++) {
+            if (rq->r.stop_ids[k] == tok) {
+                seq_finish(s, q, ENG_FINISH_STOP, tok);
+                return;
+            }
+        }
+    }
+    if (q->n_generated >= rq->r.max_tokens || q->n_tokens >= s->cfg.max_model_len) {
+        seq_finish(s, q, ENG_FINISH_LENGTH, -1);
+    }
+}
+
+void
+sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
+{
+    for (int32_t r = 0; r < s->n_rows; r++) {
+        sched_seq_t *q = s->rows_seq[r];
+        q->n_computed += s->rows_new[r];
+        CHECK(q->n_computed <= q->n_tokens);
+    }
+    for (int32_t r = 0; r < s->n_rows; r++) {
+        sched_seq_t *q = s->rows_seq[r];
+        if (q->req->fork_pending && q->n_computed == q->n_tokens) {
+            commit_fork(s, q);
+        }
+    }
+    for (int32_t i = 0; i < plan->n_samples; i++) {
+        sched_seq_t *q = plan->samples[i].seq;
+        if (!q->done) {
+            commit_token(s, q, &results[i]);
+        }
+    }
+    reap_dead(s);
+}
+
+/* ---- stats and check ------------------------------------------------- */
+
+void
+sched_get_stats(const sched_t *s, sched_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->running = s->n_running;
+    out->waiting = s->n_waiting;
+    out->swapped = s->n_swapped;
+    out->requests = s->n_reqs;
+    out->preempt_swap = s->preempt_swap;
+    out->preempt_recompute = s->preempt_recompute;
+    out->prompt_tokens = s->prompt_tokens;
+    out->generation_tokens = s->generation_tokens;
+    out->steps = s->step_no;
+}
+
+int
+sched_get_tenant_stats(const sched_t *s, uint32_t tenant, sched_tenant_stats_t *out)
+{
+    const sched_tenant_t *t;
+
+    if (tenant >= (uint32_t)s->cfg.n_tenants) {
+        return ST_EINVAL;
+    }
+    t = &s->tenants[tenant];
+    out->running = t->n_running;
+    out->waiting = t->n_waiting;
+    out->swapped = t->n_swapped;
+    out->prompt_tokens = t->prompt_tokens;
+    out->generation_tokens = t->generation_tokens;
+    out->requests_finished = t->requests_finished;
+    out->requests_rejected = t->requests_rejected;
+    out->vtc = t->vtc;
+    return ST_OK;
+}
+
+void
+sched_check(const sched_t *s)
+{
+    uint32_t n_run = 0, slots = 0, n_swp = 0, n_wait = 0, n_reqs = 0;
+    const list_node_t *it;
+
+    LIST_FOREACH(it, &s->running) {
+        const sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
+        CHECK(q->state == SEQ_RUNNING && q->in_pool);
+        CHECK(!bm_seq_is_swapped(s->pool, q->bm_id));
+        CHECK((int32_t)bm_seq_len(s->pool, q->bm_id) == q->n_computed);
+        n_run++;
+        slots += seq_slots(q);
+    }
+    CHECK(n_run == s->n_running && slots == s->run_slots);
+    CHECK(s->run_slots <= (uint32_t)s->cfg.max_num_seqs);
+    LIST_FOREACH(it, &s->swapped) {
+        const sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
+        CHECK(q->state == SEQ_SWAPPED && q->in_pool && bm_seq_is_swapped(s->pool, q->bm_id));
+        n_swp++;
+    }
+    CHECK(n_swp == s->n_swapped);
+    for (int32_t u = 0; u < s->cfg.n_tenants; u++) {
+        const sched_tenant_t *t = &s->tenants[u];
+        uint32_t n = 0;
+        LIST_FOREACH(it, &t->waiting) {
+            const sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
+            CHECK(q->state == SEQ_WAITING && !q->in_pool && q->n_computed == 0);
+            CHECK(q->req->r.tenant == (uint32_t)u);
+            if (it->next != &t->waiting) {
+                CHECK(seq_cmp(q, LIST_ENTRY(it->next, sched_seq_t, node)) <= 0);
+            }
+            n++;
+        }
+        CHECK(n == t->n_waiting);
+        n_wait += n;
+    }
+    CHECK(n_wait == s->n_waiting);
+    LIST_FOREACH(it, &s->reqs) {
+        const sched_req_t *rq = LIST_ENTRY(it, sched_req_t, node);
+        int32_t live = 0;
+        for (int32_t k = 0; k < rq->r.n; k++) {
+            live += !rq->seqs[k].done;
+        }
+        CHECK(live == rq->n_live && live > 0);
+        n_reqs++;
+    }
+    CHECK(n_reqs == s->n_reqs);
+}

@@ -1,0 +1,205 @@
+/* sched.h - the scheduler: request state, queues, tenant fair share, step
+ * planning, preemption and stop checks, without tensors.
+ *
+ * The scheduler is the policy half of the engine (vLLM's Scheduler):
+ * sched_step() plans one iteration as a flattened varlen batch
+ * (DESIGN.md section 3) and lists which logits rows to sample for which
+ * sequence; the caller runs the queued block ops and the forward pass,
+ * samples, and hands the sampled tokens to sched_commit(), which appends
+ * them, checks stop conditions and reports tokens and finishes through the
+ * emit callback. Nothing here touches tensors, so tests drive it with a
+ * scripted fake model.
+ *
+ * DESIGN
+ *   Every choice of a request is a sequence (sched_seq_t) with its own
+ *   token buffer (prompt + generated, allocated at submit) and its own
+ *   blockmgr sequence id. A request with n > 1 enters as one sequence
+ *   (choice 0) that computes the prompt; when its last prompt token is
+ *   planned, its logits row is sampled once per choice, and at commit the
+ *   other choices are forked from it (bm_seq_fork: shared blocks, the
+ *   first write into the shared tail copies it).
+ *
+ *   Queues: per-tenant waiting lists sorted by (priority, arrival); one
+ *   running list in admission order; one swapped list sorted by
+ *   (priority, arrival).
+ *
+ *   A step: (1) running decodes, (2) running partial prefills, both in
+ *   admission order, each reserving its blocks and preempting when
+ *   blockmgr says ST_EAGAIN; (3) swapped sequences come back when nothing
+ *   was preempted this step; (4) only when nothing is swapped, new or
+ *   recomputed sequences are admitted by tenant fair share. Budgets:
+ *   max_num_batched_tokens tokens and max_num_seqs sequences.
+ *
+ *   Fair share (Virtual Token Counter, Sheng et al. OSDI 2024): each tenant
+ *   has a counter of served tokens divided by its weight: the whole prompt
+ *   is charged at first admission, each generated token when it is
+ *   sampled. Admission takes the tenant with the least counter that has an
+ *   admissible sequence, then priority, then arrival. A tenant that becomes
+ *   active (first live request) has its counter lifted to the minimum of
+ *   the active tenants, so idle time earns no credit.
+ *
+ *   Preemption victim: among running sequences not yet planned this step
+ *   (and the one being planned), the tenant with the largest counter, then
+ *   within it the lowest priority (largest value), then the most recently
+ *   admitted. It is swapped out when the CPU tier has room, otherwise its
+ *   blocks are freed and its prompt plus generated tokens become a new
+ *   prefill (hitting the prefix cache where possible).
+ *
+ * Thread: engine thread only (or a test's thread).
+ */
+#ifndef SCHEDULER_SCHED_H
+#define SCHEDULER_SCHED_H
+
+#include <stdint.h>
+
+#include "blockmgr/blockmgr.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "scheduler/engine.h"
+
+typedef struct sched sched_t;
+typedef struct sched_seq sched_seq_t; /* opaque */
+
+typedef enum sched_ev_kind {
+    SCHED_EV_TOKEN = 1, /* one sampled token of a choice */
+    SCHED_EV_FINISHED,  /* a choice finished */
+    SCHED_EV_ERROR,     /* the whole request failed; nothing follows */
+} sched_ev_kind_t;
+
+typedef struct sched_event {
+    sched_ev_kind_t kind;
+    uint64_t id;
+    int32_t choice;
+    const smp_result_t *tok;   /* TOKEN: borrowed for the call */
+    eng_finish_t reason;       /* FINISHED */
+    int32_t stop_token;        /* FINISHED with STOP on a token: its id, else -1 */
+    int32_t prompt_tokens;     /* FINISHED */
+    int32_t completion_tokens; /* FINISHED */
+    int32_t cached_tokens;     /* FINISHED */
+    int status;                /* ERROR */
+    uint64_t t_arrival_ns;     /* as submitted */
+} sched_event_t;
+
+/* Called synchronously from sched_* functions for every event. */
+typedef void (*sched_emit_cb)(void *arg, const sched_event_t *ev);
+
+typedef struct sched_config {
+    int32_t max_num_seqs;           /* >= 1 */
+    int32_t max_num_batched_tokens; /* >= 1 */
+    int32_t max_model_len;          /* >= 2: context length */
+    int32_t vocab_size;             /* token ids must be < this */
+    int prefix_caching;
+    int32_t eos_ids[MDL_MAX_EOS];
+    int32_t n_eos;
+    int32_t n_tenants; /* 1..ENG_MAX_TENANTS */
+    eng_tenant_t tenants[ENG_MAX_TENANTS];
+    uint64_t random_seed; /* seeds unseeded requests' streams; 0: from the clock */
+} sched_config_t;
+
+/* One logits row to sample for one sequence (choice). */
+typedef struct sched_sample {
+    int32_t row; /* index into the step's logits rows */
+    sched_seq_t *seq;
+} sched_sample_t;
+
+/* One planned step. Every pointer is borrowed from the scheduler and valid
+ * until the next sched_* call that changes state. */
+typedef struct sched_plan {
+    mdl_batch_t batch;
+    int32_t n_samples;
+    const sched_sample_t *samples;
+    uint32_t n_preempt_swap;      /* this step */
+    uint32_t n_preempt_recompute; /* this step */
+    uint32_t n_swap_in;           /* this step */
+    uint32_t n_admitted;          /* this step */
+} sched_plan_t;
+
+/* What a sampler needs for one sample of a plan. */
+typedef struct sched_sample_view {
+    uint64_t id;
+    int32_t choice;
+    const smp_params_t *params; /* borrowed */
+    smp_rng_t *rng;             /* the choice's own stream, advanced by sampling */
+    const int32_t *history;     /* prompt + generated so far */
+    int32_t n_hist;
+    int32_t n_prompt;
+    int32_t n_generated;
+} sched_sample_view_t;
+
+typedef struct sched_tenant_stats {
+    uint32_t running; /* sequences */
+    uint32_t waiting; /* sequences */
+    uint32_t swapped; /* sequences */
+    uint64_t prompt_tokens;
+    uint64_t generation_tokens;
+    uint64_t requests_finished;
+    uint64_t requests_rejected;
+    double vtc;
+} sched_tenant_stats_t;
+
+typedef struct sched_stats {
+    uint32_t running, waiting, swapped; /* sequences */
+    uint32_t requests;                  /* live requests */
+    uint64_t preempt_swap, preempt_recompute;
+    uint64_t prompt_tokens, generation_tokens;
+    uint64_t steps;
+} sched_stats_t;
+
+/* Creates a scheduler over pool (borrowed; it must outlive the scheduler
+ * and is only mutated through this scheduler while it lives). Allocates
+ * every per-step array here. ST_EINVAL on a bad config. */
+int sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, void *emit_arg,
+                 sched_t **out);
+/* Frees every request without events and releases their blocks. NULL is
+ * a no-op. */
+void sched_destroy(sched_t *s);
+
+/* Queues a request. Takes ownership of req->prompt and
+ * req->sampling.bias on ST_OK (the fields are set to NULL); on error they
+ * stay with the caller. Errors: ST_EINVAL (bad fields, unknown tenant,
+ * duplicate id), ST_ETOOLONG (prompt does not fit the context or the KV
+ * pool), ST_EQUEUE (the tenant's waiting queue is full). */
+int sched_submit(sched_t *s, eng_request_t *req);
+
+/* Finishes choice (or every choice when choice < 0) of request id at
+ * once: its blocks are freed and FINISHED events are emitted with reason
+ * STOP when as_stop, else ABORT. ST_ENOENT when id is unknown or already
+ * finished (nothing emitted). Never call between sched_step and
+ * sched_commit. */
+int sched_cancel(sched_t *s, uint64_t id, int32_t choice, int as_stop);
+
+/* Fails every open request with an ERROR event carrying status and frees
+ * everything. */
+void sched_abort_all(sched_t *s, int status);
+
+/* 1 when there is no live request. */
+int sched_idle(const sched_t *s);
+
+/* Plans the next step (see DESIGN above). Queued blockmgr ops (copies,
+ * swaps) must run before the forward pass. plan->batch.n_tokens may be 0
+ * when nothing can run (all waiting for blocks), but then the step still
+ * changed nothing. Always ST_OK today. */
+int sched_step(sched_t *s, sched_plan_t *plan);
+
+/* Fills v for plan->samples[i]. */
+void sched_sample_view(const sched_t *s, const sched_plan_t *plan, int32_t i,
+                       sched_sample_view_t *v);
+/* Sets to -INFINITY the logits of tokens that must not be sampled yet for
+ * plan->samples[i]: EOS (unless ignore_eos) and stop_token_ids while fewer
+ * than min_tokens have been generated. logits: [vocab_size]. */
+void sched_sample_mask(const sched_t *s, const sched_plan_t *plan, int32_t i, float *logits);
+
+/* Consumes the step: advances computed lengths, forks n > 1 requests whose
+ * prompt completed, appends results[i] (one per plan sample) and emits
+ * TOKEN events, then FINISHED for every choice that hit EOS, a stop token,
+ * max_tokens or the context length (its blocks are freed here). */
+void sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results);
+
+void sched_get_stats(const sched_t *s, sched_stats_t *out);
+/* ST_EINVAL for an unknown tenant. */
+int sched_get_tenant_stats(const sched_t *s, uint32_t tenant, sched_tenant_stats_t *out);
+
+/* Aborts on an inconsistent queue or counter (debug walker). */
+void sched_check(const sched_t *s);
+
+#endif /* SCHEDULER_SCHED_H */

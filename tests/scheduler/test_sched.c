@@ -1,0 +1,809 @@
+/* test_sched.c - scheduler policy with the scripted fake model: stops,
+ * chunked prefill, decodes first, preemption by swap and recompute, prefix
+ * cache, n > 1 forks, cancel, tenant fair share and quotas. Every test
+ * ends with every block FREE or CACHED (fake_env_fini). */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "fake_model.h"
+
+static fake_env_t env;
+
+static void
+out_eq(const fake_out_t *a, const fake_out_t *b)
+{
+    ck_assert(a->finished && b->finished);
+    ck_assert_int_eq(a->n_tokens, b->n_tokens);
+    ck_assert_int_eq(a->reason, b->reason);
+    ck_assert_int_eq(memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t)), 0);
+}
+
+/* ---- stops ----------------------------------------------------------- */
+
+START_TEST(test_length_and_usage)
+{
+    fake_cfg_t c = fake_cfg_default();
+
+    fake_env_init(&env, &c);
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 5, 1, 10), ST_OK);
+    ck_assert(!sched_idle(env.sched));
+    fake_run(&env, 100);
+    ck_assert_int_eq(env.out[1][0].n_tokens, 10);
+    ck_assert_int_eq(env.out[1][0].reason, ENG_FINISH_LENGTH);
+    ck_assert_int_eq(env.out[1][0].stop_token, -1);
+    /* Prompt in one step, then one token per step. */
+    ck_assert_int_eq(env.out[1][0].first_token_step, 1);
+    ck_assert_int_eq(env.out[1][0].finish_step, 10);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_eos_stops_unless_ignored)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+
+    fake_env_init(&env, &c);
+    env.script_at[1] = 3;
+    env.script_tok[1] = FAKE_EOS;
+    env.script_at[2] = 3;
+    env.script_tok[2] = FAKE_EOS;
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 6, 7, 20), ST_OK);
+    fake_req_fill(&r, 2, 0, 6, 7, 20);
+    r.ignore_eos = 1;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    fake_run(&env, 100);
+    ck_assert_int_eq(env.out[1][0].reason, ENG_FINISH_STOP);
+    ck_assert_int_eq(env.out[1][0].n_tokens, 4);
+    ck_assert_int_eq(env.out[1][0].tokens[3], FAKE_EOS);
+    ck_assert_int_eq(env.out[1][0].stop_token, FAKE_EOS);
+    ck_assert_int_eq(env.out[2][0].reason, ENG_FINISH_LENGTH);
+    ck_assert_int_eq(env.out[2][0].n_tokens, 20);
+    ck_assert_int_eq(env.out[2][0].tokens[3], FAKE_EOS);
+    /* Same prompt: identical up to the EOS. */
+    ck_assert_int_eq(memcmp(env.out[1][0].tokens, env.out[2][0].tokens, 4 * sizeof(int32_t)), 0);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_min_tokens_masks_eos_and_stop_ids)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+
+    fake_env_init(&env, &c);
+    /* EOS wanted at index 2, but min_tokens 5 masks it there. */
+    env.script_at[1] = 2;
+    env.script_tok[1] = FAKE_EOS;
+    fake_req_fill(&r, 1, 0, 6, 3, 12);
+    r.min_tokens = 5;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    /* Stop id 40 wanted at index 1 with min_tokens 1: allowed, stops. */
+    env.script_at[2] = 1;
+    env.script_tok[2] = 40;
+    fake_req_fill(&r, 2, 0, 6, 3, 12);
+    r.min_tokens = 1;
+    r.stop_ids[0] = 40;
+    r.n_stop_ids = 1;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    /* Stop id masked at index 0 by min_tokens 1. */
+    env.script_at[3] = 0;
+    env.script_tok[3] = 41;
+    fake_req_fill(&r, 3, 0, 6, 3, 12);
+    r.min_tokens = 1;
+    r.stop_ids[0] = 41;
+    r.n_stop_ids = 1;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    fake_run(&env, 100);
+
+    ck_assert_int_ne(env.out[1][0].tokens[2], FAKE_EOS);
+    ck_assert_int_eq(env.out[1][0].reason, ENG_FINISH_LENGTH);
+    ck_assert_int_eq(env.out[1][0].n_tokens, 12);
+    ck_assert_int_eq(env.out[2][0].reason, ENG_FINISH_STOP);
+    ck_assert_int_eq(env.out[2][0].n_tokens, 2);
+    ck_assert_int_eq(env.out[2][0].stop_token, 40);
+    ck_assert_int_ne(env.out[3][0].tokens[0], 41);
+    ck_assert_int_gt(env.out[3][0].n_tokens, 1);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_context_length_stops)
+{
+    fake_cfg_t c = fake_cfg_default();
+
+    c.max_model_len = 32;
+    fake_env_init(&env, &c);
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 20, 1, 100), ST_OK);
+    ck_assert_int_eq(fake_submit(&env, 2, 0, 32, 1, 4), ST_ETOOLONG);
+    fake_run(&env, 100);
+    ck_assert_int_eq(env.out[1][0].n_tokens, 12);
+    ck_assert_int_eq(env.out[1][0].reason, ENG_FINISH_LENGTH);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_submit_errors)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+
+    c.num_blocks = 9; /* 8 usable blocks of 4 tokens */
+    c.max_num_seqs = 4;
+    fake_env_init(&env, &c);
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 8, 1, 4), ST_OK);
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 8, 1, 4), ST_EINVAL); /* duplicate id */
+    ck_assert_int_eq(fake_submit(&env, 2, 3, 8, 1, 4), ST_EINVAL); /* unknown tenant */
+    ck_assert_int_eq(fake_submit(&env, 3, 0, 8, 1, 0), ST_EINVAL); /* max_tokens 0 */
+    ck_assert_int_eq(fake_submit(&env, 4, 0, 40, 1, 4), ST_ETOOLONG); /* > pool */
+    fake_req_fill(&r, 5, 0, 4, 1, 4);
+    r.prompt[2] = FAKE_VOCAB;                                        /* bad token */
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_EINVAL);
+    fake_req_fill(&r, 6, 0, 4, 1, 4);
+    r.n = 5;                                                         /* > max_num_seqs */
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_EINVAL);
+    fake_run(&env, 100);
+    ck_assert_int_eq(env.out[1][0].n_tokens, 4);
+    fake_env_fini(&env);
+}
+END_TEST
+
+/* ---- batching, chunking, prefix cache -------------------------------- */
+
+static void
+run_batch(const fake_cfg_t *c, int n, int concurrent, fake_out_t *outs)
+{
+    if (concurrent) {
+        fake_env_init(&env, c);
+        for (int i = 0; i < n; i++) {
+            ck_assert_int_eq(fake_submit(&env, (uint64_t)i + 1, 0, 5 + 3 * i, (uint32_t)i, 12 + i),
+                             ST_OK);
+        }
+        fake_run(&env, 10000);
+        for (int i = 0; i < n; i++) {
+            outs[i] = env.out[i + 1][0];
+        }
+        fake_env_fini(&env);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        fake_env_init(&env, c);
+        ck_assert_int_eq(fake_submit(&env, (uint64_t)i + 1, 0, 5 + 3 * i, (uint32_t)i, 12 + i),
+                         ST_OK);
+        fake_run(&env, 10000);
+        outs[i] = env.out[i + 1][0];
+        fake_env_fini(&env);
+    }
+}
+
+START_TEST(test_batched_equals_alone)
+{
+    fake_cfg_t c = fake_cfg_default();
+    static fake_out_t alone[12], batched[12];
+
+    run_batch(&c, 12, 0, alone);
+    run_batch(&c, 12, 1, batched);
+    for (int i = 0; i < 12; i++) {
+        out_eq(&alone[i], &batched[i]);
+    }
+}
+END_TEST
+
+START_TEST(test_chunked_prefill_equals_unchunked)
+{
+    fake_cfg_t c = fake_cfg_default();
+    static fake_out_t whole[6], chunked[6];
+    sched_plan_t plan;
+    int saw_partial = 0;
+
+    run_batch(&c, 6, 1, whole);
+    c.max_num_batched_tokens = 7;
+    run_batch(&c, 6, 1, chunked);
+    for (int i = 0; i < 6; i++) {
+        out_eq(&whole[i], &chunked[i]);
+    }
+    /* A 30-token prompt with a budget of 7 spans 5 steps. */
+    fake_env_init(&env, &c);
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 30, 9, 3), ST_OK);
+    for (int s = 0; s < 4; s++) {
+        ck_assert_int_eq(fake_step(&env, &plan), 7);
+        ck_assert_int_eq(plan.batch.n_logits, 0);
+        saw_partial = 1;
+    }
+    ck_assert_int_eq(fake_step(&env, &plan), 2);
+    ck_assert_int_eq(plan.batch.n_logits, 1);
+    ck_assert(saw_partial);
+    fake_run(&env, 100);
+    ck_assert_int_eq(env.out[1][0].n_tokens, 3);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_decodes_before_prefill)
+{
+    fake_cfg_t c = fake_cfg_default();
+    sched_plan_t plan;
+
+    c.max_num_batched_tokens = 8;
+    fake_env_init(&env, &c);
+    for (uint64_t id = 1; id <= 3; id++) {
+        ck_assert_int_eq(fake_submit(&env, id, 0, 2, (uint32_t)id, 40), ST_OK);
+    }
+    fake_step(&env, &plan); /* the three short prompts */
+    ck_assert_int_eq(plan.batch.n_seqs, 3);
+    ck_assert_int_eq(fake_submit(&env, 9, 0, 60, 5, 2), ST_OK);
+    /* Every following step carries the three decodes first, then a
+     * 5-token chunk of the long prompt. */
+    for (int s = 0; s < 12; s++) {
+        fake_step(&env, &plan);
+        ck_assert_int_eq(plan.batch.n_seqs, 4);
+        for (int r = 0; r < 3; r++) {
+            ck_assert_int_eq(plan.batch.query_start[r + 1] - plan.batch.query_start[r], 1);
+        }
+        ck_assert_int_eq(plan.batch.n_tokens, 8);
+    }
+    fake_run(&env, 1000);
+    ck_assert_int_eq(env.out[9][0].n_tokens, 2);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_prefix_hit_equals_miss)
+{
+    fake_cfg_t c = fake_cfg_default();
+    fake_out_t miss, hit;
+
+    fake_env_init(&env, &c);
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 23, 4, 9), ST_OK);
+    fake_run(&env, 100);
+    ck_assert_int_eq(fake_submit(&env, 2, 0, 23, 4, 9), ST_OK);
+    fake_run(&env, 100);
+    miss = env.out[1][0];
+    hit = env.out[2][0];
+    ck_assert_int_eq(miss.cached_tokens, 0);
+    ck_assert_int_eq(hit.cached_tokens, 20); /* 5 full blocks; never the last token */
+    out_eq(&miss, &hit);
+    fake_env_fini(&env);
+
+    /* Another tenant's salt: no sharing. */
+    c.n_tenants = 2;
+    c.tenants[1].weight = 1.0;
+    fake_env_init(&env, &c);
+    ck_assert_int_eq(bm_tenant_set_salt(env.pool, 0, "a", 1), ST_OK);
+    ck_assert_int_eq(bm_tenant_set_salt(env.pool, 1, "b", 1), ST_OK);
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 23, 4, 9), ST_OK);
+    fake_run(&env, 100);
+    ck_assert_int_eq(fake_submit(&env, 2, 1, 23, 4, 9), ST_OK);
+    fake_run(&env, 100);
+    ck_assert_int_eq(env.out[2][0].cached_tokens, 0);
+    out_eq(&env.out[1][0], &env.out[2][0]);
+    fake_env_fini(&env);
+}
+END_TEST
+
+/* ---- preemption ------------------------------------------------------ */
+
+static void
+run_pressure(int swap_blocks, int num_blocks, fake_out_t *outs, sched_stats_t *st)
+{
+    fake_cfg_t c = fake_cfg_default();
+
+    c.num_blocks = num_blocks;
+    c.swap_blocks = swap_blocks;
+    c.max_num_seqs = 8;
+    fake_env_init(&env, &c);
+    for (int i = 0; i < 8; i++) {
+        ck_assert_int_eq(fake_submit(&env, (uint64_t)i + 1, 0, 6 + i, (uint32_t)(100 + i), 30),
+                         ST_OK);
+    }
+    fake_run(&env, 100000);
+    sched_get_stats(env.sched, st);
+    for (int i = 0; i < 8; i++) {
+        outs[i] = env.out[i + 1][0];
+        ck_assert_int_eq(outs[i].n_tokens, 30);
+    }
+    fake_env_fini(&env);
+}
+
+START_TEST(test_preempt_swap_and_recompute_same_output)
+{
+    static fake_out_t free_run[8], swapped[8], recomputed[8];
+    sched_stats_t st;
+
+    run_pressure(0, 257, free_run, &st);
+    ck_assert_uint_eq(st.preempt_swap + st.preempt_recompute, 0);
+
+    /* 8 sequences growing to 43 tokens (11 blocks each) in 24 blocks. */
+    run_pressure(200, 25, swapped, &st);
+    ck_assert_uint_gt(st.preempt_swap, 0);
+    ck_assert_uint_eq(st.preempt_recompute, 0);
+    for (int i = 0; i < 8; i++) {
+        out_eq(&free_run[i], &swapped[i]);
+    }
+
+    run_pressure(0, 25, recomputed, &st);
+    ck_assert_uint_gt(st.preempt_recompute, 0);
+    ck_assert_uint_eq(st.preempt_swap, 0);
+    for (int i = 0; i < 8; i++) {
+        out_eq(&free_run[i], &recomputed[i]);
+    }
+
+    /* A small CPU tier: some swaps, then recomputes once it is full. */
+    run_pressure(12, 25, recomputed, &st);
+    ck_assert_uint_gt(st.preempt_swap, 0);
+    for (int i = 0; i < 8; i++) {
+        out_eq(&free_run[i], &recomputed[i]);
+    }
+}
+END_TEST
+
+START_TEST(test_victim_is_lowest_priority_latest)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+    sched_plan_t plan;
+
+    c.num_blocks = 13; /* 12 usable blocks of 4 tokens */
+    c.swap_blocks = 64;
+    fake_env_init(&env, &c);
+    /* Three 8-token prompts, 2 blocks each; they grow to 3 blocks. */
+    for (uint64_t id = 1; id <= 3; id++) {
+        fake_req_fill(&r, id, 0, 8, (uint32_t)id, 16);
+        r.priority = id == 1 ? 5 : 0; /* request 1 has the lowest priority */
+        ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    }
+    /* Priority admits 2 and 3 before 1. */
+    fake_step(&env, &plan);
+    ck_assert_int_eq(plan.batch.n_seqs, 3);
+    /* Fill the pool with a 4th sequence so growth must preempt. */
+    ck_assert_int_eq(fake_submit(&env, 4, 0, 20, 4, 16), ST_OK);
+    int64_t steps = 0;
+    while (env.out[1][0].finished == 0 && steps < 200) {
+        sched_stats_t st;
+        fake_step(&env, &plan);
+        sched_get_stats(env.sched, &st);
+        if (st.preempt_swap > 0) {
+            break;
+        }
+        steps++;
+    }
+    sched_tenant_stats_t ts;
+    sched_stats_t st;
+    sched_get_stats(env.sched, &st);
+    sched_get_tenant_stats(env.sched, 0, &ts);
+    ck_assert_uint_gt(st.preempt_swap, 0);
+    /* The first victim is request 1 (lowest priority): it is the one
+     * swapped out while the others keep running. */
+    ck_assert_uint_eq(st.swapped, 1);
+    ck_assert(!env.out[1][0].finished);
+    fake_run(&env, 1000);
+    for (uint64_t id = 1; id <= 4; id++) {
+        ck_assert_int_eq(env.out[id][0].n_tokens, 16);
+    }
+    /* Request 1 was last to finish or at least after 2 and 3. */
+    ck_assert_int_ge(env.out[1][0].finish_step, env.out[2][0].finish_step);
+    ck_assert_int_ge(env.out[1][0].finish_step, env.out[3][0].finish_step);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_alone_outgrowing_pool_finishes_length)
+{
+    fake_cfg_t c = fake_cfg_default();
+
+    c.num_blocks = 5; /* 16 tokens */
+    fake_env_init(&env, &c);
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 10, 1, 50), ST_OK);
+    fake_run(&env, 100);
+    ck_assert_int_eq(env.out[1][0].reason, ENG_FINISH_LENGTH);
+    ck_assert_int_eq(env.out[1][0].n_tokens, 7); /* 10 + 7 = 17 > 16: the 17th never computed */
+    fake_env_fini(&env);
+}
+END_TEST
+
+/* ---- n > 1, cancel --------------------------------------------------- */
+
+START_TEST(test_fork_n2_seeded_reproducible)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+    fake_out_t first[2];
+
+    for (int round = 0; round < 2; round++) {
+        fake_env_init(&env, &c);
+        env.sample_random = 1;
+        fake_req_fill(&r, 1, 0, 10, 3, 12); /* 10 tokens: a shared partial tail block */
+        r.n = 2;
+        r.seed = 42;
+        r.has_seed = 1;
+        ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+        sched_plan_t plan;
+        fake_step(&env, &plan);
+        ck_assert_int_eq(plan.batch.n_seqs, 1); /* one prompt computation */
+        ck_assert_int_eq(plan.n_samples, 2);    /* two first tokens */
+        sched_stats_t st;
+        sched_get_stats(env.sched, &st);
+        ck_assert_uint_eq(st.running, 2);
+        fake_run(&env, 100);
+        ck_assert_int_eq(env.out[1][0].n_tokens, 12);
+        ck_assert_int_eq(env.out[1][1].n_tokens, 12);
+        ck_assert_int_ne(memcmp(env.out[1][0].tokens, env.out[1][1].tokens, 12 * sizeof(int32_t)),
+                         0);
+        if (round == 0) {
+            first[0] = env.out[1][0];
+            first[1] = env.out[1][1];
+        } else {
+            out_eq(&first[0], &env.out[1][0]);
+            out_eq(&first[1], &env.out[1][1]);
+        }
+        bm_stats_t bs;
+        bm_pool_stats(env.pool, &bs);
+        ck_assert_uint_gt(bs.n_copies, 0); /* copy-on-write of the shared tail */
+        fake_env_fini(&env);
+    }
+}
+END_TEST
+
+START_TEST(test_fork_greedy_choices_equal_single)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+
+    fake_env_init(&env, &c);
+    fake_req_fill(&r, 1, 0, 9, 3, 10);
+    r.n = 3;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    ck_assert_int_eq(fake_submit(&env, 2, 0, 9, 3, 10), ST_OK);
+    fake_run(&env, 100);
+    for (int k = 0; k < 3; k++) {
+        out_eq(&env.out[1][k], &env.out[2][0]);
+    }
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_cancel_frees_blocks_at_once)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+    bm_stats_t bs;
+
+    c.prefix_caching = 0;
+    fake_env_init(&env, &c);
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 10, 1, 50), ST_OK);
+    fake_req_fill(&r, 2, 0, 10, 2, 50);
+    r.n = 2;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    for (int s = 0; s < 5; s++) {
+        fake_step(&env, NULL);
+    }
+    bm_pool_stats(env.pool, &bs);
+    ck_assert_uint_gt(bs.dev_used, 0);
+    ck_assert_int_eq(sched_cancel(env.sched, 1, -1, 0), ST_OK);
+    ck_assert_int_eq(env.out[1][0].reason, ENG_FINISH_ABORT);
+    ck_assert_int_eq(env.out[1][0].n_tokens, 5);
+    /* One choice of the n = 2 request as a stop-string finish. */
+    ck_assert_int_eq(sched_cancel(env.sched, 2, 1, 1), ST_OK);
+    ck_assert_int_eq(env.out[2][1].reason, ENG_FINISH_STOP);
+    ck_assert(!env.out[2][0].finished);
+    ck_assert_int_eq(sched_cancel(env.sched, 2, 1, 1), ST_ENOENT);
+    ck_assert_int_eq(sched_cancel(env.sched, 2, 0, 0), ST_OK);
+    bm_pool_stats(env.pool, &bs);
+    ck_assert_uint_eq(bs.dev_used, 0);
+    ck_assert(sched_idle(env.sched));
+    ck_assert_int_eq(sched_cancel(env.sched, 2, -1, 0), ST_ENOENT);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_cancel_waiting_and_swapped)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+
+    c.num_blocks = 25;
+    c.swap_blocks = 200;
+    c.max_num_seqs = 8;
+    fake_env_init(&env, &c);
+    for (uint64_t id = 1; id <= 8; id++) {
+        ck_assert_int_eq(fake_submit(&env, id, 0, 6, (uint32_t)id, 30), ST_OK);
+    }
+    /* n = 2 cancelled before its fork: choice 0 first, then 1. */
+    fake_req_fill(&r, 20, 0, 6, 5, 30);
+    r.n = 2;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    for (int s = 0; s < 40; s++) {
+        sched_stats_t st;
+        fake_step(&env, NULL);
+        sched_get_stats(env.sched, &st);
+        if (st.swapped > 0) {
+            break;
+        }
+    }
+    for (uint64_t id = 1; id <= 8; id++) {
+        sched_cancel(env.sched, id, -1, 0);
+        sched_check(env.sched);
+        bm_pool_check(env.pool);
+    }
+    sched_cancel(env.sched, 20, 0, 0);
+    sched_check(env.sched);
+    fake_run(&env, 1000);
+    ck_assert(env.out[20][1].finished);
+    fake_env_fini(&env);
+}
+END_TEST
+
+/* ---- tenants ----------------------------------------------------------- */
+
+START_TEST(test_fair_share_weights_1_3)
+{
+    fake_cfg_t c = fake_cfg_default();
+    sched_tenant_stats_t a0, b0, a1, b1;
+    uint64_t id = 1;
+
+    c.n_tenants = 2;
+    c.tenants[0].weight = 1.0;
+    c.tenants[1].weight = 3.0;
+    c.max_num_seqs = 8;
+    fake_env_init(&env, &c);
+    for (int i = 0; i < 150; i++) {
+        ck_assert_int_eq(fake_submit(&env, id++, 0, 8, (uint32_t)i, 8), ST_OK);
+        ck_assert_int_eq(fake_submit(&env, id++, 1, 8, (uint32_t)i + 1000, 8), ST_OK);
+    }
+    /* Warm up, then measure while both tenants still have waiting work. */
+    for (int s = 0; s < 20; s++) {
+        fake_step(&env, NULL);
+    }
+    sched_get_tenant_stats(env.sched, 0, &a0);
+    sched_get_tenant_stats(env.sched, 1, &b0);
+    for (;;) {
+        fake_step(&env, NULL);
+        sched_get_tenant_stats(env.sched, 0, &a1);
+        sched_get_tenant_stats(env.sched, 1, &b1);
+        if (a1.waiting == 0 || b1.waiting == 0) {
+            break;
+        }
+    }
+    double sa = (double)(a1.prompt_tokens + a1.generation_tokens - a0.prompt_tokens -
+                         a0.generation_tokens);
+    double sb = (double)(b1.prompt_tokens + b1.generation_tokens - b0.prompt_tokens -
+                         b0.generation_tokens);
+    ck_assert_msg(sa > 100 && sb > 100, "served %f %f", sa, sb);
+    double ratio = sb / sa;
+    ck_assert_msg(ratio > 3.0 * 0.9 && ratio < 3.0 * 1.1, "token split 1:%.3f", ratio);
+    /* Counters stay close: the VTC gap is bounded by one request. */
+    ck_assert_msg(a1.vtc - b1.vtc < 17 && b1.vtc - a1.vtc < 17, "vtc %f %f", a1.vtc, b1.vtc);
+    for (uint64_t i = 1; i < id; i++) {
+        sched_cancel(env.sched, i, -1, 0);
+    }
+    fake_env_fini(&env);
+}
+END_TEST
+
+/* Steps from a light tenant's submit to its first token, with or without
+ * a heavy tenant flooding the queue. */
+static int64_t
+light_ttft(int flood, int n_tenants)
+{
+    fake_cfg_t c = fake_cfg_default();
+    uint64_t id = 1;
+    int64_t t0, ttft;
+
+    c.n_tenants = n_tenants;
+    c.tenants[0].weight = 1.0;
+    c.tenants[1].weight = 1.0;
+    c.max_num_seqs = 4;
+    fake_env_init(&env, &c);
+    if (flood) {
+        for (int i = 0; i < 100; i++) {
+            ck_assert_int_eq(fake_submit(&env, id++, 0, 8, (uint32_t)i, 16), ST_OK);
+        }
+        for (int s = 0; s < 30; s++) {
+            fake_step(&env, NULL);
+        }
+    }
+    uint64_t light = 400;
+    ck_assert_int_eq(fake_submit(&env, light, (uint32_t)(n_tenants - 1), 8, 999, 4), ST_OK);
+    t0 = env.step;
+    while (env.out[light][0].first_token_step < 0) {
+        fake_step(&env, NULL);
+    }
+    ttft = env.out[light][0].first_token_step - t0;
+    for (uint64_t i = 1; i < id; i++) {
+        sched_cancel(env.sched, i, -1, 0);
+    }
+    fake_run(&env, 100);
+    fake_env_fini(&env);
+    return ttft;
+}
+
+START_TEST(test_flooding_tenant_does_not_delay_other)
+{
+    int64_t alone = light_ttft(0, 2);
+    int64_t fair = light_ttft(1, 2);
+    int64_t same_tenant = light_ttft(1, 1);
+
+    ck_assert_int_eq(alone, 1);
+    /* With its own tenant it waits at most for one running sequence of the
+     * flooder to finish (16 tokens); in the flooder's own queue it waits
+     * behind ~90 requests. */
+    ck_assert_msg(fair <= 17, "light tenant TTFT %lld steps under flood", (long long)fair);
+    ck_assert_msg(same_tenant > 10 * fair, "fifo %lld vs fair %lld", (long long)same_tenant,
+                  (long long)fair);
+}
+END_TEST
+
+START_TEST(test_vtc_lift_on_activation)
+{
+    fake_cfg_t c = fake_cfg_default();
+    sched_tenant_stats_t a, b;
+
+    c.n_tenants = 2;
+    c.tenants[0].weight = 1.0;
+    c.tenants[1].weight = 1.0;
+    fake_env_init(&env, &c);
+    /* Tenant 0 is served alone for a while (its counter grows). */
+    for (uint64_t id = 1; id <= 4; id++) {
+        ck_assert_int_eq(fake_submit(&env, id, 0, 8, (uint32_t)id, 20), ST_OK);
+    }
+    for (int s = 0; s < 10; s++) {
+        fake_step(&env, NULL);
+    }
+    sched_get_tenant_stats(env.sched, 0, &a);
+    ck_assert(a.vtc > 50);
+    /* Tenant 1 arrives: lifted to tenant 0's counter, no banked credit. */
+    ck_assert_int_eq(fake_submit(&env, 10, 1, 8, 10, 4), ST_OK);
+    sched_get_tenant_stats(env.sched, 1, &b);
+    ck_assert(b.vtc == a.vtc);
+    fake_run(&env, 1000);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_quota_waiting_and_running)
+{
+    fake_cfg_t c = fake_cfg_default();
+    sched_tenant_stats_t ts;
+
+    c.n_tenants = 2;
+    c.tenants[0].weight = 1.0;
+    c.tenants[0].max_waiting = 3;
+    c.tenants[0].max_running = 2;
+    c.tenants[1].weight = 1.0;
+    fake_env_init(&env, &c);
+    for (uint64_t id = 1; id <= 3; id++) {
+        ck_assert_int_eq(fake_submit(&env, id, 0, 8, (uint32_t)id, 10), ST_OK);
+    }
+    ck_assert_int_eq(fake_submit(&env, 4, 0, 8, 4, 10), ST_EQUEUE);
+    ck_assert_int_eq(fake_submit(&env, 5, 1, 8, 5, 10), ST_OK); /* other tenant unaffected */
+    sched_get_tenant_stats(env.sched, 0, &ts);
+    ck_assert_uint_eq(ts.requests_rejected, 1);
+    while (!sched_idle(env.sched)) {
+        fake_step(&env, NULL);
+        sched_get_tenant_stats(env.sched, 0, &ts);
+        ck_assert_uint_le(ts.running, 2);
+    }
+    /* Once admitted, requests no longer count against the queue. */
+    ck_assert_int_eq(fake_submit(&env, 6, 0, 8, 6, 10), ST_OK);
+    fake_run(&env, 1000);
+    ck_assert_int_eq(env.out[3][0].n_tokens, 10);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_quota_kv_share)
+{
+    fake_cfg_t c = fake_cfg_default();
+    uint64_t id = 1;
+    uint32_t peak = 0;
+
+    c.n_tenants = 2;
+    c.num_blocks = 65; /* 64 usable */
+    c.tenants[0].weight = 1.0;
+    c.tenants[0].max_kv_share = 0.25; /* 16 blocks */
+    c.tenants[1].weight = 1.0;
+    fake_env_init(&env, &c);
+    ck_assert_int_eq(fake_submit(&env, 90, 0, 70, 1, 4), ST_ETOOLONG); /* 18 blocks > 16 */
+    for (int i = 0; i < 12; i++) {
+        ck_assert_int_eq(fake_submit(&env, id++, 0, 11, (uint32_t)i, 4), ST_OK);
+    }
+    while (!sched_idle(env.sched)) {
+        fake_step(&env, NULL);
+        uint32_t b = bm_tenant_blocks(env.pool, 0);
+        peak = b > peak ? b : peak;
+    }
+    /* 3 blocks at admission, 4 by the end: admission stops at 16. */
+    ck_assert_uint_le(peak, 16 + 5);
+    ck_assert_uint_ge(peak, 12);
+    for (uint64_t i = 1; i < id; i++) {
+        ck_assert_int_eq(env.out[i][0].n_tokens, 4);
+    }
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_priority_within_tenant)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+
+    c.max_num_seqs = 1;
+    fake_env_init(&env, &c);
+    for (uint64_t id = 1; id <= 4; id++) {
+        fake_req_fill(&r, id, 0, 4, (uint32_t)id, 3);
+        r.priority = (int32_t)(10 - id); /* later ones more urgent */
+        ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    }
+    fake_run(&env, 100);
+    ck_assert_int_lt(env.out[4][0].finish_step, env.out[3][0].finish_step);
+    ck_assert_int_lt(env.out[3][0].finish_step, env.out[2][0].finish_step);
+    ck_assert_int_lt(env.out[2][0].finish_step, env.out[1][0].finish_step);
+    fake_env_fini(&env);
+}
+END_TEST
+
+START_TEST(test_abort_all)
+{
+    fake_cfg_t c = fake_cfg_default();
+
+    fake_env_init(&env, &c);
+    for (uint64_t id = 1; id <= 5; id++) {
+        ck_assert_int_eq(fake_submit(&env, id, 0, 8, (uint32_t)id, 20), ST_OK);
+    }
+    fake_step(&env, NULL);
+    sched_abort_all(env.sched, ST_ESHUTDOWN);
+    ck_assert_int_eq(env.n_errors, 5);
+    ck_assert(sched_idle(env.sched));
+    fake_env_fini(&env);
+}
+END_TEST
+
+Suite *
+scheduler_sched_suite(void)
+{
+    Suite *s = suite_create("scheduler_sched");
+    TCase *tc;
+
+    tc = tcase_create("stops");
+    tcase_add_test(tc, test_length_and_usage);
+    tcase_add_test(tc, test_eos_stops_unless_ignored);
+    tcase_add_test(tc, test_min_tokens_masks_eos_and_stop_ids);
+    tcase_add_test(tc, test_context_length_stops);
+    tcase_add_test(tc, test_submit_errors);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("batching");
+    tcase_add_test(tc, test_batched_equals_alone);
+    tcase_add_test(tc, test_chunked_prefill_equals_unchunked);
+    tcase_add_test(tc, test_decodes_before_prefill);
+    tcase_add_test(tc, test_prefix_hit_equals_miss);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("preemption");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_preempt_swap_and_recompute_same_output);
+    tcase_add_test(tc, test_victim_is_lowest_priority_latest);
+    tcase_add_test(tc, test_alone_outgrowing_pool_finishes_length);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("fork_cancel");
+    tcase_add_test(tc, test_fork_n2_seeded_reproducible);
+    tcase_add_test(tc, test_fork_greedy_choices_equal_single);
+    tcase_add_test(tc, test_cancel_frees_blocks_at_once);
+    tcase_add_test(tc, test_cancel_waiting_and_swapped);
+    tcase_add_test(tc, test_abort_all);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("tenants");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_fair_share_weights_1_3);
+    tcase_add_test(tc, test_flooding_tenant_does_not_delay_other);
+    tcase_add_test(tc, test_vtc_lift_on_activation);
+    tcase_add_test(tc, test_quota_waiting_and_running);
+    tcase_add_test(tc, test_quota_kv_share);
+    tcase_add_test(tc, test_priority_within_tenant);
+    suite_add_tcase(s, tc);
+    return s;
+}
