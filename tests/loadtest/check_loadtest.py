@@ -1,0 +1,228 @@
+#!/usr/bin/python3
+"""check_loadtest.py - kvs-loadtest against a server on loopback.
+
+usage: check_loadtest.py mock LOADTEST MOCK_SERVER_PY
+       check_loadtest.py kvserve LOADTEST KVSERVE SOURCE_ROOT
+
+mock: runs kvs-loadtest against tests/loadtest/mock_openai.py (closed and
+open loop, streaming and not, completions and chat, a prompts file, 429s
+and server-closed keep-alive connections) and checks that its counts equal
+what the server says it served.
+
+kvserve: starts `kvserve serve` with the default model on 127.0.0.1, runs a
+bounded load (a few hundred requests, streaming and not), and checks the
+loadtest's request and token counts against the deltas of the server's
+/metrics, and that nothing is left running. Exits 77 (skip) while
+`kvserve serve --help` does not work yet.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAIL:", msg)
+
+
+def run_lt(lt, url, *extra):
+    cmd = [lt, "--url", url, "--json", "--no-progress", *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    try:
+        rep = json.loads(p.stdout)
+    except ValueError:
+        print(p.stdout, p.stderr)
+        raise
+    print(" ".join(extra), "->", rep["requests"], rep["errors"], rep["tokens"],
+          "%.1f out tok/s" % rep["throughput"]["output_tokens_per_s"])
+    return p.returncode, rep
+
+
+def get(url, key=None):
+    req = urllib.request.Request(url)
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.status, r.read().decode()
+
+
+def mock(lt, mock_py):
+    tmp = tempfile.mkdtemp()
+    pf = os.path.join(tmp, "port")
+    srv = subprocess.Popen(["/usr/bin/python3", mock_py, pf, "--fail-every", "7",
+                            "--close-every", "5"])
+    try:
+        for _ in range(200):
+            if os.path.exists(pf):
+                break
+            time.sleep(0.05)
+        url = "http://127.0.0.1:" + open(pf).read()
+        prev = json.loads(get(url + "/stats")[1])
+
+        def delta():
+            nonlocal prev
+            cur = json.loads(get(url + "/stats")[1])
+            d = {k: cur[k] - prev[k] for k in cur if isinstance(cur[k], int)}
+            d["auth"] = cur["auth"]
+            prev = cur
+            return d
+
+        # Closed loop, streaming completions, token-id prompts.
+        rc, rep = run_lt(lt, url, "--concurrency", "6", "--max-requests", "120",
+                         "--input-len", "8-40", "--output-len", "normal:20:5", "--api-key", "k1")
+        d = delta()
+        check(rc == 3, f"exit status {rc} with some 429s (want 3)")
+        check(rep["model"] == "mock-model", "model discovered from /v1/models")
+        check(rep["requests"]["issued"] == 120 and rep["requests"]["completed"] == 120,
+              f"issued/completed {rep['requests']}")
+        check(rep["requests"]["ok"] == d["ok"], f"ok {rep['requests']['ok']} != server {d['ok']}")
+        check(rep["errors"].get("429") == d["failed"] == 120 // 7, f"429s {rep['errors']} {d}")
+        check(rep["requests"]["failed"] == d["failed"], "failed count")
+        check(rep["tokens"]["output"] == d["completion_tokens"], "output tokens = server's")
+        check(rep["tokens"]["prompt"] == d["prompt_tokens"], "prompt tokens = server's")
+        check(d["stream"] == d["ok"], "all requests streamed")
+        check(d["auth"] == "Bearer k1", "api key sent")
+        check(rep["requests"]["peak_in_flight"] == 6, "closed loop keeps 6 in flight")
+        check(rep["ttft_ms"]["n"] == d["ok"] and rep["e2e_ms"]["n"] == d["ok"], "per-request stats")
+        check(rep["itl_ms"]["n"] == d["completion_tokens"] - d["ok"], "one ITL per token gap")
+        check(rep["ttft_ms"]["p50"] <= rep["ttft_ms"]["p99"] <= rep["ttft_ms"]["max"], "ordered")
+
+        # Open loop (Poisson), non-streaming chat, capped in-flight.
+        rc, rep = run_lt(lt, url, "--rate", "200", "--concurrency", "3", "--max-requests", "60",
+                         "--no-stream", "--endpoint", "chat", "--model", "mock-model",
+                         "--output-len", "5")
+        d = delta()
+        check(rep["mode"] == "open" and rep["requests"]["completed"] == 60, "open loop ran 60")
+        check(rep["requests"]["peak_in_flight"] <= 3, "open loop respects --concurrency")
+        check(rep["requests"]["ok"] == d["ok"] and rep["requests"]["failed"] == d["failed"],
+              f"open loop counts {rep['requests']} vs {d}")
+        check(rep["tokens"]["output"] == d["completion_tokens"] == 5 * d["ok"], "max_tokens sent")
+        check(d["stream"] == 0 and rep["ttft_ms"] is None, "non-streaming has no TTFT")
+
+        # A prompts file, with per-line max_tokens, and a duration bound.
+        pj = os.path.join(tmp, "p.jsonl")
+        with open(pj, "w") as f:
+            f.write('{"prompt": "hello there", "max_tokens": 3}\n\n')
+            f.write('{"prompt": [5, 6, 7, 8], "max_tokens": 4}\n')
+        rc, rep = run_lt(lt, url, "--prompts", pj, "--concurrency", "2", "--max-requests", "10",
+                         "--model", "m")
+        d = delta()
+        check(rep["tokens"]["output"] == d["completion_tokens"] and
+              3 * d["ok"] < d["completion_tokens"] < 4 * d["ok"],
+              f"prompts file max_tokens: {rep['tokens']} {d}")
+        check(rep["tokens"]["prompt"] == d["prompt_tokens"], "prompt tokens from usage")
+        rc, rep = run_lt(lt, url, "--duration", "0.5", "--concurrency", "2", "--model", "m",
+                         "--output-len", "2")
+        d = delta()
+        check(rep["requests"]["completed"] == d["requests"] > 0, "duration bound")
+
+        bad = subprocess.run([lt, "--url", "ftp://x"], capture_output=True, text=True)
+        check(bad.returncode == 2 and "--url" in bad.stderr, "bad --url is a usage error")
+        bad = subprocess.run([lt, "--input-len", "0"], capture_output=True, text=True)
+        check(bad.returncode == 2, "bad --input-len is a usage error")
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+def metrics(url):
+    """Sums each metric's samples over their labels; request_success_total
+    only over finished_reason stop and length."""
+    out = {}
+    for line in get(url + "/metrics")[1].splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{")[0]
+        if name == "kvserve:request_success_total" and not (
+                'finished_reason="stop"' in name_labels or 'finished_reason="length"' in name_labels):
+            continue
+        try:
+            out[name] = out.get(name, 0) + float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def kvserve(lt, kvs, src):
+    if subprocess.run([kvs, "serve", "--help"], capture_output=True).returncode != 0:
+        print("kvserve serve is not available yet: skip")
+        sys.exit(77)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    url = f"http://127.0.0.1:{port}"
+    log = tempfile.TemporaryFile()
+    srv = subprocess.Popen([kvs, "serve", "--model", os.path.join(src, "models", "austen-2.7m"),
+                            "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
+                            "--served-model-name", "austen"], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if get(url + "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if srv.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                print(log.read().decode(errors="replace")[-4000:])
+                check(False, "kvserve did not become healthy")
+                return
+            time.sleep(0.2)
+        m0 = metrics(url)
+        rc1, r1 = run_lt(lt, url, "--concurrency", "8", "--max-requests", "200", "--input-len",
+                         "8-32", "--output-len", "4-16", "--ignore-eos", "--token-range", "3-1000")
+        rc2, r2 = run_lt(lt, url, "--rate", "50", "--concurrency", "16", "--max-requests", "100",
+                         "--no-stream", "--input-len", "16", "--output-len", "8", "--ignore-eos",
+                         "--token-range", "3-1000")
+        rc3, r3 = run_lt(lt, url, "--concurrency", "4", "--max-requests", "40",
+                         "--endpoint", "chat", "--output-len", "8", "--input-len", "10")
+        m1 = metrics(url)
+        reps = (r1, r2, r3)
+        for rc, r in ((rc1, r1), (rc2, r2), (rc3, r3)):
+            check(rc == 0 and r["requests"]["failed"] == 0, f"all requests ok: {r['errors']}")
+        check(r1["model"] == "austen", "served model name discovered")
+        ok = sum(r["requests"]["ok"] for r in reps)
+        out = sum(r["tokens"]["output"] for r in reps)
+        prompt = sum(r["tokens"]["prompt"] for r in reps)
+
+        def dm(name):
+            return m1.get(name, 0) - m0.get(name, 0)
+
+        check(dm("kvserve:request_success_total") == ok,
+              f"request_success_total +{dm('kvserve:request_success_total')} != loadtest {ok}")
+        check(dm("kvserve:generation_tokens_total") == out,
+              f"generation_tokens_total +{dm('kvserve:generation_tokens_total')} != {out}")
+        check(dm("kvserve:prompt_tokens_total") == prompt,
+              f"prompt_tokens_total +{dm('kvserve:prompt_tokens_total')} != {prompt}")
+        check(r1["tokens"]["output"] >= 4 * 200 and r2["tokens"]["output"] == 8 * 100,
+              "ignore_eos gives max_tokens tokens")
+        check(m1.get("kvserve:num_requests_running", 0) == 0, "nothing left running")
+        check(m1.get("kvserve:num_requests_waiting", 0) == 0, "nothing left waiting")
+        srv.send_signal(signal.SIGTERM)
+        check(srv.wait(timeout=60) == 0, "kvserve exits 0 on SIGTERM")
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+
+
+mode = sys.argv[1]
+if mode == "mock":
+    mock(sys.argv[2], sys.argv[3])
+else:
+    kvserve(sys.argv[2], sys.argv[3], sys.argv[4])
+if failures:
+    sys.exit(1)
+print("OK")
