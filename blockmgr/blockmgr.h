@@ -19,6 +19,40 @@
  *   every new token's K/V of a layer before any attention of that layer,
  *   so another sequence hitting that block in the same step reads valid KV.
  *
+ *   The step contract (what makes the queued ops correct):
+ *     1. The scheduler plans: reserve / lookup / fork / swap / free ...
+ *     2. The engine runs bm_pool_ops() in queue order, then calls
+ *        bm_pool_ops_clear() (every step, also when there were no ops).
+ *     3. The forward writes the K/V of every token reserved in step 1.
+ *   Ops therefore see the bytes as they were before this step's forward.
+ *   Ops that reuse a block always come after the ops that read its old
+ *   bytes (e.g. a SWAP_OUT of block 5 precedes a SWAP_IN or COPY into 5).
+ *   So, within one step, a sequence that reserved tokens (or got blocks
+ *   by lookup or fork) must stay in the batch: do not swap it out, fork
+ *   it and write the child, truncate or free it in the same step. The
+ *   scheduler preempts sequences it has not reserved for yet this step.
+ *
+ *   Free queue: one intrusive list per tier. FREE blocks sit at the front
+ *   and are handed out first; CACHED blocks follow from least to most
+ *   recently released, so a FREE block is always preferred over evicting
+ *   a CACHED one. A sequence releases its blocks last to first, so its
+ *   tail (least likely to be shared) is evicted before its head.
+ *
+ *   Swap tier and sharing: a device block shared by several sequences is
+ *   copied to the CPU tier when the first sharer swaps out; the device
+ *   block stays in place for the remaining sharers, and both copies are
+ *   linked as twins while neither changes. A second sharer swapping out
+ *   reuses the CPU twin (no second copy); a swapped sharer swapping in
+ *   while its twin is still on the device re-shares it (no copy either).
+ *   Full hashed blocks are also matched by hash in the target tier's
+ *   prefix cache, so swapping never duplicates cached content. Writing a
+ *   block, or its last reference going away, dissolves the twin link.
+ *
+ *   Demotion: when a CACHED device block is evicted and the CPU tier has
+ *   a FREE or CACHED block (the CPU tier's own LRU evicts its oldest), a
+ *   SWAP_OUT is queued and the CPU block joins the CPU prefix cache. A
+ *   lookup hitting it there promotes it back with a SWAP_IN.
+ *
  * Errors: ST_EINVAL for bad arguments (unknown sequence, wrong state),
  * ST_EAGAIN when a pool cannot satisfy the request; on ST_EAGAIN nothing
  * changed.
@@ -55,8 +89,8 @@ typedef struct bm_stats {
     uint64_t prefix_queries; /* tokens looked up */
     uint64_t prefix_hits;    /* tokens found cached */
     uint64_t n_copies;       /* copy-on-write copies queued */
-    uint64_t n_swap_out;     /* blocks queued device -> CPU */
-    uint64_t n_swap_in;      /* blocks queued CPU -> device */
+    uint64_t n_swap_out;     /* blocks queued device -> CPU by bm_seq_swap_out */
+    uint64_t n_swap_in;      /* blocks queued CPU -> device by bm_seq_swap_in */
     uint64_t n_demoted;      /* cached blocks demoted to the CPU tier */
     uint64_t n_promoted;     /* cached blocks promoted back on a hit */
     uint64_t n_evicted;      /* cached blocks dropped */
@@ -75,6 +109,12 @@ int bm_tenant_set_salt(bm_pool_t *pool, uint32_t tenant, const void *salt, size_
  * already exists. */
 int bm_seq_create(bm_pool_t *pool, uint64_t seq, uint32_t tenant);
 
+/* Extra hash key (copied; len <= 64) mixed into every block hash of an
+ * empty sequence, e.g. an adapter or model revision: sequences share
+ * cached blocks only with equal keys. Set it before the lookup. ST_EINVAL
+ * if seq is unknown or not empty, or len > 64. Forks inherit it. */
+int bm_seq_set_extra_key(bm_pool_t *pool, uint64_t seq, const void *key, size_t len);
+
 /* For an empty sequence: attach the longest run of cached full blocks that
  * match tokens[0..n), never covering tokens[n-1]. Blocks found in the CPU
  * tier are promoted (queued SWAP_IN), which needs free device blocks; the
@@ -83,12 +123,15 @@ int bm_seq_create(bm_pool_t *pool, uint64_t seq, uint32_t tenant);
 int bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n,
                          uint32_t *n_cached);
 
-/* Tokens that a lookup would find, without attaching or counting. */
+/* Tokens that a lookup would find, without attaching or counting (no
+ * extra key; ignores whether promotions would find room). */
 uint32_t bm_prefix_probe(const bm_pool_t *pool, uint32_t tenant, const int32_t *tokens,
                          uint32_t n);
 
 /* Device blocks that reserving n_new more tokens of seq would take
- * (new blocks plus a copy-on-write of a shared tail). */
+ * (new blocks plus a copy-on-write of a shared tail). For an unknown seq:
+ * what a new, empty sequence would take; for a swapped one: an upper
+ * bound including its swap-in. */
 uint32_t bm_seq_blocks_needed(const bm_pool_t *pool, uint64_t seq, uint32_t n_new);
 
 /* Whether n_blocks more can be given to a NEW sequence while keeping the

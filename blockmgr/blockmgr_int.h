@@ -1,0 +1,151 @@
+/* blockmgr_int.h - internal structures of the block manager, shared by
+ * blockmgr.c (operations), bm_hash.c (content hashes and hash tables) and
+ * bm_check.c (the invariant walker).
+ *
+ * Layout:
+ *
+ *   pool
+ *    |- tier[BM_DEV]  blocks[num_blocks]   block 0 = null block
+ *    |                lru: FREE ... FREE | CACHED (oldest) ... CACHED (newest)
+ *    |                ht:  hash -> block id, for registered (cached) blocks
+ *    |- tier[BM_CPU]  blocks[swap_blocks]  same structure, no null block
+ *    |- seqs          seq id -> bm_seq_t (chained hash map)
+ *    |- tenants       small array, looked up by id at create time only
+ *    '- ops           queued kv_op_t, in execution order
+ *
+ * A block's "registered" flag (cached) means the tier's hash table maps its
+ * hash to it. State is derived: ref > 0 is USED; ref == 0 and registered is
+ * CACHED; ref == 0 and not registered is FREE (and then it holds no hash).
+ *
+ * Thread: engine thread only.
+ */
+#ifndef BLOCKMGR_INT_H
+#define BLOCKMGR_INT_H
+
+#include <stdint.h>
+
+#include <openssl/evp.h>
+
+#include "blockmgr/blockmgr.h"
+#include "common/list.h"
+
+#define BM_NONE UINT32_MAX
+#define BM_HASH_LEN 32
+#define BM_KEY_MAX 64 /* salt and extra key bytes */
+
+enum { BM_DEV = 0, BM_CPU = 1 };
+
+/* Number of references a tenant's sequences hold on one block. */
+typedef struct bm_tref {
+    uint32_t tenant; /* index into pool->tenants */
+    uint32_t n;
+} bm_tref_t;
+
+typedef struct bm_block {
+    list_node_t lru; /* on the tier's queue iff ref == 0 (self-linked otherwise) */
+    uint32_t id;
+    uint32_t ref;   /* block-table entries (over all sequences) naming the block */
+    uint32_t hnext; /* next block id in the same hash bucket, BM_NONE ends */
+    /* Block of the other tier holding the same bytes, BM_NONE if none. Kept
+     * only while both blocks are USED and neither was written since the
+     * copy; lets sharers swap out / in without a second copy. */
+    uint32_t twin;
+    uint8_t hashed; /* hash[] is the content hash of this full block */
+    uint8_t cached; /* registered in the tier's hash table */
+    /* Tenants referencing the block: tref0 inline (the common case), any
+     * further tenants (same salt) in tref_more[0..n_more). */
+    bm_tref_t tref0;
+    bm_tref_t *tref_more;
+    uint32_t n_more;
+    uint32_t cap_more;
+    uint8_t hash[BM_HASH_LEN];
+} bm_block_t;
+
+typedef struct bm_tier {
+    bm_block_t *blocks; /* [n_blocks] */
+    uint32_t n_blocks;  /* including the device null block */
+    uint32_t first;     /* first usable id: 1 on the device tier, 0 on CPU */
+    /* Eviction order: FREE blocks at the front (taken first), CACHED blocks
+     * behind them from least to most recently used. */
+    list_node_t lru;
+    uint32_t n_free;
+    uint32_t n_cached;
+    uint32_t n_used;
+    uint32_t *buckets; /* [mask + 1] heads of hash chains, BM_NONE empty */
+    uint32_t mask;
+    uint32_t n_registered;
+} bm_tier_t;
+
+typedef struct bm_tenant {
+    uint32_t id;
+    uint32_t salt_len;
+    uint8_t salt[BM_KEY_MAX];
+    uint32_t blocks[2]; /* distinct blocks referenced, per tier */
+} bm_tenant_t;
+
+typedef struct bm_seq {
+    struct bm_seq *next; /* hash-map chain */
+    uint64_t id;
+    uint32_t tenant; /* index into pool->tenants */
+    uint32_t len;    /* tokens */
+    uint32_t n_blocks;
+    uint32_t cap_blocks;
+    int32_t *table; /* [n_blocks] device ids, or CPU ids while swapped */
+    int32_t *toks;  /* [len] token ids (hash input when a block fills) */
+    uint32_t cap_toks;
+    int swapped;
+    uint32_t extra_len;
+    uint8_t extra[BM_KEY_MAX];
+} bm_seq_t;
+
+struct bm_pool {
+    bm_config_t cfg;
+    uint32_t bs;
+    uint32_t watermark_blocks;
+    bm_tier_t tier[2];
+
+    bm_seq_t **seq_buckets; /* [seq_mask + 1] */
+    uint32_t seq_mask;
+    uint32_t n_seqs;
+
+    bm_tenant_t *tenants;
+    uint32_t n_tenants;
+    uint32_t cap_tenants;
+
+    kv_op_t *ops;
+    uint32_t n_ops;
+    uint32_t cap_ops;
+
+    int32_t *scratch; /* swap planning, [cap_scratch] */
+    uint32_t cap_scratch;
+
+    EVP_MD_CTX *md_ctx;
+    EVP_MD *md;
+
+    bm_stats_t st; /* event counters; block counts come from the tiers */
+};
+
+static inline bm_block_t *
+bm__blk(const bm_pool_t *pool, int tier, uint32_t id)
+{
+    return &pool->tier[tier].blocks[id];
+}
+
+/* bm_hash.c */
+int bm__ht_init(bm_tier_t *t, uint32_t n_blocks);
+void bm__ht_fini(bm_tier_t *t);
+/* Registered block with this hash, or BM_NONE. */
+uint32_t bm__ht_find(const bm_tier_t *t, const uint8_t *hash);
+/* Registers b (its hash must be absent from the table). */
+void bm__ht_insert(bm_tier_t *t, bm_block_t *b);
+void bm__ht_remove(bm_tier_t *t, bm_block_t *b);
+/* SHA-256 of a full block: parent hash (or, for the first block, the
+ * tenant salt), the block's bs token ids, then the extra key. */
+void bm__hash_block(const bm_pool_t *pool, const uint8_t *parent, const bm_tenant_t *tenant,
+                    const uint8_t *extra, uint32_t extra_len, const int32_t *toks,
+                    uint8_t out[BM_HASH_LEN]);
+
+/* blockmgr.c, for bm_check.c */
+bm_seq_t *bm__seq_find(const bm_pool_t *pool, uint64_t id);
+
+#endif /* BLOCKMGR_INT_H */

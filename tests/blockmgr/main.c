@@ -1,0 +1,22 @@
+/* main.c - runs the block manager suites: unit tests of every operation
+ * and error path, and the randomized model-based test. */
+#include <check.h>
+#include <stdlib.h>
+
+Suite *blockmgr_pool_suite(void);
+Suite *blockmgr_swap_suite(void);
+Suite *blockmgr_random_suite(void);
+
+int
+main(void)
+{
+    SRunner *sr = srunner_create(blockmgr_pool_suite());
+    int failed;
+
+    srunner_add_suite(sr, blockmgr_swap_suite());
+    srunner_add_suite(sr, blockmgr_random_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,619 @@
+/* test_random.c - randomized model-based test of the block manager.
+ *
+ * Each seed runs 100,000 random operations (admit = create + prefix
+ * lookup + prompt reserve, decode reserve, free, fork, truncate, swap out,
+ * swap in, cache reset) against a reference model that keeps, per
+ * sequence, its token ids, tenant and swapped state, with bm_pool_check()
+ * after every operation.
+ *
+ * Block contents are simulated: a shadow store holds, per physical slot of
+ * each tier, the token id and the tenant's salt group that wrote it.
+ * Operations are grouped into steps like the engine's: the step's queued
+ * ops are applied to the shadow store in queue order, then the tokens of
+ * every reserve of the step are written through their slots (the forward).
+ * After each step every sequence must read back exactly its own tokens,
+ * written by its own salt group, through its block table, whatever was
+ * shared, copied, swapped, demoted or promoted.
+ *
+ * The generator follows the step contract of blockmgr.h: a sequence that
+ * reserved this step (or was forked) is not reserved again, freed,
+ * truncated or swapped out in the same step; one that may hold blocks
+ * written this step (reserve, lookup, fork, swap-in) is not truncated,
+ * swapped out or forked.
+ *
+ * Pools are small (tens of blocks) so that exhaustion, eviction, demotion
+ * and EAGAIN paths are hit constantly; every EAGAIN is checked to change
+ * nothing and to be justified by the *_needed() figures.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blockmgr/blockmgr.h"
+#include "common/status.h"
+
+#define N_OPS 100000
+#define MAXS 24
+#define MAXLEN 160
+#define N_TENANTS 3
+
+typedef struct mseq {
+    int live;
+    uint64_t id;
+    uint32_t tenant;
+    int swapped;
+    int wrote;   /* reserved (or forked) this step: pending writes */
+    int tainted; /* may hold blocks with pending writes */
+    uint32_t len;
+    int32_t toks[MAXLEN];
+} mseq_t;
+
+typedef struct wr {
+    int32_t slot;
+    int32_t tok;
+    int8_t grp;
+} wr_t;
+
+typedef struct rt {
+    bm_pool_t *pool;
+    bm_config_t cfg;
+    uint64_t rng;
+    uint64_t next_id;
+    mseq_t s[MAXS];
+    int32_t *dev_tok, *cpu_tok;
+    int8_t *dev_grp, *cpu_grp;
+    wr_t *wr;
+    uint32_t n_wr;
+    int32_t tmpl[4][64];
+    /* what happened, to make sure the run exercised every path */
+    uint64_t n_ok[16], n_eagain[16];
+} rt_t;
+
+enum { OP_ADMIT, OP_DECODE, OP_FREE, OP_FORK, OP_TRUNC, OP_SWOUT, OP_SWIN, OP_RESET, OP_COUNT };
+
+static uint32_t
+rnd(rt_t *r, uint32_t n)
+{
+    r->rng ^= r->rng >> 12;
+    r->rng ^= r->rng << 25;
+    r->rng ^= r->rng >> 27;
+    return (uint32_t)((r->rng * 0x2545F4914F6CDD1DULL) >> 33) % n;
+}
+
+/* Tenants 0 and 1 share a salt; tenant 2 keeps its own. */
+static int8_t
+group_of(uint32_t tenant)
+{
+    return tenant == 2 ? 1 : 0;
+}
+
+static mseq_t *
+pick(rt_t *r, int want_live)
+{
+    uint32_t start = rnd(r, MAXS);
+
+    for (uint32_t k = 0; k < MAXS; k++) {
+        mseq_t *m = &r->s[(start + k) % MAXS];
+        if (m->live == want_live) {
+            return m;
+        }
+    }
+    return NULL;
+}
+
+static int32_t
+rand_tok(rt_t *r)
+{
+    return (int32_t)rnd(r, 6); /* tiny alphabet: frequent equal blocks */
+}
+
+typedef struct snap {
+    bm_stats_t st;
+    uint32_t n_ops;
+    uint32_t len, nb;
+    int32_t table[MAXLEN + 1];
+    int swapped;
+} snap_t;
+
+static void
+take_snap(rt_t *r, const mseq_t *m, snap_t *sn)
+{
+    const int32_t *t = bm_seq_table(r->pool, m->id, &sn->nb);
+
+    memset(sn, 0, sizeof(*sn));
+    bm_pool_stats(r->pool, &sn->st);
+    bm_pool_ops(r->pool, &sn->n_ops);
+    t = bm_seq_table(r->pool, m->id, &sn->nb);
+    if (sn->nb > 0) {
+        memcpy(sn->table, t, sn->nb * sizeof(*t));
+    }
+    sn->len = bm_seq_len(r->pool, m->id);
+    sn->swapped = bm_seq_is_swapped(r->pool, m->id);
+}
+
+static void
+expect_unchanged(rt_t *r, const mseq_t *m, const snap_t *a)
+{
+    snap_t b;
+
+    take_snap(r, m, &b);
+    ck_assert_mem_eq(&a->st, &b.st, sizeof(a->st));
+    ck_assert_uint_eq(a->n_ops, b.n_ops);
+    ck_assert_uint_eq(a->len, b.len);
+    ck_assert_uint_eq(a->nb, b.nb);
+    ck_assert_mem_eq(a->table, b.table, a->nb * sizeof(int32_t));
+    ck_assert_int_eq(a->swapped, b.swapped);
+}
+
+/* Reserve toks for m; on success record the forward's writes. */
+static int
+do_reserve(rt_t *r, mseq_t *m, const int32_t *toks, uint32_t n)
+{
+    int32_t slots[MAXLEN];
+    uint32_t need = bm_seq_blocks_needed(r->pool, m->id, n);
+    uint32_t avail = bm_pool_free_blocks(r->pool);
+    snap_t sn;
+    int rc;
+
+    take_snap(r, m, &sn);
+    rc = bm_seq_reserve(r->pool, m->id, toks, n, slots);
+    if (rc == ST_EAGAIN) {
+        ck_assert_uint_gt(need, avail);
+        expect_unchanged(r, m, &sn);
+        r->n_eagain[OP_DECODE]++;
+        return rc;
+    }
+    ck_assert_int_eq(rc, ST_OK);
+    ck_assert_uint_le(need, avail);
+    {
+        uint32_t nb;
+        const int32_t *t = bm_seq_table(r->pool, m->id, &nb);
+        uint32_t bs = r->cfg.block_size;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t pos = m->len + i;
+            ck_assert_int_eq(slots[i], t[pos / bs] * (int32_t)bs + (int32_t)(pos % bs));
+            ck_assert_int_gt(t[pos / bs], 0);
+            r->wr[r->n_wr].slot = slots[i];
+            r->wr[r->n_wr].tok = toks[i];
+            r->wr[r->n_wr].grp = group_of(m->tenant);
+            r->n_wr++;
+            m->toks[pos] = toks[i];
+        }
+    }
+    m->len += n;
+    m->wrote = m->tainted = 1;
+    r->n_ok[OP_DECODE]++;
+    return rc;
+}
+
+static void
+op_admit(rt_t *r)
+{
+    mseq_t *m = pick(r, 0);
+    int32_t prompt[MAXLEN];
+    uint32_t n, nc, probe, k;
+
+    if (m == NULL) {
+        return;
+    }
+    n = 1 + rnd(r, 48);
+    k = rnd(r, 3) != 0 ? rnd(r, n + 1) : 0; /* shared template prefix */
+    {
+        const int32_t *tp = r->tmpl[rnd(r, 4)];
+        for (uint32_t i = 0; i < n; i++) {
+            prompt[i] = i < k ? tp[i] : rand_tok(r);
+        }
+    }
+    memset(m, 0, sizeof(*m));
+    m->id = r->next_id++;
+    m->tenant = rnd(r, N_TENANTS);
+    m->live = 1;
+    ck_assert_int_eq(bm_seq_create(r->pool, m->id, m->tenant), ST_OK);
+    probe = bm_prefix_probe(r->pool, m->tenant, prompt, n);
+    ck_assert_int_eq(bm_seq_lookup_prefix(r->pool, m->id, prompt, n, &nc), ST_OK);
+    ck_assert_uint_le(nc, probe);
+    ck_assert_uint_eq(nc % r->cfg.block_size, 0);
+    ck_assert_uint_lt(nc, n);
+    if (!r->cfg.prefix_caching) {
+        ck_assert_uint_eq(nc, 0);
+    }
+    memcpy(m->toks, prompt, nc * sizeof(*prompt));
+    m->len = nc;
+    m->tainted = 1;
+    bm_pool_check(r->pool);
+    r->n_ok[OP_ADMIT]++;
+    if (rnd(r, 5) != 0) {
+        if (do_reserve(r, m, prompt + nc, n - nc) != ST_OK && rnd(r, 2) == 0) {
+            /* Admission failed: give back what the lookup attached. */
+            bm_seq_free(r->pool, m->id);
+            m->live = 0;
+        }
+    }
+}
+
+static void
+op_decode(rt_t *r)
+{
+    mseq_t *m = pick(r, 1);
+    int32_t toks[MAXLEN];
+    uint32_t n;
+
+    if (m == NULL || m->swapped || m->wrote) {
+        return;
+    }
+    n = rnd(r, 4) == 0 ? 1 + rnd(r, 2 * r->cfg.block_size + 1) : 1;
+    if (m->len + n > MAXLEN) {
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        toks[i] = rand_tok(r);
+    }
+    do_reserve(r, m, toks, n);
+}
+
+static void
+op_free(rt_t *r)
+{
+    mseq_t *m = pick(r, 1);
+
+    if (m == NULL || m->wrote) {
+        return;
+    }
+    bm_seq_free(r->pool, m->id);
+    ck_assert(!bm_seq_exists(r->pool, m->id));
+    m->live = 0;
+    r->n_ok[OP_FREE]++;
+}
+
+static void
+op_fork(rt_t *r)
+{
+    mseq_t *p = pick(r, 1);
+    mseq_t *c = pick(r, 0);
+
+    if (p == NULL || c == NULL) {
+        return;
+    }
+    c->id = r->next_id++;
+    if (p->swapped) {
+        ck_assert_int_eq(bm_seq_fork(r->pool, p->id, c->id), ST_EINVAL);
+        return;
+    }
+    if (p->tainted && !p->wrote) {
+        return;
+    }
+    ck_assert_int_eq(bm_seq_fork(r->pool, p->id, c->id), ST_OK);
+    c->live = 1;
+    c->tenant = p->tenant;
+    c->swapped = 0;
+    c->len = p->len;
+    memcpy(c->toks, p->toks, p->len * sizeof(*p->toks));
+    c->wrote = c->tainted = p->wrote = p->tainted = 1;
+    r->n_ok[OP_FORK]++;
+}
+
+static void
+op_trunc(rt_t *r)
+{
+    mseq_t *m = pick(r, 1);
+    uint32_t n;
+
+    if (m == NULL || m->tainted) {
+        return;
+    }
+    if (m->swapped) {
+        ck_assert_int_eq(bm_seq_truncate(r->pool, m->id, 0), ST_EINVAL);
+        return;
+    }
+    n = rnd(r, m->len + 1);
+    if (rnd(r, 2)) {
+        n = n > r->cfg.block_size ? r->cfg.block_size : n; /* mostly short rollbacks */
+    }
+    ck_assert_int_eq(bm_seq_truncate(r->pool, m->id, n), ST_OK);
+    m->len -= n;
+    r->n_ok[OP_TRUNC]++;
+}
+
+static void
+op_swap_out(rt_t *r)
+{
+    mseq_t *m = pick(r, 1);
+    snap_t sn;
+    int rc;
+
+    if (m == NULL || m->tainted || m->swapped) {
+        return;
+    }
+    take_snap(r, m, &sn);
+    rc = bm_seq_swap_out(r->pool, m->id);
+    if (rc == ST_EAGAIN) {
+        expect_unchanged(r, m, &sn);
+        r->n_eagain[OP_SWOUT]++;
+        return;
+    }
+    ck_assert_int_eq(rc, ST_OK);
+    ck_assert(bm_seq_is_swapped(r->pool, m->id));
+    m->swapped = 1;
+    r->n_ok[OP_SWOUT]++;
+}
+
+static void
+op_swap_in(rt_t *r)
+{
+    mseq_t *m = pick(r, 1);
+    uint32_t need, avail;
+    snap_t sn;
+    int rc;
+
+    if (m == NULL || !m->swapped) {
+        return;
+    }
+    need = bm_seq_swap_in_needed(r->pool, m->id);
+    avail = bm_pool_free_blocks(r->pool);
+    take_snap(r, m, &sn);
+    rc = bm_seq_swap_in(r->pool, m->id);
+    if (rc == ST_EAGAIN) {
+        ck_assert_uint_gt(need, avail);
+        expect_unchanged(r, m, &sn);
+        r->n_eagain[OP_SWIN]++;
+        return;
+    }
+    ck_assert_int_eq(rc, ST_OK);
+    ck_assert_uint_le(need, avail);
+    ck_assert(!bm_seq_is_swapped(r->pool, m->id));
+    m->swapped = 0;
+    m->tainted = 1;
+    r->n_ok[OP_SWIN]++;
+}
+
+/* End of step: ops in queue order, then the forward's writes; then every
+ * sequence reads back its own tokens. */
+static void
+end_step(rt_t *r)
+{
+    uint32_t n, bs = r->cfg.block_size;
+    const kv_op_t *ops = bm_pool_ops(r->pool, &n);
+
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t *st = ops[i].kind == KV_OP_SWAP_IN ? r->cpu_tok : r->dev_tok;
+        int8_t *sg = ops[i].kind == KV_OP_SWAP_IN ? r->cpu_grp : r->dev_grp;
+        int32_t *dt = ops[i].kind == KV_OP_SWAP_OUT ? r->cpu_tok : r->dev_tok;
+        int8_t *dg = ops[i].kind == KV_OP_SWAP_OUT ? r->cpu_grp : r->dev_grp;
+        memmove(dt + (size_t)ops[i].dst * bs, st + (size_t)ops[i].src * bs, bs * sizeof(*dt));
+        memmove(dg + (size_t)ops[i].dst * bs, sg + (size_t)ops[i].src * bs, bs * sizeof(*dg));
+    }
+    bm_pool_ops_clear(r->pool);
+    for (uint32_t i = 0; i < r->n_wr; i++) {
+        r->dev_tok[r->wr[i].slot] = r->wr[i].tok;
+        r->dev_grp[r->wr[i].slot] = r->wr[i].grp;
+    }
+    r->n_wr = 0;
+
+    for (uint32_t k = 0; k < MAXS; k++) {
+        mseq_t *m = &r->s[k];
+        const int32_t *t;
+        const int32_t *tok;
+        const int8_t *grp;
+        uint32_t nb;
+
+        if (!m->live) {
+            continue;
+        }
+        m->wrote = m->tainted = 0;
+        ck_assert(bm_seq_exists(r->pool, m->id));
+        ck_assert_uint_eq(bm_seq_len(r->pool, m->id), m->len);
+        ck_assert_int_eq(bm_seq_is_swapped(r->pool, m->id), m->swapped);
+        t = bm_seq_table(r->pool, m->id, &nb);
+        ck_assert_uint_eq(nb, (m->len + bs - 1) / bs);
+        tok = m->swapped ? r->cpu_tok : r->dev_tok;
+        grp = m->swapped ? r->cpu_grp : r->dev_grp;
+        for (uint32_t i = 0; i < m->len; i++) {
+            size_t slot = (size_t)t[i / bs] * bs + i % bs;
+            if (tok[slot] != m->toks[i] || grp[slot] != group_of(m->tenant)) {
+                ck_abort_msg("seq %llu pos %u reads %d/%d, wrote %d/%d (block %d, %s)",
+                             (unsigned long long)m->id, i, tok[slot], grp[slot], m->toks[i],
+                             group_of(m->tenant), t[i / bs], m->swapped ? "cpu" : "dev");
+            }
+        }
+    }
+}
+
+/* Per-tenant accounting against a brute-force count over the tables. */
+static void
+check_tenants(rt_t *r)
+{
+    uint32_t nblk = r->cfg.num_blocks;
+    uint8_t *mark = calloc(nblk, 1);
+
+    for (uint32_t ten = 0; ten < N_TENANTS; ten++) {
+        uint32_t cnt = 0;
+        memset(mark, 0, nblk);
+        for (uint32_t k = 0; k < MAXS; k++) {
+            const mseq_t *m = &r->s[k];
+            uint32_t nb;
+            const int32_t *t;
+            if (!m->live || m->swapped || m->tenant != ten) {
+                continue;
+            }
+            t = bm_seq_table(r->pool, m->id, &nb);
+            for (uint32_t i = 0; i < nb; i++) {
+                cnt += !mark[t[i]];
+                mark[t[i]] = 1;
+            }
+        }
+        ck_assert_uint_eq(bm_tenant_blocks(r->pool, ten), cnt);
+    }
+    free(mark);
+}
+
+static void
+run_seed(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefix)
+{
+    rt_t *r = calloc(1, sizeof(*r));
+    uint32_t op = 0;
+    bm_stats_t st;
+
+    r->cfg.block_size = bs;
+    r->cfg.num_blocks = dev + 1;
+    r->cfg.swap_blocks = cpu;
+    r->cfg.prefix_caching = prefix;
+    r->cfg.watermark = 0.05f;
+    r->rng = seed * 0x9E3779B97F4A7C15ULL + 1;
+    r->next_id = seed << 32;
+    ck_assert_int_eq(bm_pool_create(&r->cfg, &r->pool), ST_OK);
+    ck_assert_int_eq(bm_tenant_set_salt(r->pool, 0, "shared", 6), ST_OK);
+    ck_assert_int_eq(bm_tenant_set_salt(r->pool, 1, "shared", 6), ST_OK);
+    r->dev_tok = malloc((size_t)(dev + 1) * bs * sizeof(int32_t));
+    r->dev_grp = malloc((size_t)(dev + 1) * bs);
+    r->cpu_tok = malloc((size_t)(cpu + 1) * bs * sizeof(int32_t));
+    r->cpu_grp = malloc((size_t)(cpu + 1) * bs);
+    memset(r->dev_tok, 0xff, (size_t)(dev + 1) * bs * sizeof(int32_t));
+    memset(r->dev_grp, 0x7f, (size_t)(dev + 1) * bs);
+    memset(r->cpu_tok, 0xff, (size_t)(cpu + 1) * bs * sizeof(int32_t));
+    memset(r->cpu_grp, 0x7f, (size_t)(cpu + 1) * bs);
+    r->wr = malloc((size_t)MAXS * MAXLEN * 4 * sizeof(*r->wr));
+    for (int t = 0; t < 4; t++) {
+        for (int i = 0; i < 64; i++) {
+            r->tmpl[t][i] = rand_tok(r);
+        }
+    }
+
+    while (op < N_OPS) {
+        uint32_t n_step = 1 + rnd(r, 10);
+        for (uint32_t k = 0; k < n_step; k++, op++) {
+            uint32_t x = rnd(r, 100);
+            if (x < 16) {
+                op_admit(r);
+            } else if (x < 52) {
+                op_decode(r);
+            } else if (x < 64) {
+                op_free(r);
+            } else if (x < 72) {
+                op_fork(r);
+            } else if (x < 80) {
+                op_trunc(r);
+            } else if (x < 89) {
+                op_swap_out(r);
+            } else if (x < 99) {
+                op_swap_in(r);
+            } else if (rnd(r, 10) == 0) {
+                bm_pool_reset_prefix_cache(r->pool);
+                r->n_ok[OP_RESET]++;
+            }
+            bm_pool_check(r->pool);
+        }
+        end_step(r);
+        if (op % 64 < 10) {
+            check_tenants(r);
+        }
+    }
+
+    /* No leak: after freeing everything, every block is FREE or CACHED. */
+    for (uint32_t k = 0; k < MAXS; k++) {
+        if (r->s[k].live) {
+            bm_seq_free(r->pool, r->s[k].id);
+        }
+    }
+    bm_pool_check(r->pool);
+    bm_pool_stats(r->pool, &st);
+    ck_assert_uint_eq(st.dev_used, 0);
+    ck_assert_uint_eq(st.cpu_used, 0);
+    ck_assert_uint_eq(st.dev_free + st.dev_cached, dev);
+    ck_assert_uint_eq(st.cpu_free + st.cpu_cached, cpu);
+    ck_assert_uint_eq(bm_pool_free_blocks(r->pool), dev);
+    for (uint32_t ten = 0; ten < N_TENANTS; ten++) {
+        ck_assert_uint_eq(bm_tenant_blocks(r->pool, ten), 0);
+    }
+    printf("blockmgr random seed %llu (bs %u, %u+%u blocks, prefix %d): admit %llu decode %llu "
+           "(eagain %llu) free %llu fork %llu trunc %llu swap-out %llu (eagain %llu) swap-in "
+           "%llu (eagain %llu); copies %llu demoted %llu promoted %llu evicted %llu hits "
+           "%llu/%llu\n",
+           (unsigned long long)seed, bs, dev, cpu, prefix, (unsigned long long)r->n_ok[OP_ADMIT],
+           (unsigned long long)r->n_ok[OP_DECODE], (unsigned long long)r->n_eagain[OP_DECODE],
+           (unsigned long long)r->n_ok[OP_FREE], (unsigned long long)r->n_ok[OP_FORK],
+           (unsigned long long)r->n_ok[OP_TRUNC], (unsigned long long)r->n_ok[OP_SWOUT],
+           (unsigned long long)r->n_eagain[OP_SWOUT], (unsigned long long)r->n_ok[OP_SWIN],
+           (unsigned long long)r->n_eagain[OP_SWIN], (unsigned long long)st.n_copies,
+           (unsigned long long)st.n_demoted, (unsigned long long)st.n_promoted,
+           (unsigned long long)st.n_evicted, (unsigned long long)st.prefix_hits,
+           (unsigned long long)st.prefix_queries);
+    /* The run must have exercised the interesting paths. */
+    ck_assert_uint_gt(r->n_ok[OP_FORK], 100);
+    ck_assert_uint_gt(r->n_eagain[OP_DECODE], 0);
+    if (bs > 1) {
+        ck_assert_uint_gt(st.n_copies, 0);
+    }
+    if (cpu > 0) {
+        ck_assert_uint_gt(r->n_ok[OP_SWOUT], 100);
+        ck_assert_uint_gt(r->n_ok[OP_SWIN], 100);
+        if (prefix) {
+            ck_assert_uint_gt(st.n_demoted, 0);
+            ck_assert_uint_gt(st.n_promoted, 0);
+        }
+    }
+    if (prefix) {
+        ck_assert_uint_gt(st.prefix_hits, 0);
+    }
+
+    bm_pool_destroy(r->pool);
+    free(r->dev_tok);
+    free(r->dev_grp);
+    free(r->cpu_tok);
+    free(r->cpu_grp);
+    free(r->wr);
+    free(r);
+}
+
+START_TEST(test_random_bs4_swap_prefix)
+{
+    run_seed(1, 4, 48, 24, 1);
+}
+END_TEST
+
+START_TEST(test_random_bs2_swap_prefix)
+{
+    run_seed(2, 2, 64, 40, 1);
+}
+END_TEST
+
+START_TEST(test_random_bs1_swap_prefix)
+{
+    run_seed(3, 1, 96, 32, 1);
+}
+END_TEST
+
+START_TEST(test_random_bs4_swap_noprefix)
+{
+    run_seed(4, 4, 40, 24, 0);
+}
+END_TEST
+
+START_TEST(test_random_bs8_noswap_prefix)
+{
+    run_seed(5, 8, 32, 0, 1);
+}
+END_TEST
+
+START_TEST(test_random_bs3_small_cpu)
+{
+    run_seed(6, 3, 40, 6, 1);
+}
+END_TEST
+
+Suite *
+blockmgr_random_suite(void)
+{
+    Suite *s = suite_create("blockmgr_random");
+    TCase *tc = tcase_create("random");
+
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, test_random_bs4_swap_prefix);
+    tcase_add_test(tc, test_random_bs2_swap_prefix);
+    tcase_add_test(tc, test_random_bs1_swap_prefix);
+    tcase_add_test(tc, test_random_bs4_swap_noprefix);
+    tcase_add_test(tc, test_random_bs8_noswap_prefix);
+    tcase_add_test(tc, test_random_bs3_small_cpu);
+    suite_add_tcase(s, tc);
+    return s;
+}
