@@ -420,7 +420,7 @@ def write_gguf(a):
     else:
         tok = a.tok
         types = [3 if t in tok["specials"] else 1 for t in tok["tokens"]]
-        kv += [("tokenizer.ggml.model", 8, "gpt2"), ("tokenizer.ggml.pre", 8, "gpt2"),
+        kv += [("tokenizer.ggml.model", 8, "gpt2"), ("tokenizer.ggml.pre", 8, "gpt-2"),
                ("tokenizer.ggml.tokens", 9, (8, tok["tokens"])),
                ("tokenizer.ggml.token_type", 9, (5, types)),
                ("tokenizer.ggml.merges", 9, (8, tok["merges"])),

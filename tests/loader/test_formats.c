@@ -1,0 +1,327 @@
+/* test_formats.c - good files load and agree: the default model as
+ * safetensors F32, BF16 and GGUF F32; random models written by
+ * tools/make_random_model.py as F16, BF16 in shards, GGUF F16 and Q8_0,
+ * a tied Qwen2 with q/k/v biases and a byte-level BPE vocabulary, and a
+ * model whose head_dim is not hidden / heads. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "loader_test.h"
+#include "model/gguf.h"
+#include "model/safetensors.h"
+#include "model/tokenizer.h"
+
+static mdl_model_t *
+load_ok(const char *path)
+{
+    mdl_model_t *m = NULL;
+    char err[512] = "";
+    int rc = mdl_model_load(path, &m, err, sizeof(err));
+
+    ck_assert_msg(rc == ST_OK, "load %s: %s (%s)", path, err, st_str(rc));
+    ck_assert_ptr_nonnull(m);
+    return m;
+}
+
+START_TEST(test_austen_safetensors_config)
+{
+    mdl_model_t *m = load_ok(lt_src("models/austen-2.7m"));
+    const mdl_config_t *c = mdl_model_config(m);
+
+    ck_assert_str_eq(c->arch, "llama");
+    ck_assert_int_eq(c->vocab_size, 1024);
+    ck_assert_int_eq(c->dim, 192);
+    ck_assert_int_eq(c->n_layers, 6);
+    ck_assert_int_eq(c->n_heads, 6);
+    ck_assert_int_eq(c->n_kv_heads, 2);
+    ck_assert_int_eq(c->head_dim, 32);
+    ck_assert_int_eq(c->ffn_dim, 512);
+    ck_assert_int_eq(c->max_pos, 256);
+    ck_assert(fabsf(c->norm_eps - 1e-5f) < 1e-12f);
+    ck_assert(c->rope_theta == 10000.0f);
+    ck_assert_int_eq(c->rope_scaling, MDL_ROPE_NONE);
+    ck_assert_int_eq(c->tie_embeddings, 0);
+    ck_assert_int_eq(c->qkv_bias, 0);
+    ck_assert_int_eq(c->sliding_window, 0);
+    ck_assert_int_eq(c->bos_id, 1);
+    ck_assert_int_eq(c->n_eos, 1);
+    ck_assert_int_eq(c->eos_ids[0], 2);
+    ck_assert_ptr_nonnull(mdl_model_tokenizer(m));
+    ck_assert_int_eq(tok_vocab_size(mdl_model_tokenizer(m)), 1024);
+    ck_assert_ptr_null(mdl_model_chat_template(m));
+    ck_assert(m->lm_head != m->tok_embd);
+    /* per layer: 2 norms + q,k,v,o + gate, up, down; plus final norm and
+     * lm_head (the embedding is a lookup, not read per token). */
+    ck_assert_uint_eq(mdl_model_weight_bytes(m),
+                      4u * (6u * (2u * 192 + (192 + 64 + 64) * 192 + 192 * 192 + 3 * 512 * 192) +
+                            192 + 1024 * 192));
+    mdl_model_destroy(m);
+}
+END_TEST
+
+START_TEST(test_austen_gguf_equals_safetensors)
+{
+    mdl_model_t *a = load_ok(lt_src("models/austen-2.7m"));
+    mdl_model_t *b = load_ok(lt_src("models/austen-2.7m/model-f32.gguf"));
+
+    lt_compare_models(a, b, LT_EXACT, LT_EXACT);
+    ck_assert_int_eq(b->cfg.bos_id, 1);
+    ck_assert_int_eq(b->cfg.n_eos, 1);
+    ck_assert_int_eq(b->cfg.eos_ids[0], 2);
+    ck_assert_int_eq(tok_vocab_size(mdl_model_tokenizer(b)), 1024);
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
+START_TEST(test_austen_bf16_within_rounding)
+{
+    mdl_model_t *a = load_ok(lt_src("models/austen-2.7m"));
+    mdl_model_t *b = load_ok(lt_src("models/austen-2.7m/bf16"));
+
+    lt_compare_models(a, b, LT_BF16, LT_BF16);
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
+/* The GGUF really stores q/k permuted (so the un-permute is exercised):
+ * within a head, HF row j (j < hd/2) is GGUF row 2j, HF row hd/2 + j is
+ * GGUF row 2j + 1. */
+START_TEST(test_austen_gguf_rows_are_permuted)
+{
+    gguf_file_t *g = NULL;
+    st_file_t *s = NULL;
+    char err[512];
+    const gguf_tensor_t *gq;
+    const st_tensor_t *sq;
+    const float *gr, *sr;
+    const int hd = 32, dim = 192;
+
+    ck_assert_int_eq(gguf_open(lt_src("models/austen-2.7m/model-f32.gguf"), &g, err,
+                               sizeof(err)), ST_OK);
+    ck_assert_int_eq(st_open(lt_src("models/austen-2.7m/model.safetensors"), &s, err,
+                             sizeof(err)), ST_OK);
+    gq = gguf_find_tensor(g, "blk.0.attn_q.weight");
+    sq = st_find(s, "model.layers.0.self_attn.q_proj.weight");
+    ck_assert_ptr_nonnull(gq);
+    ck_assert_ptr_nonnull(sq);
+    ck_assert_uint_eq(gq->type, GGUF_TENSOR_F32);
+    gr = gq->data;
+    sr = sq->data;
+    for (int h = 0; h < 6; h++) {
+        for (int j = 0; j < hd / 2; j++) {
+            if (memcmp(gr + (h * hd + 2 * j) * dim, sr + (h * hd + j) * dim,
+                       dim * sizeof(float)) != 0 ||
+                memcmp(gr + (h * hd + 2 * j + 1) * dim, sr + (h * hd + hd / 2 + j) * dim,
+                       dim * sizeof(float)) != 0) {
+                ck_abort_msg("head %d pair %d is not permuted as llama.cpp does", h, j);
+            }
+        }
+    }
+    /* and row 1 is not row 1 */
+    ck_assert(memcmp(gr + dim, sr + dim, dim * sizeof(float)) != 0);
+    gguf_close(g);
+    st_close(s);
+}
+END_TEST
+
+START_TEST(test_missing_path_is_enoent)
+{
+    lt_expect_load_error(lt_src("models/no-such-model"), "no-such-model", NULL);
+}
+END_TEST
+
+/* ---- random models from tools/make_random_model.py ---- */
+
+static char *gen_dir;
+
+static const char *
+gen(const char *rel)
+{
+    static char bufs[8][4096];
+    static int next;
+    char *b = bufs[next++ % 8];
+
+    snprintf(b, sizeof(bufs[0]), "%s/%s", gen_dir, rel);
+    return b;
+}
+
+static void
+gen_setup(void)
+{
+    char args[4096];
+    static const char *const runs[] = {
+        "--hf-dir {D}/f32 --gguf {D}/f32.gguf",
+        "--hf-dir {D}/f16 --dtype f16 --gguf {D}/f16.gguf --gguf-type f16",
+        "--hf-dir {D}/bf16s --dtype bf16 --shards 3 --gguf {D}/q8.gguf --gguf-type q8_0",
+        "--hf-dir {D}/f32s --shards 4",
+        "--arch qwen2 --tie --vocab 1100 --hf-dir {D}/qwen --gguf {D}/qwen.gguf "
+        "--gguf-type q8_0",
+        "--arch mistral --head-dim 24 --layers 3 --hf-dir {D}/hd --gguf {D}/hd.gguf",
+    };
+
+    gen_dir = lt_mkdtemp("loader-gen");
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        const char *r = runs[i];
+        size_t o = 0;
+
+        while (*r != '\0' && o + 1 < sizeof(args)) {
+            if (strncmp(r, "{D}", 3) == 0) {
+                o += (size_t)snprintf(args + o, sizeof(args) - o, "'%s'", gen_dir);
+                r += 3;
+            } else {
+                args[o++] = *r++;
+            }
+            args[o] = '\0';
+        }
+        if (lt_make_model(args) != 0) {
+            fprintf(stderr, "make_random_model.py %s failed\n", args);
+            abort();
+        }
+    }
+}
+
+static void
+gen_teardown(void)
+{
+    lt_rmtree(gen_dir);
+    free(gen_dir);
+}
+
+START_TEST(test_gen_gguf_f32_equals_safetensors)
+{
+    mdl_model_t *a = load_ok(gen("f32"));
+    mdl_model_t *b = load_ok(gen("f32.gguf"));
+
+    lt_compare_models(a, b, LT_EXACT, LT_EXACT);
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
+START_TEST(test_gen_f16_safetensors_and_gguf)
+{
+    mdl_model_t *a = load_ok(gen("f32"));
+    mdl_model_t *b = load_ok(gen("f16"));
+    mdl_model_t *c = load_ok(gen("f16.gguf"));
+
+    lt_compare_models(a, b, LT_F16, LT_F16);
+    lt_compare_models(a, c, LT_F16, LT_EXACT); /* GGUF keeps norms in F32 */
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+    mdl_model_destroy(c);
+}
+END_TEST
+
+START_TEST(test_gen_bf16_sharded)
+{
+    mdl_model_t *a = load_ok(gen("f32"));
+    mdl_model_t *b = load_ok(gen("bf16s"));
+
+    lt_compare_models(a, b, LT_BF16, LT_BF16);
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
+START_TEST(test_gen_f32_sharded_in_place)
+{
+    mdl_model_t *a = load_ok(gen("f32"));
+    mdl_model_t *b = load_ok(gen("f32s"));
+
+    lt_compare_models(a, b, LT_EXACT, LT_EXACT);
+    ck_assert_int_eq(b->n_maps, 4);
+    ck_assert_int_eq(b->n_owned, 0); /* F32 is used from the mappings */
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
+START_TEST(test_gen_q8_0_gguf)
+{
+    mdl_model_t *a = load_ok(gen("f32"));
+    mdl_model_t *b = load_ok(gen("q8.gguf"));
+
+    lt_compare_models(a, b, LT_Q8_0, LT_EXACT);
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
+START_TEST(test_gen_qwen2_tied_bias_bpe)
+{
+    mdl_model_t *a = load_ok(gen("qwen"));
+    mdl_model_t *b = load_ok(gen("qwen.gguf"));
+    const mdl_config_t *c = mdl_model_config(a);
+
+    ck_assert_str_eq(c->arch, "qwen2");
+    ck_assert_int_eq(c->tie_embeddings, 1);
+    ck_assert_int_eq(c->qkv_bias, 1);
+    ck_assert_int_eq(c->vocab_size, 1100);
+    ck_assert(a->lm_head == a->tok_embd);
+    ck_assert(b->lm_head == b->tok_embd);
+    ck_assert_ptr_nonnull(a->layers[1].bq);
+    ck_assert_ptr_nonnull(b->layers[1].bv);
+    /* eos from config.json and the generation_config.json list, merged */
+    ck_assert_int_eq(c->n_eos, 2);
+    ck_assert_int_eq(c->eos_ids[0], 0);
+    ck_assert_int_eq(c->eos_ids[1], 2);
+    ck_assert_int_eq(tok_vocab_size(mdl_model_tokenizer(a)), 1100);
+    ck_assert_int_eq(tok_vocab_size(mdl_model_tokenizer(b)), 1100);
+    ck_assert_ptr_nonnull(mdl_model_chat_template(a));
+    ck_assert_ptr_nonnull(strstr(mdl_model_chat_template(a), "<|im_start|>"));
+    ck_assert_ptr_nonnull(mdl_model_chat_template(b));
+    ck_assert_str_eq(mdl_model_chat_template(a), mdl_model_chat_template(b));
+    lt_compare_models(a, b, LT_Q8_0, LT_EXACT);  /* qwen2 q/k are not permuted */
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
+START_TEST(test_gen_head_dim_override)
+{
+    mdl_model_t *a = load_ok(gen("hd"));
+    mdl_model_t *b = load_ok(gen("hd.gguf"));
+
+    ck_assert_str_eq(a->cfg.arch, "mistral");
+    ck_assert_int_eq(a->cfg.head_dim, 24);
+    ck_assert_int_eq(b->cfg.head_dim, 24);
+    ck_assert_int_eq(a->cfg.n_layers, 3);
+    lt_compare_models(a, b, LT_EXACT, LT_EXACT);
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
+Suite *
+loader_formats_suite(void)
+{
+    Suite *s = suite_create("loader_formats");
+    TCase *tc = tcase_create("austen");
+    TCase *tg = tcase_create("generated");
+
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_austen_safetensors_config);
+    tcase_add_test(tc, test_austen_gguf_equals_safetensors);
+    tcase_add_test(tc, test_austen_bf16_within_rounding);
+    tcase_add_test(tc, test_austen_gguf_rows_are_permuted);
+    tcase_add_test(tc, test_missing_path_is_enoent);
+    suite_add_tcase(s, tc);
+
+    tcase_add_unchecked_fixture(tg, gen_setup, gen_teardown);
+    tcase_set_timeout(tg, 60);
+    tcase_add_test(tg, test_gen_gguf_f32_equals_safetensors);
+    tcase_add_test(tg, test_gen_f16_safetensors_and_gguf);
+    tcase_add_test(tg, test_gen_bf16_sharded);
+    tcase_add_test(tg, test_gen_f32_sharded_in_place);
+    tcase_add_test(tg, test_gen_q8_0_gguf);
+    tcase_add_test(tg, test_gen_qwen2_tied_bias_bpe);
+    tcase_add_test(tg, test_gen_head_dim_override);
+    suite_add_tcase(s, tg);
+    return s;
+}
