@@ -1,0 +1,431 @@
+/* cmd_bench.c - `kvserve bench`: the offline throughput benchmark.
+ *
+ * Runs the engine thread without HTTP, as vLLM's offline throughput
+ * benchmark does: N requests of random prompt token ids (input length I)
+ * are all submitted at once, each generating exactly O tokens (EOS
+ * ignored), greedy. The main thread reads the outbox and timestamps every
+ * token. Prints requests/s, output and total tokens/s, time to first token
+ * and per-token latency percentiles, peak KV usage and preemptions.
+ */
+#define LOG_MODULE "bench"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/chan.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "common/xmalloc.h"
+#include "kvserve_config.h"
+#include "model/model.h"
+#include "scheduler/engine.h"
+#include "server/cmds.h"
+
+#define BENCH_DEFAULT_MODEL "models/austen-2.7m"
+
+typedef struct bench_req {
+    uint64_t t_first;  /* ns */
+    uint64_t t_last;   /* ns */
+    int32_t n_out;
+    int finished;
+    int error;
+} bench_req_t;
+
+static void
+bench_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvserve bench [--model PATH] [--num-prompts N] [--input-len I]\n"
+            "                     [--output-len O] [--max-num-seqs S] [--num-kv-blocks B]\n"
+            "                     [OPTIONS]\n"
+            "\n"
+            "  --model PATH                Hugging Face directory or .gguf file\n"
+            "                              (default " BENCH_DEFAULT_MODEL ")\n"
+            "  --num-prompts N             requests, all submitted at once (default 200)\n"
+            "  --input-len I               prompt tokens per request (default 32)\n"
+            "  --output-len O              generated tokens per request (default 64)\n"
+            "  --max-num-seqs S            sequences per step (default 64)\n"
+            "  --max-num-batched-tokens T  tokens per step (default 2048)\n"
+            "  --num-kv-blocks B           device KV blocks incl. the null block\n"
+            "                              (default: room for every running sequence)\n"
+            "  --block-size K              tokens per KV block (default 16)\n"
+            "  --swap-blocks C             CPU swap tier blocks (default 0: recompute)\n"
+            "  --prefix-caching            enable the prefix cache (default off)\n"
+            "  --threads T                 CPU threads for the forward (default: all cores)\n"
+            "  --seed X                    prompt RNG seed (default 1)\n"
+            "  --help                      this text\n");
+}
+
+static int
+bench_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v;
+
+    if (s == NULL || *s == '\0') {
+        return -1;
+    }
+    v = strtol(s, &end, 10);
+    if (*end != '\0' || v < lo || v > hi) {
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int
+cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of sorted v[0..n). */
+static double
+pct(const double *v, size_t n, double p)
+{
+    size_t k;
+
+    if (n == 0) {
+        return 0.0;
+    }
+    k = (size_t)(p / 100.0 * (double)n + 0.999999);
+    if (k == 0) {
+        k = 1;
+    }
+    if (k > n) {
+        k = n;
+    }
+    return v[k - 1];
+}
+
+static double
+mean(const double *v, size_t n)
+{
+    double s = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        s += v[i];
+    }
+    return n > 0 ? s / (double)n : 0.0;
+}
+
+static void
+print_dist(const char *name, double *v, size_t n)
+{
+    qsort(v, n, sizeof(double), cmp_double);
+    printf("%-22s mean %8.2f  p50 %8.2f  p90 %8.2f  p99 %8.2f  max %8.2f\n", name, mean(v, n),
+           pct(v, n, 50), pct(v, n, 90), pct(v, n, 99), n > 0 ? v[n - 1] : 0.0);
+}
+
+int
+cmd_bench(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"num-prompts", required_argument, NULL, 'n'},
+        {"input-len", required_argument, NULL, 'i'},
+        {"output-len", required_argument, NULL, 'o'},
+        {"max-num-seqs", required_argument, NULL, 's'},
+        {"max-num-batched-tokens", required_argument, NULL, 't'},
+        {"num-kv-blocks", required_argument, NULL, 'b'},
+        {"block-size", required_argument, NULL, 'k'},
+        {"swap-blocks", required_argument, NULL, 'c'},
+        {"prefix-caching", no_argument, NULL, 'p'},
+        {"threads", required_argument, NULL, 'j'},
+        {"seed", required_argument, NULL, 'x'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    char model_buf[1024];
+    const char *model_path = NULL;
+    long n_prompts = 200, in_len = 32, out_len = 64, mns = 64, mnbt = 2048, blocks = 0;
+    long bsz = 16, swap = 0, threads = 0, seed = 1;
+    int prefix = 0;
+    int c, rc, status = 1;
+    char err[512] = "";
+    mdl_model_t *model = NULL;
+    engine_t *eng = NULL;
+    chan_t outbox;
+    bench_req_t *reqs = NULL;
+    double *itl = NULL, *ttft = NULL, *tpot = NULL, *e2e = NULL;
+    size_t n_itl = 0;
+    long n_done = 0, n_err = 0;
+    uint64_t t0, t_end;
+    eng_stats_t st = {0};
+    int got_stats = 0;
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        long v;
+        switch (c) {
+        case 'm':
+            model_path = optarg;
+            break;
+        case 'n':
+        case 'i':
+        case 'o':
+        case 's':
+        case 't':
+        case 'b':
+        case 'k':
+        case 'c':
+        case 'j':
+        case 'x':
+            if (bench_int(optarg, c == 'c' || c == 'j' || c == 'x' ? 0 : 1, 100000000L, &v) != 0) {
+                fprintf(stderr, "kvserve bench: bad value '%s'\n", optarg);
+                return 2;
+            }
+            if (c == 'n') {
+                n_prompts = v;
+            } else if (c == 'i') {
+                in_len = v;
+            } else if (c == 'o') {
+                out_len = v;
+            } else if (c == 's') {
+                mns = v;
+            } else if (c == 't') {
+                mnbt = v;
+            } else if (c == 'b') {
+                blocks = v;
+            } else if (c == 'k') {
+                bsz = v;
+            } else if (c == 'c') {
+                swap = v;
+            } else if (c == 'j') {
+                threads = v;
+            } else {
+                seed = v;
+            }
+            break;
+        case 'p':
+            prefix = 1;
+            break;
+        case 'h':
+            bench_usage(stdout);
+            return 0;
+        default:
+            bench_usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvserve bench: unexpected argument '%s'\n", argv[optind]);
+        bench_usage(stderr);
+        return 2;
+    }
+    if (model_path == NULL) {
+        snprintf(model_buf, sizeof(model_buf), "%s/%s", KVSERVE_SOURCE_ROOT, BENCH_DEFAULT_MODEL);
+        model_path = access(model_buf, R_OK) == 0 ? model_buf : BENCH_DEFAULT_MODEL;
+    }
+
+    rc = mdl_model_load(model_path, &model, err, sizeof(err));
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve bench: %s\n", err);
+        return 1;
+    }
+    const mdl_config_t *mc = mdl_model_config(model);
+    if (in_len + out_len > mc->max_pos) {
+        fprintf(stderr, "kvserve bench: --input-len + --output-len = %ld exceeds the model's "
+                        "context of %d tokens\n",
+                in_len + out_len, mc->max_pos);
+        mdl_model_destroy(model);
+        return 2;
+    }
+
+    eng_config_t cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.rt.device = "cpu";
+    cfg.rt.n_threads = (int32_t)threads;
+    cfg.rt.block_size = (int32_t)bsz;
+    cfg.rt.swap_blocks = (int32_t)swap;
+    cfg.max_num_seqs = (int32_t)mns;
+    cfg.max_num_batched_tokens = (int32_t)(mnbt > in_len ? mnbt : in_len);
+    cfg.max_model_len = (int32_t)(in_len + out_len);
+    if (blocks > 0) {
+        cfg.rt.num_blocks = (int32_t)blocks;
+    } else {
+        long per_seq = (in_len + out_len + bsz - 1) / bsz;
+        long need = (n_prompts < mns ? n_prompts : mns) * per_seq + 1;
+        cfg.rt.num_blocks = (int32_t)need;
+    }
+    cfg.prefix_caching = prefix;
+    cfg.watermark = 0.01f;
+    cfg.n_tenants = 1;
+    cfg.tenants[0].weight = 1.0;
+    snprintf(cfg.tenants[0].name, sizeof(cfg.tenants[0].name), "bench");
+
+    chan_init(&outbox, NULL, NULL);
+    rc = engine_create(&cfg, model, &outbox, &eng, err, sizeof(err));
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve bench: %s\n", err);
+        goto done;
+    }
+    rc = engine_start(eng);
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve bench: engine thread: %s\n", st_str(rc));
+        goto done;
+    }
+
+    reqs = xcalloc((size_t)n_prompts, sizeof(*reqs));
+    itl = xcalloc((size_t)n_prompts * (size_t)out_len + 1, sizeof(double));
+    ttft = xcalloc((size_t)n_prompts, sizeof(double));
+    tpot = xcalloc((size_t)n_prompts, sizeof(double));
+    e2e = xcalloc((size_t)n_prompts, sizeof(double));
+
+    /* Prompts are built before the clock starts. */
+    eng_msg_submit_t **subs = xcalloc((size_t)n_prompts, sizeof(*subs));
+    uint64_t x = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 1;
+    for (long r = 0; r < n_prompts; r++) {
+        eng_msg_submit_t *m = xcalloc(1, sizeof(*m));
+        m->hdr.type = ENG_MSG_SUBMIT;
+        m->req.id = (uint64_t)r;
+        m->req.prompt = xmalloc((size_t)in_len * sizeof(int32_t));
+        for (long i = 0; i < in_len; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            m->req.prompt[i] = (int32_t)(x % (uint64_t)mc->vocab_size);
+        }
+        if (mc->bos_id >= 0) {
+            m->req.prompt[0] = mc->bos_id;
+        }
+        m->req.n_prompt = (int32_t)in_len;
+        m->req.sampling.top_p = 1.0f;
+        m->req.sampling.repetition_penalty = 1.0f;
+        m->req.n = 1;
+        m->req.max_tokens = (int32_t)out_len;
+        m->req.ignore_eos = 1;
+        subs[r] = m;
+    }
+
+    t0 = now_ns();
+    for (long r = 0; r < n_prompts; r++) {
+        subs[r]->req.t_arrival_ns = t0;
+        chan_send(engine_inbox(eng), &subs[r]->hdr);
+    }
+    free(subs);
+
+    while (n_done + n_err < n_prompts) {
+        msg_t *m = chan_wait_all(&outbox, 60000);
+        uint64_t now = now_ns();
+        if (m == NULL) {
+            fprintf(stderr, "kvserve bench: no progress in 60 s (%ld of %ld done)\n", n_done,
+                    n_prompts);
+            goto done;
+        }
+        while (m != NULL) {
+            msg_t *next = m->next;
+            if (m->type == ENG_MSG_DELTA) {
+                eng_msg_delta_t *d = (eng_msg_delta_t *)m;
+                bench_req_t *q = &reqs[d->id];
+                if (q->n_out == 0) {
+                    q->t_first = now;
+                } else {
+                    itl[n_itl++] = (double)(now - q->t_last) * 1e-6;
+                }
+                q->t_last = now;
+                q->n_out += d->n_tokens;
+            } else if (m->type == ENG_MSG_FINISHED) {
+                reqs[((eng_msg_finished_t *)m)->id].finished = 1;
+                n_done++;
+            } else if (m->type == ENG_MSG_ERROR) {
+                eng_msg_error_t *e = (eng_msg_error_t *)m;
+                fprintf(stderr, "kvserve bench: request %llu: %s\n", (unsigned long long)e->id,
+                        e->message);
+                reqs[e->id].error = 1;
+                n_err++;
+            }
+            eng_msg_free(m);
+            m = next;
+        }
+    }
+    t_end = now_ns();
+
+    {
+        eng_msg_stats_t *sm = xcalloc(1, sizeof(*sm));
+        sm->hdr.type = ENG_MSG_STATS;
+        chan_send(engine_inbox(eng), &sm->hdr);
+        while (!got_stats) {
+            msg_t *m = chan_wait_all(&outbox, 10000);
+            if (m == NULL) {
+                break;
+            }
+            while (m != NULL) {
+                msg_t *next = m->next;
+                if (m->type == ENG_MSG_STATS_REPLY) {
+                    st = ((eng_msg_stats_t *)m)->stats;
+                    got_stats = 1;
+                }
+                eng_msg_free(m);
+                m = next;
+            }
+        }
+    }
+
+    double secs = (double)(t_end - t0) * 1e-9;
+    long out_tokens = 0;
+    size_t n_ok = 0;
+    for (long r = 0; r < n_prompts; r++) {
+        if (!reqs[r].finished) {
+            continue;
+        }
+        out_tokens += reqs[r].n_out;
+        ttft[n_ok] = (double)(reqs[r].t_first - t0) * 1e-6;
+        e2e[n_ok] = (double)(reqs[r].t_last - t0) * 1e-6;
+        tpot[n_ok] = reqs[r].n_out > 1 ? (double)(reqs[r].t_last - reqs[r].t_first) * 1e-6 /
+                                             (double)(reqs[r].n_out - 1)
+                                       : 0.0;
+        n_ok++;
+    }
+    size_t kv_bytes = mdl_kv_block_bytes(mc, cfg.rt.block_size, MDL_KV_AUTO);
+    printf("model                  %s\n", model_path);
+    printf("requests               %ld (%ld failed), input %ld, output %ld tokens\n", n_prompts,
+           n_err, in_len, out_len);
+    printf("engine                 max_num_seqs %ld, max_num_batched_tokens %d, "
+           "%d KV blocks x %ld tokens (%.1f MiB), swap %ld\n",
+           mns, cfg.max_num_batched_tokens, cfg.rt.num_blocks, bsz,
+           (double)kv_bytes * cfg.rt.num_blocks / (1024.0 * 1024.0), swap);
+    printf("elapsed                %.3f s\n", secs);
+    printf("throughput             %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n",
+           (double)n_ok / secs, (double)out_tokens / secs,
+           (double)(out_tokens + (long)n_ok * in_len) / secs);
+    print_dist("TTFT (ms)", ttft, n_ok);
+    print_dist("TPOT (ms/token)", tpot, n_ok);
+    print_dist("ITL (ms)", itl, n_itl);
+    print_dist("E2E latency (ms)", e2e, n_ok);
+    if (got_stats) {
+        printf("peak KV usage          %u of %u blocks (%.1f%%, %.2f MiB)\n", st.kv_used_peak,
+               st.kv_total, st.kv_total > 0 ? 100.0 * st.kv_used_peak / st.kv_total : 0.0,
+               (double)kv_bytes * st.kv_used_peak / (1024.0 * 1024.0));
+        printf("steps                  %llu (%.1f tokens/step)\n", (unsigned long long)st.steps,
+               st.steps > 0 ? (double)(st.prompt_tokens + st.generation_tokens) / st.steps
+                            : 0.0);
+        printf("preemptions            %llu swap, %llu recompute\n",
+               (unsigned long long)st.preempt_swap, (unsigned long long)st.preempt_recompute);
+    }
+    status = n_err == 0 ? 0 : 1;
+
+done:
+    if (eng != NULL) {
+        engine_stop(eng);
+        engine_destroy(eng);
+    }
+    for (msg_t *m = chan_take_all(&outbox); m != NULL;) {
+        msg_t *next = m->next;
+        eng_msg_free(m);
+        m = next;
+    }
+    chan_fini(&outbox);
+    free(reqs);
+    free(itl);
+    free(ttft);
+    free(tpot);
+    free(e2e);
+    mdl_model_destroy(model);
+    return status;
+}
