@@ -208,6 +208,20 @@ def kvserve(lt, kvs, src):
               f"prompt_tokens_total +{dm('kvserve:prompt_tokens_total')} != {prompt}")
         check(r1["tokens"]["output"] >= 4 * 200 and r2["tokens"]["output"] == 8 * 100,
               "ignore_eos gives max_tokens tokens")
+        # README's metrics reference lists exactly the served metric families.
+        served = set()
+        for line in get(url + "/metrics")[1].splitlines():
+            if line.startswith("# TYPE "):
+                served.add(line.split()[2])
+        with open(os.path.join(src, "README.md")) as f:
+            readme = f.read().split("## Metrics reference", 1)
+        check(len(readme) == 2, "README has a Metrics reference section")
+        documented = set()
+        for line in readme[-1].splitlines():
+            if line.startswith("| `kvserve:"):
+                documented.add(line.split("`")[1])
+        check(served == documented, f"README metrics: undocumented {sorted(served - documented)}, "
+              f"not served {sorted(documented - served)}")
         check(m1.get("kvserve:num_requests_running", 0) == 0, "nothing left running")
         check(m1.get("kvserve:num_requests_waiting", 0) == 0, "nothing left waiting")
         srv.send_signal(signal.SIGTERM)
