@@ -127,7 +127,7 @@ typedef struct lt {
     uv_signal_t sigint;
     int arrival_on;
     uint64_t t0, t_end, next_arrival;
-    long issued, completed, ok, failed;
+    long issued, completed, ok, failed, retried;
     long pending_arrivals;   /* open loop: arrived but over the concurrency cap */
     int inflight, peak_inflight;
     int stopping, shut;
@@ -510,6 +510,7 @@ conn_failed(lt_t *lt, conn_t *c, const char *kind)
     r->conn = NULL;
     if (c->reused && !c->got_bytes && r->retries == 0) {
         r->retries++;
+        lt->retried++;
         r->t_start = uv_hrtime();
         start_request(lt, r);
         return;
@@ -1063,6 +1064,7 @@ report(lt_t *lt)
         cJSON_AddNumberToObject(req, "completed", (double)lt->completed);
         cJSON_AddNumberToObject(req, "ok", (double)lt->ok);
         cJSON_AddNumberToObject(req, "failed", (double)lt->failed);
+        cJSON_AddNumberToObject(req, "retried", (double)lt->retried);
         cJSON_AddNumberToObject(req, "peak_in_flight", lt->peak_inflight);
         cJSON_AddNumberToObject(req, "connections_opened", lt->conns_opened);
         errs = cJSON_AddObjectToObject(root, "errors");
@@ -1097,8 +1099,9 @@ report(lt_t *lt)
     } else {
         printf("load        closed loop, %d concurrent\n", lt->o.concurrency);
     }
-    printf("requests    %ld ok, %ld failed, %.2f s, peak %d in flight, %d connections\n", lt->ok,
-           lt->failed, dur, lt->peak_inflight, lt->conns_opened);
+    printf("requests    %ld ok, %ld failed, %.2f s, peak %d in flight, %d connections, "
+           "%ld retried on a fresh one\n",
+           lt->ok, lt->failed, dur, lt->peak_inflight, lt->conns_opened, lt->retried);
     for (int i = 0; i < lt->n_errs; i++) {
         printf("  error %-12s %ld\n", lt->errs[i].kind, lt->errs[i].n);
     }

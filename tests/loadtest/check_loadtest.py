@@ -125,6 +125,29 @@ def mock(lt, mock_py):
         d = delta()
         check(rep["requests"]["completed"] == d["requests"] > 0, "duration bound")
 
+        # Connections the server drops without answering: a request sent on a
+        # pooled connection is retried once on a fresh one; on a fresh
+        # connection it counts as an error.
+        srv2 = subprocess.Popen(["/usr/bin/python3", mock_py, pf + "2", "--drop-every", "4"])
+        try:
+            for _ in range(200):
+                if os.path.exists(pf + "2"):
+                    break
+                time.sleep(0.05)
+            url2 = "http://127.0.0.1:" + open(pf + "2").read()
+            rc, rep = run_lt(lt, url2, "--concurrency", "3", "--max-requests", "60",
+                             "--model", "m", "--output-len", "3", "--input-len", "4")
+            st = json.loads(get(url2 + "/stats")[1])
+            rq = rep["requests"]
+            check(rq["completed"] == 60 and rq["ok"] == st["ok"], f"drop: {rq} {st}")
+            check(rq["retried"] > 0, "dropped pooled connections are retried")
+            check(st["requests"] == 60 + rq["retried"], f"each retry reached the server once: {st}")
+            check(st["dropped"] == rq["retried"] + rep["errors"].get("closed", 0),
+                  f"every drop is a retry or a 'closed' error: {st} {rep['errors']}")
+        finally:
+            srv2.terminate()
+            srv2.wait()
+
         bad = subprocess.run([lt, "--url", "ftp://x"], capture_output=True, text=True)
         check(bad.returncode == 2 and "--url" in bad.stderr, "bad --url is a usage error")
         bad = subprocess.run([lt, "--input-len", "0"], capture_output=True, text=True)

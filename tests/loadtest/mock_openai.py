@@ -1,14 +1,18 @@
 #!/usr/bin/python3
 """mock_openai.py - a small OpenAI-compatible server for testing kvs-loadtest.
 
-usage: mock_openai.py PORT_FILE [--fail-every K] [--close-every K] [--delay-ms D]
+usage: mock_openai.py PORT_FILE [--fail-every K] [--close-every K] [--drop-every K]
+                      [--delay-ms D]
 
 Listens on 127.0.0.1 on an ephemeral port (written to PORT_FILE once
 listening). /v1/completions and /v1/chat/completions generate max_tokens
 tokens ("t0 t1 ..."), streamed as SSE over chunked encoding, one token per
 event, usage in the last chunk when stream_options.include_usage is set.
 Every K-th request fails with 429 (--fail-every); every K-th response
-closes its connection (--close-every). GET /stats returns what was served.
+closes its connection (--close-every); every K-th request is dropped: its
+connection closes without a response, as when a server times out an idle
+keep-alive connection just as the client reuses it (--drop-every).
+GET /stats returns what was served.
 """
 import argparse
 import json
@@ -21,12 +25,13 @@ ap = argparse.ArgumentParser()
 ap.add_argument("port_file")
 ap.add_argument("--fail-every", type=int, default=0)
 ap.add_argument("--close-every", type=int, default=0)
+ap.add_argument("--drop-every", type=int, default=0)
 ap.add_argument("--delay-ms", type=float, default=0)
 args = ap.parse_args()
 
 lock = threading.Lock()
 stats = {"requests": 0, "ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0,
-         "connections": 0, "stream": 0, "auth": ""}
+         "connections": 0, "stream": 0, "dropped": 0, "auth": ""}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -70,6 +75,11 @@ class Handler(BaseHTTPRequestHandler):
             k = stats["requests"]
             stats["auth"] = self.headers.get("Authorization", "")
         close = args.close_every > 0 and k % args.close_every == 0
+        if args.drop_every > 0 and k % args.drop_every == 0:
+            with lock:
+                stats["dropped"] += 1
+            self.close_connection = True
+            return
         if args.fail_every > 0 and k % args.fail_every == 0:
             with lock:
                 stats["failed"] += 1
