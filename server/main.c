@@ -13,6 +13,7 @@ typedef struct cmd {
 
 static const cmd_t cmds[] = {
     /* Each subcommand adds its line here once it is built. */
+    {"serve", cmd_serve, "run the OpenAI-compatible HTTP server"},
     {"hash-key", cmd_hash_key, "print the SHA-256 digest of an API key for the config"},
     {"tokenize", cmd_tokenize, "print the token ids of a text as JSON"},
     {"bench", cmd_bench, "offline throughput benchmark of the engine (no HTTP)"},

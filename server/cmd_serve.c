@@ -1,0 +1,191 @@
+/* cmd_serve.c - `kvserve serve`: load the model, size the KV cache, and run
+ * the OpenAI-compatible HTTP server until SIGTERM / SIGINT has drained it.
+ *
+ * Flags and the config file are parsed by config/ (vLLM flag names). The
+ * KV pool is --num-kv-blocks blocks, or --kv-cache-memory bytes divided by
+ * the bytes of one block, or by default enough blocks for max_num_seqs full
+ * contexts (at most 1 GiB). --swap-space GiB sizes the CPU tier.
+ */
+#define LOG_MODULE "serve"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/xmalloc.h"
+#include "config/config.h"
+#include "server/cmds.h"
+#include "server/srv.h"
+
+static mdl_kv_dtype_t
+kv_dtype_of(const char *s)
+{
+    static const struct {
+        const char *name;
+        mdl_kv_dtype_t v;
+    } map[] = {
+        {"auto", MDL_KV_AUTO}, {"f32", MDL_KV_F32},   {"f16", MDL_KV_F16},
+        {"bf16", MDL_KV_BF16}, {"fp8_e4m3", MDL_KV_FP8_E4M3}, {"int8", MDL_KV_INT8},
+        {"int4", MDL_KV_INT4},
+    };
+
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+        if (strcmp(s, map[i].name) == 0) {
+            return map[i].v;
+        }
+    }
+    return MDL_KV_AUTO;
+}
+
+static char *
+read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf;
+    long n;
+
+    if (f == NULL) {
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return NULL;
+    }
+    buf = xmalloc((size_t)n + 1);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Fills the engine configuration from cfg and the model. */
+static int
+engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
+{
+    const mdl_config_t *mc = mdl_model_config(model);
+    eng_config_t *e = &su->eng;
+    int32_t ctx = mc->max_pos;
+    size_t block_bytes;
+    int64_t blocks;
+
+    if (cfg->max_model_len > 0) {
+        if (cfg->max_model_len > mc->max_pos) {
+            LOG_ERROR("--max-model-len %d exceeds the model's context of %d tokens",
+                      cfg->max_model_len, mc->max_pos);
+            return ST_EINVAL;
+        }
+        ctx = cfg->max_model_len;
+    }
+    su->max_model_len = ctx;
+
+    memset(e, 0, sizeof(*e));
+    e->rt.device = cfg->device;
+    e->rt.tp_size = cfg->tensor_parallel_size;
+    e->rt.n_threads = cfg->threads;
+    e->rt.block_size = cfg->block_size;
+    e->rt.max_num_batched_tokens = cfg->max_num_batched_tokens;
+    e->rt.max_num_seqs = cfg->max_num_seqs;
+    e->rt.max_blocks_per_seq = (ctx + cfg->block_size - 1) / cfg->block_size;
+    e->rt.kv_dtype = kv_dtype_of(cfg->kv_cache_dtype);
+    block_bytes = mdl_kv_block_bytes(mc, cfg->block_size, e->rt.kv_dtype);
+    if (block_bytes == 0) {
+        LOG_ERROR("cannot size a KV block");
+        return ST_EINVAL;
+    }
+    if (cfg->num_kv_blocks > 0) {
+        blocks = cfg->num_kv_blocks;
+    } else if (cfg->kv_cache_memory > 0) {
+        blocks = cfg->kv_cache_memory / (int64_t)block_bytes;
+    } else {
+        blocks = (int64_t)cfg->max_num_seqs * e->rt.max_blocks_per_seq + 1;
+        if (blocks * (int64_t)block_bytes > (1LL << 30)) {
+            blocks = (1LL << 30) / (int64_t)block_bytes;
+        }
+    }
+    if (blocks < 2 || blocks > INT32_MAX) {
+        LOG_ERROR("the KV cache would hold %lld blocks of %zu bytes: too few or too many",
+                  (long long)blocks, block_bytes);
+        return ST_EINVAL;
+    }
+    e->rt.num_blocks = (int32_t)blocks;
+    e->rt.swap_blocks = (int32_t)(cfg->swap_space_gib * (double)(1LL << 30) / (double)block_bytes);
+    e->max_num_seqs = cfg->max_num_seqs;
+    e->max_num_batched_tokens = cfg->max_num_batched_tokens;
+    e->max_model_len = ctx;
+    e->prefix_caching = cfg->enable_prefix_caching;
+    e->watermark = 0.01f;
+    e->n_tenants = cfg->n_tenants;
+    for (int32_t t = 0; t < cfg->n_tenants && t < ENG_MAX_TENANTS; t++) {
+        const cfg_tenant_t *ct = &cfg->tenants[t];
+        eng_tenant_t *et = &e->tenants[t];
+        snprintf(et->name, sizeof(et->name), "%s", ct->name);
+        et->weight = ct->weight;
+        et->max_running = ct->max_running;
+        et->max_waiting = ct->max_waiting;
+        et->max_kv_share = ct->max_kv_share;
+        snprintf(et->salt, sizeof(et->salt), "%s", ct->prefix_cache_salt);
+    }
+    LOG_INFO("KV cache: %d blocks of %d tokens (%.1f MiB), swap %d blocks, context %d",
+             e->rt.num_blocks, cfg->block_size,
+             (double)blocks * (double)block_bytes / (1024.0 * 1024.0), e->rt.swap_blocks, ctx);
+    return ST_OK;
+}
+
+int
+cmd_serve(int argc, char **argv)
+{
+    cfg_t *cfg = xcalloc(1, sizeof(*cfg));
+    mdl_model_t *model = NULL;
+    srv_setup_t su;
+    char err[512] = "";
+    char *tmpl = NULL;
+    int rc, status = 1;
+
+    rc = cfg_parse(argc, argv, cfg, err, sizeof(err));
+    if (rc == CFG_HELP) {
+        printf("usage: kvserve serve [--model PATH] [OPTIONS]\n\n");
+        cfg_usage(stdout);
+        free(cfg);
+        return 0;
+    }
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve serve: %s\n", err);
+        free(cfg);
+        return 2;
+    }
+    log_set_level(cfg->log_level);
+    rc = mdl_model_load(cfg->model, &model, err, sizeof(err));
+    if (rc != ST_OK) {
+        LOG_ERROR("%s", err);
+        goto out;
+    }
+    memset(&su, 0, sizeof(su));
+    su.cfg = cfg;
+    su.model = model;
+    if (cfg->chat_template[0] != '\0') {
+        tmpl = read_file(cfg->chat_template);
+        if (tmpl == NULL) {
+            LOG_ERROR("--chat-template %s: cannot read the file", cfg->chat_template);
+            goto out;
+        }
+        su.chat_template = tmpl;
+    } else {
+        su.chat_template = mdl_model_chat_template(model);
+    }
+    if (engine_config(cfg, model, &su) != ST_OK) {
+        goto out;
+    }
+    rc = srv_run(&su);
+    status = rc == ST_OK ? 0 : 1;
+out:
+    free(tmpl);
+    mdl_model_destroy(model);
+    free(cfg);
+    return status;
+}

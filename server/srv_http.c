@@ -1,0 +1,1507 @@
+/* srv_http.c - routes, request life, and the OpenAI JSON / SSE responses.
+ *
+ * DESIGN
+ *   The access handler is called once when the headers are in (header
+ *   checks, routing, auth, body size from Content-Length), once per body
+ *   chunk (accumulated up to the body limit), and once more when the whole
+ *   request is in: then the request is answered at once, or (generation,
+ *   /metrics) submitted to the engine and its connection suspended. Outbox
+ *   messages update the request; when there is something to send the
+ *   connection is resumed and the handler queues the response: a JSON body,
+ *   or for "stream": true an SSE response whose content reader hands out
+ *   buffered chunks and suspends the connection when it has none.
+ *
+ *   Stop strings are matched on detokenized text across token boundaries
+ *   (srv_stop_t): the text returned ends before the stop string, and the
+ *   engine is told to finish that choice with CANCEL(as_stop).
+ *
+ * Thread: loop thread.
+ */
+#define LOG_MODULE "http"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "common/xmalloc.h"
+#include "kvserve_config.h"
+#include "server/srv_loop.h"
+
+#define CT_JSON "application/json"
+
+typedef struct route {
+    const char *path;
+    const char *method;
+    int ep;
+    int is_public_health;
+    int is_public_metrics;
+} route_t;
+
+static const route_t routes[] = {
+    {"/v1/completions", "POST", SRV_EP_COMPLETIONS, 0, 0},
+    {"/v1/chat/completions", "POST", SRV_EP_CHAT, 0, 0},
+    {"/v1/models", "GET", SRV_EP_MODELS, 0, 0},
+    {"/health", "GET", SRV_EP_HEALTH, 1, 0},
+    {"/metrics", "GET", SRV_EP_METRICS, 0, 1},
+    {"/tokenize", "POST", SRV_EP_TOKENIZE, 0, 0},
+    {"/detokenize", "POST", SRV_EP_DETOKENIZE, 0, 0},
+    {"/version", "GET", SRV_EP_VERSION, 0, 0},
+};
+
+#define N_ROUTES ((int)(sizeof(routes) / sizeof(routes[0])))
+
+/* ---- job table ------------------------------------------------------------- */
+
+static srv_job_t **
+job_slot(srv_t *s, uint64_t id)
+{
+    return &s->jobs[id & (SRV_JOB_BUCKETS - 1)];
+}
+
+static srv_job_t *
+job_find(srv_t *s, uint64_t id)
+{
+    for (srv_job_t *j = *job_slot(s, id); j != NULL; j = j->hnext) {
+        if (j->id == id) {
+            return j;
+        }
+    }
+    return NULL;
+}
+
+static void
+job_unlink(srv_t *s, srv_job_t *job)
+{
+    for (srv_job_t **pp = job_slot(s, job->id); *pp != NULL; pp = &(*pp)->hnext) {
+        if (*pp == job) {
+            *pp = job->hnext;
+            return;
+        }
+    }
+}
+
+static void
+send_cancel(srv_t *s, uint64_t id, int as_stop, int32_t choice)
+{
+    eng_msg_cancel_t *m;
+
+    if (s->engine == NULL) {
+        return;
+    }
+    m = xcalloc(1, sizeof(*m));
+    m->hdr.type = ENG_MSG_CANCEL;
+    m->id = id;
+    m->as_stop = as_stop;
+    m->choice = choice;
+    chan_send(engine_inbox(s->engine), &m->hdr);
+}
+
+static void
+cancel_jobs(srv_req_t *r)
+{
+    for (int32_t i = 0; i < r->n_jobs; i++) {
+        if (r->jobs[i].open) {
+            send_cancel(r->s, r->jobs[i].id, 0, -1);
+        }
+    }
+}
+
+/* ---- request records --------------------------------------------------------- */
+
+static srv_req_t *
+req_new(srv_t *s, struct MHD_Connection *mc)
+{
+    srv_req_t *r = xcalloc(1, sizeof(*r));
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+    r->s = s;
+    r->mc = mc;
+    r->id = s->next_id++;
+    r->t_arrival_ns = now_ns();
+    r->created = time(NULL);
+    r->conn = ci ? ci->socket_context : NULL;
+    if (r->conn != NULL) {
+        r->conn->req = r;
+    }
+    list_push_back(&s->reqs, &r->node);
+    s->n_reqs++;
+    return r;
+}
+
+void
+srv_req_maybe_free(srv_req_t *r)
+{
+    srv_t *s = r->s;
+
+    if (!r->mhd_done || r->jobs_open > 0) {
+        return;
+    }
+    if (r->conn != NULL && r->conn->req == r) {
+        r->conn->req = NULL;
+    }
+    for (int32_t i = 0; i < r->n_choices; i++) {
+        srv_stop_free(&r->choices[i].stop);
+        srv_buf_free(&r->choices[i].text);
+        cJSON_Delete(r->choices[i].lp);
+    }
+    for (int32_t i = 0; i < r->n_jobs; i++) {
+        if (r->jobs[i].open) {
+            job_unlink(s, &r->jobs[i]);
+        }
+    }
+    free(r->choices);
+    free(r->jobs);
+    if (r->have_params) {
+        srv_params_free(&r->p);
+    }
+    srv_buf_free(&r->body);
+    srv_buf_free(&r->out);
+    free(r->resp_body);
+    list_remove(&r->node);
+    s->n_reqs--;
+    free(r);
+    srv_loop_check_drained(s);
+}
+
+/* ---- responses ------------------------------------------------------------------ */
+
+static void
+count_status(srv_req_t *r, int status)
+{
+    int cls = status / 100;
+
+    if (cls >= 1 && cls <= 5) {
+        r->s->metrics.http_requests[r->ep][cls]++;
+    }
+}
+
+/* Queues body (malloc'd, ownership passes to MHD). */
+static enum MHD_Result
+queue_body(srv_req_t *r, int status, char *body, const char *ctype, int retry_after)
+{
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+    char ra[16];
+
+    resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (resp == NULL) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", ctype);
+    if (retry_after > 0) {
+        snprintf(ra, sizeof(ra), "%d", retry_after);
+        MHD_add_response_header(resp, "Retry-After", ra);
+    }
+    if (status == 405) {
+        for (int i = 0; i < N_ROUTES; i++) {
+            if (routes[i].ep == r->ep) {
+                MHD_add_response_header(resp, "Allow", routes[i].method);
+            }
+        }
+    }
+    if (r->s->draining) {
+        MHD_add_response_header(resp, "Connection", "close");
+    }
+    ret = MHD_queue_response(r->mc, (unsigned int)status, resp);
+    MHD_destroy_response(resp);
+    r->state = SRV_REQ_RESPONDED;
+    count_status(r, status);
+    return ret;
+}
+
+static enum MHD_Result
+queue_json(srv_req_t *r, int status, cJSON *root)
+{
+    char *body = cJSON_PrintUnformatted(root);
+
+    cJSON_Delete(root);
+    CHECK(body != NULL);
+    return queue_body(r, status, body, CT_JSON, 0);
+}
+
+static enum MHD_Result
+queue_error(srv_req_t *r, const srv_error_t *err)
+{
+    if (err->status >= 500 || err->status == 429) {
+        REQ_WARN(r->id, "%d %s", err->status, err->message);
+    } else {
+        REQ_INFO(r->id, "%d %s", err->status, err->message);
+    }
+    return queue_body(r, err->status, srv_err_json(err), CT_JSON,
+                      err->status == 429 || err->status == 503 ? 1 : 0);
+}
+
+static enum MHD_Result
+queue_error_msg(srv_req_t *r, int status, const char *param, const char *msg)
+{
+    srv_error_t err;
+
+    srv_err_set(&err, status, param, "%s", msg);
+    return queue_error(r, &err);
+}
+
+/* ---- header checks ----------------------------------------------------------------- */
+
+typedef struct hdr_scan {
+    int n_content_length;
+    int n_transfer_encoding;
+    int te_not_chunked;
+} hdr_scan_t;
+
+static enum MHD_Result
+scan_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    hdr_scan_t *h = cls;
+
+    (void)kind;
+    if (strcasecmp(key, "Content-Length") == 0) {
+        h->n_content_length++;
+    } else if (strcasecmp(key, "Transfer-Encoding") == 0) {
+        h->n_transfer_encoding++;
+        if (value == NULL || strcasecmp(value, "chunked") != 0) {
+            h->te_not_chunked = 1;
+        }
+    }
+    return MHD_YES;
+}
+
+static int
+auth_tenant(srv_req_t *r)
+{
+    const cfg_t *cfg = r->s->cfg;
+    const char *h;
+
+    if (!cfg->auth_required) {
+        return 0;
+    }
+    h = MHD_lookup_connection_value(r->mc, MHD_HEADER_KIND, "Authorization");
+    if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0) {
+        return -1;
+    }
+    h += 7;
+    while (*h == ' ') {
+        h++;
+    }
+    return cfg_tenant_find_by_key(cfg, h);
+}
+
+static enum MHD_Result
+first_call(srv_req_t *r, const char *url, const char *method)
+{
+    srv_t *s = r->s;
+    const route_t *rt = NULL;
+    int path_known = 0;
+    hdr_scan_t hs = {0};
+    const char *cl;
+    int is_head = strcmp(method, "HEAD") == 0;
+
+    r->ep = SRV_EP_OTHER;
+    for (int i = 0; i < N_ROUTES; i++) {
+        if (strcmp(url, routes[i].path) == 0) {
+            path_known = 1;
+            r->ep = routes[i].ep;
+            if (strcmp(method, routes[i].method) == 0 ||
+                (is_head && strcmp(routes[i].method, "GET") == 0)) {
+                rt = &routes[i];
+            }
+        }
+    }
+    MHD_get_connection_values(r->mc, MHD_HEADER_KIND, scan_header, &hs);
+    if (hs.n_content_length > 1) {
+        return queue_error_msg(r, 400, NULL, "duplicate Content-Length header");
+    }
+    if (hs.n_content_length > 0 && hs.n_transfer_encoding > 0) {
+        return queue_error_msg(r, 400, NULL,
+                               "both Content-Length and Transfer-Encoding are present");
+    }
+    if (hs.n_transfer_encoding > 1 || hs.te_not_chunked) {
+        return queue_error_msg(r, 400, NULL, "unsupported Transfer-Encoding");
+    }
+    if (s->draining) {
+        return queue_error_msg(r, 503, NULL, "the server is shutting down");
+    }
+    if (!path_known) {
+        srv_error_t err;
+        srv_err_set(&err, 404, NULL, "no route for %.200s %.200s", method, url);
+        err.code = "unknown_url";
+        return queue_error(r, &err);
+    }
+    if (rt == NULL) {
+        return queue_error_msg(r, 405, NULL, "method not allowed");
+    }
+    cl = MHD_lookup_connection_value(r->mc, MHD_HEADER_KIND, "Content-Length");
+    if (cl != NULL) {
+        char *end;
+        unsigned long long v = strtoull(cl, &end, 10);
+        if (end == cl || *end != '\0') {
+            return queue_error_msg(r, 400, NULL, "malformed Content-Length");
+        }
+        if (v > (unsigned long long)s->cfg->max_body_bytes) {
+            srv_error_t err;
+            srv_err_set(&err, 413, NULL, "request body of %llu bytes exceeds the limit of %lld",
+                        v, (long long)s->cfg->max_body_bytes);
+            return queue_error(r, &err);
+        }
+    }
+    if (!((rt->is_public_health && s->cfg->public_health) ||
+          (rt->is_public_metrics && s->cfg->public_metrics))) {
+        r->tenant = auth_tenant(r);
+        if (r->tenant < 0) {
+            r->tenant = 0;
+            return queue_error_msg(r, 401, NULL, "invalid or missing API key");
+        }
+    }
+    return MHD_YES;
+}
+
+/* ---- simple routes ------------------------------------------------------------------- */
+
+static enum MHD_Result
+do_models(srv_req_t *r)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *data = cJSON_AddArrayToObject(root, "data");
+    cJSON *m = cJSON_CreateObject();
+
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON_AddStringToObject(m, "id", r->s->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)r->s->started);
+    cJSON_AddStringToObject(m, "owned_by", "kvserve");
+    cJSON_AddNumberToObject(m, "max_model_len", r->s->max_model_len);
+    cJSON_AddItemToArray(data, m);
+    return queue_json(r, 200, root);
+}
+
+static enum MHD_Result
+do_health(srv_req_t *r)
+{
+    if (r->s->engine == NULL || !engine_alive(r->s->engine)) {
+        return queue_error_msg(r, 503, NULL, "the engine is not running");
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "status", "ok");
+    return queue_json(r, 200, root);
+}
+
+static enum MHD_Result
+do_version(srv_req_t *r)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "version", KVSERVE_VERSION);
+    return queue_json(r, 200, root);
+}
+
+static enum MHD_Result
+queue_metrics(srv_req_t *r, const eng_stats_t *st)
+{
+    srv_buf_t b = {0};
+
+    srv_metrics_format(&r->s->metrics, st, r->s->model_name, &b);
+    srv_buf_add(&b, "", 0);
+    return queue_body(r, 200, b.data, "text/plain; version=0.0.4; charset=utf-8", 0);
+}
+
+static enum MHD_Result
+do_metrics(srv_req_t *r)
+{
+    eng_msg_stats_t *m;
+
+    if (r->s->engine == NULL || !engine_alive(r->s->engine)) {
+        return queue_metrics(r, NULL);
+    }
+    m = xcalloc(1, sizeof(*m));
+    m->hdr.type = ENG_MSG_STATS;
+    m->cookie = r->id;
+    chan_send(engine_inbox(r->s->engine), &m->hdr);
+    r->stats_wait = 1;
+    r->state = SRV_REQ_WAITING;
+    srv_loop_suspend(r);
+    return MHD_YES;
+}
+
+/* Parses a small JSON body for /tokenize and /detokenize. */
+static cJSON *
+parse_small_body(srv_req_t *r, srv_error_t *err)
+{
+    cJSON *root, *model;
+
+    if (!srv_json_precheck(r->body.data ? r->body.data : "", r->body.len, r->s->lim.max_depth,
+                           err)) {
+        return NULL;
+    }
+    root = cJSON_ParseWithLength(r->body.data ? r->body.data : "", r->body.len);
+    if (root == NULL || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        srv_err_set(err, 400, NULL, "request body must be a JSON object");
+        return NULL;
+    }
+    model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (cJSON_IsString(model) && strcmp(model->valuestring, r->s->model_name) != 0) {
+        cJSON_Delete(root);
+        srv_err_set(err, 404, "model", "The model '%.100s' does not exist", model->valuestring);
+        err->code = "model_not_found";
+        return NULL;
+    }
+    return root;
+}
+
+static char *render_chat(srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp,
+                         srv_error_t *err);
+
+static enum MHD_Result
+do_tokenize(srv_req_t *r)
+{
+    srv_error_t err;
+    cJSON *root = parse_small_body(r, &err), *prompt, *msgs, *ast, *out, *arr;
+    int flags = TOK_PARSE_SPECIAL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc;
+
+    if (root == NULL) {
+        return queue_error(r, &err);
+    }
+    prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    ast = cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens");
+    if (cJSON_IsString(prompt)) {
+        if (ast == NULL || cJSON_IsTrue(ast)) {
+            flags |= TOK_ADD_SPECIAL;
+        }
+        rc = tok_encode(r->s->tok, prompt->valuestring, strlen(prompt->valuestring), flags, &ids,
+                        &n_ids);
+    } else if (cJSON_IsArray(msgs)) {
+        /* Reuse the chat parser through a minimal chat body. */
+        srv_params_t p;
+        cJSON *tmp = cJSON_CreateObject();
+        cJSON_AddStringToObject(tmp, "model", r->s->model_name);
+        cJSON_AddItemReferenceToObject(tmp, "messages", msgs);
+        char *txt = cJSON_PrintUnformatted(tmp);
+        cJSON_Delete(tmp);
+        int ok = srv_params_parse(SRV_KIND_CHAT, txt, strlen(txt), &r->s->lim, &p, &err);
+        free(txt);
+        if (!ok) {
+            cJSON_Delete(root);
+            return queue_error(r, &err);
+        }
+        cJSON *agp = cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt");
+        char *text = render_chat(r->s, p.messages, p.n_messages, agp == NULL || cJSON_IsTrue(agp),
+                                 &err);
+        srv_params_free(&p);
+        if (text == NULL) {
+            cJSON_Delete(root);
+            return queue_error(r, &err);
+        }
+        rc = tok_encode(r->s->tok, text, strlen(text), TOK_PARSE_SPECIAL, &ids, &n_ids);
+        free(text);
+    } else {
+        cJSON_Delete(root);
+        return queue_error_msg(r, 400, "prompt", "'prompt' (a string) or 'messages' is required");
+    }
+    cJSON_Delete(root);
+    if (rc != ST_OK) {
+        return queue_error_msg(r, 400, "prompt", "the text could not be tokenized");
+    }
+    out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(out, "count", (double)n_ids);
+    cJSON_AddNumberToObject(out, "max_model_len", r->s->max_model_len);
+    arr = cJSON_AddArrayToObject(out, "tokens");
+    for (size_t i = 0; i < n_ids; i++) {
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    }
+    free(ids);
+    return queue_json(r, 200, out);
+}
+
+static enum MHD_Result
+do_detokenize(srv_req_t *r)
+{
+    srv_error_t err;
+    cJSON *root = parse_small_body(r, &err), *toks, *it, *out;
+    int32_t *ids;
+    int32_t n = 0, vocab = tok_vocab_size(r->s->tok);
+    char *text = NULL;
+    size_t len = 0;
+
+    if (root == NULL) {
+        return queue_error(r, &err);
+    }
+    toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    if (!cJSON_IsArray(toks)) {
+        cJSON_Delete(root);
+        return queue_error_msg(r, 400, "tokens", "'tokens' must be an array of token ids");
+    }
+    ids = xmalloc(sizeof(int32_t) * (size_t)(cJSON_GetArraySize(toks) + 1));
+    cJSON_ArrayForEach(it, toks)
+    {
+        if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int32_t)it->valuedouble ||
+            it->valuedouble < 0 || it->valuedouble >= vocab) {
+            free(ids);
+            cJSON_Delete(root);
+            srv_err_set(&err, 400, "tokens", "'tokens' items must be token ids in 0..%d",
+                        vocab - 1);
+            return queue_error(r, &err);
+        }
+        ids[n++] = (int32_t)it->valuedouble;
+    }
+    cJSON_Delete(root);
+    if (tok_decode(r->s->tok, ids, (size_t)n, 0, &text, &len) != ST_OK) {
+        free(ids);
+        return queue_error_msg(r, 400, "tokens", "the tokens could not be decoded");
+    }
+    free(ids);
+    srv_buf_t clean = {0};
+    srv_token_text(text, len, &clean);
+    free(text);
+    out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "prompt", clean.data);
+    srv_buf_free(&clean);
+    return queue_json(r, 200, out);
+}
+
+/* ---- chat templates ------------------------------------------------------------------- */
+
+int
+srv_http_chat_init(srv_t *s)
+{
+    s->chat = NULL;
+    if (s->chat_template != NULL) {
+        LOG_WARN("the chat template engine is not built in; using the plain template");
+    }
+    return ST_OK;
+}
+
+void
+srv_http_chat_fini(srv_t *s)
+{
+    s->chat = NULL;
+}
+
+static char *
+render_chat(srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp, srv_error_t *err)
+{
+    int32_t bos = tok_bos_id(s->tok);
+    const char *bos_s = bos >= 0 ? tok_token_str(s->tok, bos) : NULL;
+
+    (void)err;
+    return srv_chat_render_plain(msgs, n, agp, bos_s);
+}
+
+/* ---- generation: JSON pieces ----------------------------------------------------------- */
+
+static void
+id_string(const srv_req_t *r, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s-%016" PRIx64, r->ep == SRV_EP_CHAT ? "chatcmpl" : "cmpl", r->id);
+}
+
+static cJSON *
+base_object(const srv_req_t *r, int chunk)
+{
+    cJSON *o = cJSON_CreateObject();
+    char id[48];
+
+    id_string(r, id, sizeof(id));
+    cJSON_AddStringToObject(o, "id", id);
+    if (r->ep == SRV_EP_CHAT) {
+        cJSON_AddStringToObject(o, "object", chunk ? "chat.completion.chunk" : "chat.completion");
+    } else {
+        cJSON_AddStringToObject(o, "object", "text_completion");
+    }
+    cJSON_AddNumberToObject(o, "created", (double)r->created);
+    cJSON_AddStringToObject(o, "model", r->s->model_name);
+    return o;
+}
+
+static cJSON *
+usage_object(const srv_req_t *r)
+{
+    cJSON *u = cJSON_CreateObject();
+    int64_t prompt = 0, completion = 0, cached = 0;
+
+    for (int32_t j = 0; j < r->n_jobs; j++) {
+        prompt += r->p.prompts[r->jobs[j].prompt_idx].n_ids;
+        cached += r->jobs[j].cached_tokens;
+    }
+    for (int32_t c = 0; c < r->n_choices; c++) {
+        completion += r->choices[c].n_tokens;
+    }
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
+    return u;
+}
+
+/* Decoded text of one token (special tokens included). raw receives the
+ * bytes, txt the same with invalid UTF-8 replaced. */
+static void
+token_piece(const srv_t *s, int32_t id, srv_buf_t *raw, srv_buf_t *txt)
+{
+    char *t = NULL;
+    size_t n = 0;
+
+    raw->len = 0;
+    txt->len = 0;
+    if (tok_decode(s->tok, &id, 1, 0, &t, &n) != ST_OK) {
+        n = 0;
+    }
+    srv_buf_add(raw, t ? t : "", n);
+    srv_token_text(t ? t : "", n, txt);
+    free(t);
+}
+
+static cJSON *
+bytes_array(const srv_buf_t *raw)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < raw->len; i++) {
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)raw->data[i]));
+    }
+    return a;
+}
+
+/* A fresh logprobs container in the endpoint's format. */
+static cJSON *
+lp_new(const srv_req_t *r)
+{
+    cJSON *lp = cJSON_CreateObject();
+
+    if (r->ep == SRV_EP_CHAT) {
+        cJSON_AddArrayToObject(lp, "content");
+        cJSON_AddNullToObject(lp, "refusal");
+    } else {
+        cJSON_AddArrayToObject(lp, "tokens");
+        cJSON_AddArrayToObject(lp, "token_logprobs");
+        cJSON_AddArrayToObject(lp, "top_logprobs");
+        cJSON_AddArrayToObject(lp, "text_offset");
+    }
+    return lp;
+}
+
+static double
+finite_lp(float v)
+{
+    return v < -9999.0f || v != v ? -9999.0 : (double)v;
+}
+
+static void
+lp_add(const srv_req_t *r, srv_choice_t *ch, cJSON *lp, const smp_result_t *t)
+{
+    srv_buf_t raw = {0}, txt = {0};
+    int32_t ntop = t->n_top < r->p.top_logprobs ? t->n_top : r->p.top_logprobs;
+
+    token_piece(r->s, t->token, &raw, &txt);
+    if (r->ep == SRV_EP_CHAT) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "token", txt.data ? txt.data : "");
+        cJSON_AddNumberToObject(e, "logprob", finite_lp(t->logprob));
+        cJSON_AddItemToObject(e, "bytes", bytes_array(&raw));
+        cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int32_t k = 0; k < ntop; k++) {
+            srv_buf_t r2 = {0}, t2 = {0};
+            token_piece(r->s, t->top_ids[k], &r2, &t2);
+            cJSON *te = cJSON_CreateObject();
+            cJSON_AddStringToObject(te, "token", t2.data ? t2.data : "");
+            cJSON_AddNumberToObject(te, "logprob", finite_lp(t->top_logprobs[k]));
+            cJSON_AddItemToObject(te, "bytes", bytes_array(&r2));
+            cJSON_AddItemToArray(tops, te);
+            srv_buf_free(&r2);
+            srv_buf_free(&t2);
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "content"), e);
+    } else {
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "tokens"),
+                             cJSON_CreateString(txt.data ? txt.data : ""));
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "token_logprobs"),
+                             cJSON_CreateNumber(finite_lp(t->logprob)));
+        cJSON *tops = cJSON_CreateObject();
+        for (int32_t k = 0; k < ntop; k++) {
+            srv_buf_t r2 = {0}, t2 = {0};
+            token_piece(r->s, t->top_ids[k], &r2, &t2);
+            const char *key = t2.data ? t2.data : "";
+            if (cJSON_GetObjectItemCaseSensitive(tops, key) == NULL) {
+                cJSON_AddNumberToObject(tops, key, finite_lp(t->top_logprobs[k]));
+            }
+            srv_buf_free(&r2);
+            srv_buf_free(&t2);
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "top_logprobs"), tops);
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "text_offset"),
+                             cJSON_CreateNumber(ch->text_offset));
+        ch->text_offset += (int32_t)txt.len;
+    }
+    srv_buf_free(&raw);
+    srv_buf_free(&txt);
+}
+
+/* ---- generation: streaming ---------------------------------------------------------------- */
+
+static void
+stream_append(srv_req_t *r, cJSON *chunk)
+{
+    char *json;
+
+    if (r->p.include_usage) {
+        cJSON_AddNullToObject(chunk, "usage");
+    }
+    json = cJSON_PrintUnformatted(chunk);
+    cJSON_Delete(chunk);
+    CHECK(json != NULL);
+    srv_sse_data(&r->out, json);
+    free(json);
+}
+
+static void
+stream_error_event(srv_req_t *r)
+{
+    char *e = srv_err_json(&r->err);
+    srv_sse_data(&r->out, e);
+    free(e);
+    srv_sse_done(&r->out);
+    r->stream_error = 1;
+    r->out_eos = 1;
+}
+
+/* Makes the buffered data reach the client. */
+static void
+kick(srv_req_t *r)
+{
+    if (r->mhd_done || r->client_gone) {
+        return;
+    }
+    if (r->state == SRV_REQ_WAITING || r->state == SRV_REQ_STREAMING) {
+        srv_loop_resume(r);
+    }
+}
+
+static void
+stream_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, cJSON *lp,
+            const char *finish)
+{
+    cJSON *chunk, *choices, *c;
+
+    if (r->stream_error || r->client_gone) {
+        cJSON_Delete(lp);
+        return;
+    }
+    if (piece->len == 0 && lp == NULL && finish == NULL &&
+        (r->ep != SRV_EP_CHAT || ch->role_sent)) {
+        return;
+    }
+    chunk = base_object(r, 1);
+    choices = cJSON_AddArrayToObject(chunk, "choices");
+    c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", ci);
+    if (r->ep == SRV_EP_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (!ch->role_sent) {
+            cJSON_AddStringToObject(d, "role", "assistant");
+            ch->role_sent = 1;
+        }
+        if (piece->len > 0 || finish == NULL) {
+            cJSON_AddStringToObject(d, "content", piece->data ? piece->data : "");
+        }
+    } else {
+        cJSON_AddStringToObject(c, "text", piece->data ? piece->data : "");
+    }
+    if (lp != NULL) {
+        cJSON_AddItemToObject(c, "logprobs", lp);
+    } else {
+        cJSON_AddNullToObject(c, "logprobs");
+    }
+    if (finish != NULL) {
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    } else {
+        cJSON_AddNullToObject(c, "finish_reason");
+    }
+    cJSON_AddItemToArray(choices, c);
+    stream_append(r, chunk);
+
+    if ((int64_t)r->out.len > r->s->cfg->max_sse_buffer_bytes) {
+        srv_err_set(&r->err, 400, NULL,
+                    "the client does not read the stream fast enough (%lld bytes unsent)",
+                    (long long)r->out.len);
+        r->err.code = "slow_consumer";
+        REQ_WARN(r->id, "%s: cancelling", r->err.message);
+        cancel_jobs(r);
+        stream_error_event(r);
+    }
+    kick(r);
+}
+
+/* Text released for a choice: streamed at once or kept for the body. */
+static void
+choice_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, srv_buf_t *piece, cJSON *lp,
+            const char *finish)
+{
+    if (r->p.stream) {
+        stream_emit(r, ci, ch, piece, lp, finish);
+    } else if (piece->len > 0) {
+        srv_buf_add(&ch->text, piece->data, piece->len);
+    }
+}
+
+/* ---- generation: the finished body ---------------------------------------------------------- */
+
+static char *
+build_body(srv_req_t *r)
+{
+    cJSON *root = base_object(r, 0);
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    char *out;
+
+    for (int32_t ci = 0; ci < r->n_choices; ci++) {
+        srv_choice_t *ch = &r->choices[ci];
+        cJSON *c = cJSON_CreateObject();
+        const char *text = ch->text.data ? ch->text.data : "";
+
+        cJSON_AddNumberToObject(c, "index", ci);
+        if (r->ep == SRV_EP_CHAT) {
+            cJSON *m = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", text);
+            cJSON_AddNullToObject(m, "refusal");
+        } else if (r->p.echo) {
+            srv_buf_t t = {0};
+            const srv_prompt_t *pr = &r->p.prompts[ci / r->p.n];
+            if (pr->text != NULL) {
+                srv_buf_add(&t, pr->text, pr->text_len);
+            } else {
+                char *dec = NULL;
+                size_t dl = 0;
+                if (tok_decode(r->s->tok, pr->ids, (size_t)pr->n_ids, 1, &dec, &dl) == ST_OK) {
+                    srv_token_text(dec, dl, &t);
+                }
+                free(dec);
+            }
+            srv_buf_adds(&t, text);
+            cJSON_AddStringToObject(c, "text", t.data ? t.data : "");
+            srv_buf_free(&t);
+        } else {
+            cJSON_AddStringToObject(c, "text", text);
+        }
+        if (ch->lp != NULL) {
+            cJSON_AddItemToObject(c, "logprobs", ch->lp);
+            ch->lp = NULL;
+        } else {
+            cJSON_AddNullToObject(c, "logprobs");
+        }
+        cJSON_AddStringToObject(c, "finish_reason", ch->finish ? ch->finish : "stop");
+        cJSON_AddItemToArray(choices, c);
+    }
+    cJSON_AddItemToObject(root, "usage", usage_object(r));
+    out = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    CHECK(out != NULL);
+    return out;
+}
+
+/* Every job has said its last word. */
+static void
+request_done(srv_req_t *r)
+{
+    srv_t *s = r->s;
+    uint64_t now = now_ns();
+    srv_tenant_metrics_t *tm = &s->metrics.tenant[r->tenant];
+    int64_t completion = 0;
+
+    s->n_gen--;
+    s->metrics.in_flight = s->n_gen;
+    for (int32_t c = 0; c < r->n_choices; c++) {
+        completion += r->choices[c].n_tokens;
+    }
+    tm->e2e.count += 0;
+    srv_hist_observe(&tm->e2e, (double)(now - r->t_arrival_ns) / 1e9);
+    for (int32_t j = 0; j < r->n_jobs; j++) {
+        tm->prompt_tokens += (uint64_t)r->p.prompts[r->jobs[j].prompt_idx].n_ids;
+    }
+    REQ_INFO(r->id, "done %s completion_tokens=%lld ttft_ms=%.1f e2e_ms=%.1f%s",
+             r->err.status ? "error" : "ok", (long long)completion,
+             r->t_first_ns ? (double)(r->t_first_ns - r->t_arrival_ns) / 1e6 : -1.0,
+             (double)(now - r->t_arrival_ns) / 1e6, r->client_gone ? " (client gone)" : "");
+    if (r->client_gone || r->mhd_done) {
+        return;
+    }
+    if (r->p.stream && !(r->err.status && r->out.len == 0 && r->state == SRV_REQ_WAITING)) {
+        if (!r->stream_error) {
+            if (r->err.status) {
+                stream_error_event(r);
+            } else {
+                if (r->p.include_usage) {
+                    cJSON *chunk = base_object(r, 1);
+                    cJSON_AddArrayToObject(chunk, "choices");
+                    cJSON_AddItemToObject(chunk, "usage", usage_object(r));
+                    char *json = cJSON_PrintUnformatted(chunk);
+                    cJSON_Delete(chunk);
+                    srv_sse_data(&r->out, json);
+                    free(json);
+                }
+                srv_sse_done(&r->out);
+                r->out_eos = 1;
+            }
+        }
+    } else if (r->err.status) {
+        r->ready = 1;
+        r->resp_status = r->err.status;
+        r->resp_body = srv_err_json(&r->err);
+        r->retry_after = r->err.status == 429 || r->err.status == 503 ? 1 : 0;
+    } else {
+        r->ready = 1;
+        r->resp_status = 200;
+        r->resp_body = build_body(r);
+    }
+    kick(r);
+}
+
+static void
+job_done(srv_req_t *r, srv_job_t *job)
+{
+    job->open = 0;
+    job_unlink(r->s, job);
+    if (--r->jobs_open == 0) {
+        request_done(r);
+    }
+}
+
+/* ---- generation: outbox messages -------------------------------------------------------------- */
+
+static void
+on_delta(srv_req_t *r, srv_job_t *job, const eng_msg_delta_t *d)
+{
+    srv_t *s = r->s;
+    int32_t ci = job->prompt_idx * r->p.n + d->choice;
+    srv_choice_t *ch;
+    srv_tenant_metrics_t *tm = &s->metrics.tenant[r->tenant];
+    uint64_t now = now_ns();
+    srv_buf_t piece = {0};
+    cJSON *lp = NULL;
+    char tb[256];
+
+    if (d->choice < 0 || d->choice >= r->p.n || d->n_tokens <= 0) {
+        return;
+    }
+    ch = &r->choices[ci];
+    if (ch->finish != NULL || r->err.status) {
+        return;
+    }
+    if (r->t_first_ns == 0) {
+        r->t_first_ns = now;
+        srv_hist_observe(&tm->ttft, (double)(now - r->t_arrival_ns) / 1e9);
+    } else if (ch->t_last_ns != 0) {
+        double gap = (double)(now - ch->t_last_ns) / 1e9 / d->n_tokens;
+        for (int32_t i = 0; i < d->n_tokens; i++) {
+            srv_hist_observe(&tm->itl, gap);
+        }
+    }
+    ch->t_last_ns = now;
+    if (r->p.logprobs) {
+        lp = r->p.stream ? lp_new(r) : (ch->lp ? ch->lp : (ch->lp = lp_new(r)));
+    }
+    for (int32_t i = 0; i < d->n_tokens && i < ENG_DELTA_MAX; i++) {
+        const smp_result_t *t = &d->tok[i];
+        int n = tok_stream_push(&ch->ds, t->token, tb, sizeof(tb));
+        ch->n_tokens++;
+        tm->generation_tokens++;
+        if (lp != NULL) {
+            lp_add(r, ch, lp, t);
+        }
+        if (srv_stop_feed(&ch->stop, tb, n > 0 ? (size_t)n : 0, &piece)) {
+            ch->finish = "stop";
+            send_cancel(s, job->id, 1, d->choice);
+            break;
+        }
+    }
+    choice_emit(r, ci, ch, &piece, r->p.stream ? lp : NULL, ch->finish);
+    srv_buf_free(&piece);
+}
+
+static void
+on_finished(srv_req_t *r, srv_job_t *job, const eng_msg_finished_t *f)
+{
+    srv_tenant_metrics_t *tm = &r->s->metrics.tenant[r->tenant];
+    int32_t ci = job->prompt_idx * r->p.n + f->choice;
+    srv_choice_t *ch;
+    char tb[64];
+
+    if (f->choice < 0 || f->choice >= r->p.n) {
+        return;
+    }
+    ch = &r->choices[ci];
+    if (ch->engine_done) {
+        return;
+    }
+    ch->engine_done = 1;
+    job->prompt_tokens = f->prompt_tokens;
+    job->cached_tokens = f->cached_tokens;
+    switch (f->reason) {
+    case ENG_FINISH_LENGTH:
+        tm->finished_length++;
+        break;
+    case ENG_FINISH_ABORT:
+        tm->finished_abort++;
+        break;
+    default:
+        tm->finished_stop++;
+        break;
+    }
+    if (ch->finish == NULL && !r->err.status) {
+        srv_buf_t piece = {0};
+        int n = tok_stream_flush(&ch->ds, tb, sizeof(tb));
+        if (srv_stop_feed(&ch->stop, tb, n > 0 ? (size_t)n : 0, &piece)) {
+            ch->finish = "stop";
+        } else {
+            srv_stop_finish(&ch->stop, &piece);
+            ch->finish = f->reason == ENG_FINISH_LENGTH ? "length" : "stop";
+        }
+        choice_emit(r, ci, ch, &piece, NULL, ch->finish);
+        srv_buf_free(&piece);
+    }
+    if (--job->n_open == 0) {
+        job_done(r, job);
+    }
+}
+
+static int
+http_status_of(int st)
+{
+    switch (st) {
+    case ST_EQUEUE:
+        return 429;
+    case ST_ETOOLONG:
+    case ST_EINVAL:
+    case ST_ERANGE:
+        return 400;
+    case ST_ESHUTDOWN:
+        return 503;
+    default:
+        return 500;
+    }
+}
+
+static void
+on_error(srv_req_t *r, srv_job_t *job, const eng_msg_error_t *e)
+{
+    srv_tenant_metrics_t *tm = &r->s->metrics.tenant[r->tenant];
+
+    tm->finished_error++;
+    if (!r->err.status) {
+        int status = http_status_of(e->status);
+        srv_err_set(&r->err, status, NULL, "%s",
+                    e->message[0] ? e->message : st_str(e->status));
+        if (status == 429) {
+            r->s->metrics.rejected_429++;
+        }
+        job->open = 0; /* do not cancel the job that failed */
+        cancel_jobs(r);
+        job->open = 1;
+    }
+    job_done(r, job);
+}
+
+void
+srv_http_on_msg(srv_t *s, msg_t *m)
+{
+    srv_job_t *job;
+
+    switch (m->type) {
+    case ENG_MSG_DELTA: {
+        const eng_msg_delta_t *d = (const eng_msg_delta_t *)m;
+        if ((job = job_find(s, d->id)) != NULL) {
+            on_delta(job->req, job, d);
+        }
+        break;
+    }
+    case ENG_MSG_FINISHED: {
+        const eng_msg_finished_t *f = (const eng_msg_finished_t *)m;
+        if ((job = job_find(s, f->id)) != NULL) {
+            srv_req_t *r = job->req;
+            on_finished(r, job, f);
+            srv_req_maybe_free(r);
+        }
+        break;
+    }
+    case ENG_MSG_ERROR: {
+        const eng_msg_error_t *e = (const eng_msg_error_t *)m;
+        if ((job = job_find(s, e->id)) != NULL) {
+            srv_req_t *r = job->req;
+            on_error(r, job, e);
+            srv_req_maybe_free(r);
+        }
+        break;
+    }
+    case ENG_MSG_STATS_REPLY: {
+        const eng_msg_stats_t *st = (const eng_msg_stats_t *)m;
+        list_node_t *it;
+        LIST_FOREACH(it, &s->reqs)
+        {
+            srv_req_t *r = LIST_ENTRY(it, srv_req_t, node);
+            if (r->id == st->cookie && r->stats_wait) {
+                srv_buf_t b = {0};
+                r->stats_wait = 0;
+                srv_metrics_format(&s->metrics, &st->stats, s->model_name, &b);
+                srv_buf_add(&b, "", 0);
+                r->ready = 1;
+                r->resp_status = 200;
+                r->resp_body = b.data;
+                r->resp_type = "text/plain; version=0.0.4; charset=utf-8";
+                kick(r);
+                break;
+            }
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* ---- generation: start ------------------------------------------------------------------------ */
+
+static int
+tokenize_prompts(srv_req_t *r, srv_error_t *err)
+{
+    for (int32_t i = 0; i < r->p.n_prompts; i++) {
+        srv_prompt_t *pr = &r->p.prompts[i];
+        size_t n = 0;
+        int flags = r->ep == SRV_EP_CHAT ? TOK_PARSE_SPECIAL : TOK_PARSE_SPECIAL | TOK_ADD_SPECIAL;
+        if (pr->ids != NULL) {
+            continue;
+        }
+        if (tok_encode(r->s->tok, pr->text, pr->text_len, flags, &pr->ids, &n) != ST_OK) {
+            srv_err_set(err, 400, "prompt", "the prompt could not be tokenized");
+            return 0;
+        }
+        if (n == 0) {
+            srv_err_set(err, 400, "prompt", "the prompt is empty");
+            return 0;
+        }
+        pr->n_ids = (int32_t)n;
+    }
+    return 1;
+}
+
+static void
+submit_job(srv_req_t *r, srv_job_t *job)
+{
+    const srv_params_t *p = &r->p;
+    const srv_prompt_t *pr = &p->prompts[job->prompt_idx];
+    eng_msg_submit_t *m = xcalloc(1, sizeof(*m));
+    eng_request_t *q = &m->req;
+
+    m->hdr.type = ENG_MSG_SUBMIT;
+    q->id = job->id;
+    q->tenant = (uint32_t)r->tenant;
+    q->priority = p->priority;
+    q->prompt = xmalloc(sizeof(int32_t) * (size_t)pr->n_ids);
+    memcpy(q->prompt, pr->ids, sizeof(int32_t) * (size_t)pr->n_ids);
+    q->n_prompt = pr->n_ids;
+    q->sampling = p->sampling;
+    if (p->sampling.n_bias > 0) {
+        smp_bias_t *b = xmalloc(sizeof(smp_bias_t) * (size_t)p->sampling.n_bias);
+        memcpy(b, p->bias, sizeof(smp_bias_t) * (size_t)p->sampling.n_bias);
+        q->sampling.bias = b;
+    } else {
+        q->sampling.bias = NULL;
+        q->sampling.n_bias = 0;
+    }
+    q->seed = p->seed;
+    q->has_seed = p->has_seed;
+    q->n = p->n;
+    q->max_tokens = p->max_tokens;
+    q->min_tokens = p->min_tokens;
+    q->ignore_eos = p->ignore_eos;
+    memcpy(q->stop_ids, p->stop_ids, sizeof(q->stop_ids));
+    q->n_stop_ids = p->n_stop_ids;
+    q->t_arrival_ns = r->t_arrival_ns;
+    chan_send(engine_inbox(r->s->engine), &m->hdr);
+}
+
+static enum MHD_Result
+start_generation(srv_req_t *r)
+{
+    srv_t *s = r->s;
+    srv_error_t err;
+    int kind = r->ep == SRV_EP_CHAT ? SRV_KIND_CHAT : SRV_KIND_COMPLETION;
+    int64_t prompt_total = 0;
+
+    if (!srv_params_parse(kind, r->body.data ? r->body.data : "", r->body.len, &s->lim, &r->p,
+                          &err)) {
+        return queue_error(r, &err);
+    }
+    r->have_params = 1;
+    if (kind == SRV_KIND_CHAT) {
+        char *text = render_chat(s, r->p.messages, r->p.n_messages, r->p.add_generation_prompt,
+                                 &err);
+        if (text == NULL) {
+            return queue_error(r, &err);
+        }
+        r->p.prompts = xcalloc(1, sizeof(srv_prompt_t));
+        r->p.n_prompts = 1;
+        r->p.prompts[0].text = text;
+        r->p.prompts[0].text_len = strlen(text);
+    }
+    if (!tokenize_prompts(r, &err) ||
+        !srv_params_check_context(&r->p, &s->lim, s->block_size, s->kv_blocks, &err)) {
+        return queue_error(r, &err);
+    }
+    if (s->engine == NULL || !engine_alive(s->engine)) {
+        return queue_error_msg(r, 503, NULL, "the engine is not running");
+    }
+    r->n_jobs = r->p.n_prompts;
+    r->jobs = xcalloc((size_t)r->n_jobs, sizeof(srv_job_t));
+    r->n_choices = r->p.n_prompts * r->p.n;
+    r->choices = xcalloc((size_t)r->n_choices, sizeof(srv_choice_t));
+    for (int32_t c = 0; c < r->n_choices; c++) {
+        tok_stream_init(&r->choices[c].ds, s->tok, r->p.skip_special_tokens);
+        /* The output continues the prompt: keep its leading space. */
+        r->choices[c].ds.at_start = 0;
+        srv_stop_init(&r->choices[c].stop, (const char *const *)r->p.stop, r->p.n_stop);
+    }
+    for (int32_t j = 0; j < r->n_jobs; j++) {
+        srv_job_t *job = &r->jobs[j];
+        job->id = j == 0 ? r->id : s->next_id++;
+        job->req = r;
+        job->prompt_idx = j;
+        job->n_open = r->p.n;
+        job->open = 1;
+        job->hnext = *job_slot(s, job->id);
+        *job_slot(s, job->id) = job;
+        prompt_total += r->p.prompts[j].n_ids;
+    }
+    r->jobs_open = r->n_jobs;
+    s->n_gen++;
+    s->metrics.in_flight = s->n_gen;
+    REQ_INFO(r->id, "%s tenant=%s prompts=%d prompt_tokens=%lld max_tokens=%d n=%d stream=%d",
+             kind == SRV_KIND_CHAT ? "chat" : "completion", s->cfg->tenants[r->tenant].name,
+             r->n_jobs, (long long)prompt_total, r->p.max_tokens, r->p.n, r->p.stream);
+    for (int32_t j = 0; j < r->n_jobs; j++) {
+        submit_job(r, &r->jobs[j]);
+    }
+    r->state = SRV_REQ_WAITING;
+    srv_loop_suspend(r);
+    return MHD_YES;
+}
+
+/* ---- SSE content reader ------------------------------------------------------------------------- */
+
+static ssize_t
+sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    srv_req_t *r = cls;
+    size_t n;
+
+    (void)pos;
+    if (r->client_gone) {
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (r->out.len > 0) {
+        n = r->out.len < max ? r->out.len : max;
+        memcpy(buf, r->out.data, n);
+        srv_buf_consume(&r->out, n);
+        return (ssize_t)n;
+    }
+    if (r->out_eos) {
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    srv_loop_suspend(r);
+    return 0;
+}
+
+static enum MHD_Result
+queue_stream(srv_req_t *r)
+{
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+
+    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_reader, r, NULL);
+    if (resp == NULL) {
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    if (r->s->draining) {
+        MHD_add_response_header(resp, "Connection", "close");
+    }
+    ret = MHD_queue_response(r->mc, 200, resp);
+    MHD_destroy_response(resp);
+    r->state = SRV_REQ_STREAMING;
+    count_status(r, 200);
+    return ret;
+}
+
+/* ---- the access handler --------------------------------------------------------------------------- */
+
+static enum MHD_Result
+dispatch(srv_req_t *r)
+{
+    switch (r->ep) {
+    case SRV_EP_COMPLETIONS:
+    case SRV_EP_CHAT:
+        return start_generation(r);
+    case SRV_EP_MODELS:
+        return do_models(r);
+    case SRV_EP_HEALTH:
+        return do_health(r);
+    case SRV_EP_METRICS:
+        return do_metrics(r);
+    case SRV_EP_TOKENIZE:
+        return do_tokenize(r);
+    case SRV_EP_DETOKENIZE:
+        return do_detokenize(r);
+    case SRV_EP_VERSION:
+        return do_version(r);
+    default:
+        return queue_error_msg(r, 404, NULL, "not found");
+    }
+}
+
+enum MHD_Result
+srv_http_access(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+                const char *version, const char *upload, size_t *upload_size, void **req_cls)
+{
+    srv_t *s = cls;
+    srv_req_t *r = *req_cls;
+
+    (void)version;
+    if (r == NULL) {
+        r = req_new(s, mc);
+        *req_cls = r;
+        return first_call(r, url, method);
+    }
+    if (r->client_gone) {
+        return MHD_NO;
+    }
+    switch (r->state) {
+    case SRV_REQ_READING:
+        if (*upload_size > 0) {
+            if (r->body.len + *upload_size > (size_t)s->cfg->max_body_bytes) {
+                r->body_too_big = 1;
+            } else {
+                srv_buf_add(&r->body, upload, *upload_size);
+            }
+            *upload_size = 0;
+            return MHD_YES;
+        }
+        if (r->body_too_big) {
+            srv_error_t err;
+            srv_err_set(&err, 413, NULL, "request body exceeds the limit of %lld bytes",
+                        (long long)s->cfg->max_body_bytes);
+            return queue_error(r, &err);
+        }
+        return dispatch(r);
+    case SRV_REQ_WAITING:
+        if (r->ready) {
+            char *body = r->resp_body;
+            r->resp_body = NULL;
+            if (r->resp_type != NULL) {
+                return queue_body(r, r->resp_status, body, r->resp_type, 0);
+            }
+            return queue_body(r, r->resp_status, body, CT_JSON, r->retry_after);
+        }
+        if (r->p.stream && r->out.len > 0) {
+            return queue_stream(r);
+        }
+        /* Woken with nothing to send yet. */
+        srv_loop_suspend(r);
+        return MHD_YES;
+    default:
+        return MHD_YES;
+    }
+}
+
+void
+srv_http_completed(void *cls, struct MHD_Connection *mc, void **req_cls,
+                   enum MHD_RequestTerminationCode toe)
+{
+    srv_req_t *r = *req_cls;
+
+    (void)cls;
+    (void)mc;
+    if (r == NULL) {
+        return;
+    }
+    *req_cls = NULL;
+    if (r->hup != NULL) {
+        srv_loop_resume(r);
+    }
+    r->suspended = 0;
+    r->mhd_done = 1;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->jobs_open > 0 && !r->client_gone) {
+        r->client_gone = 1;
+        r->s->metrics.disconnects++;
+        REQ_INFO(r->id, "connection closed early, cancelling");
+        cancel_jobs(r);
+    }
+    if (r->conn != NULL) {
+        r->conn->req = NULL;
+        r->conn->phase_start_ns = now_ns();
+        r->conn = NULL;
+    }
+    r->mc = NULL;
+    srv_req_maybe_free(r);
+}
+
+void
+srv_http_client_gone(srv_req_t *r)
+{
+    cancel_jobs(r);
+}
+
+void
+srv_http_abort_all(srv_t *s, const char *why)
+{
+    list_node_t *it;
+
+    LIST_FOREACH(it, &s->reqs)
+    {
+        srv_req_t *r = LIST_ENTRY(it, srv_req_t, node);
+        if (r->jobs_open > 0 && !r->err.status) {
+            srv_err_set(&r->err, 503, NULL, "%s", why);
+            cancel_jobs(r);
+        }
+    }
+}
+
+void
+srv_http_sweep(srv_t *s, uint64_t now)
+{
+    list_node_t *it;
+    uint64_t read_limit = (uint64_t)(s->cfg->idle_timeout_s * 1e9);
+    uint64_t total_limit = (uint64_t)(s->cfg->request_timeout_s * 1e9);
+
+    LIST_FOREACH(it, &s->conns)
+    {
+        srv_conn_t *c = LIST_ENTRY(it, srv_conn_t, node);
+        int reading = c->req == NULL || c->req->state == SRV_REQ_READING;
+        if (reading && c->fd >= 0 && now - c->phase_start_ns > read_limit) {
+            LOG_INFO("closing a connection that took %.0f s to send its request",
+                     (double)(now - c->phase_start_ns) / 1e9);
+            shutdown(c->fd, SHUT_RDWR);
+            c->phase_start_ns = now; /* once */
+        }
+    }
+    if (total_limit == 0) {
+        return;
+    }
+    LIST_FOREACH(it, &s->reqs)
+    {
+        srv_req_t *r = LIST_ENTRY(it, srv_req_t, node);
+        if (r->jobs_open > 0 && !r->err.status && now - r->t_arrival_ns > total_limit) {
+            srv_err_set(&r->err, 503, NULL, "the request took longer than %.0f s",
+                        s->cfg->request_timeout_s);
+            r->err.code = "timeout";
+            REQ_WARN(r->id, "%s: cancelling", r->err.message);
+            cancel_jobs(r);
+        }
+    }
+}

@@ -1,0 +1,237 @@
+/* srv_int.h - internals of the HTTP front end shared by server/srv_*.c and
+ * the unit tests in tests/server/.
+ *
+ * The pure parts (request parsing and validation, stop-string matching,
+ * SSE framing, metrics formatting, error bodies) take no locks and touch no
+ * sockets, so they are tested directly. Everything here runs on the loop
+ * thread.
+ */
+#ifndef SERVER_SRV_INT_H
+#define SERVER_SRV_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "model/sampler.h"
+#include "scheduler/engine.h"
+
+/* ---- growable byte buffer ------------------------------------------- */
+
+typedef struct srv_buf {
+    char *data;   /* NUL-terminated when len > 0 or after srv_buf_add */
+    size_t len;
+    size_t cap;
+} srv_buf_t;
+
+void srv_buf_add(srv_buf_t *b, const void *p, size_t n);
+void srv_buf_adds(srv_buf_t *b, const char *s);
+void srv_buf_printf(srv_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Drops the first n bytes. */
+void srv_buf_consume(srv_buf_t *b, size_t n);
+void srv_buf_free(srv_buf_t *b);
+
+/* ---- errors ----------------------------------------------------------- */
+
+typedef struct srv_error {
+    int status;          /* HTTP status; 0 = no error */
+    const char *type;    /* "invalid_request_error", ... */
+    const char *code;    /* NULL -> JSON null */
+    char param[64];      /* "" -> JSON null */
+    char message[320];
+} srv_error_t;
+
+/* Fills err (status 400 unless set otherwise by the _status variant). */
+void srv_err_set(srv_error_t *err, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* {"error":{"message","type","param","code"}} as a malloc'd string. */
+char *srv_err_json(const srv_error_t *err);
+/* Default type and code for an HTTP status. */
+void srv_err_defaults(srv_error_t *err);
+
+/* ---- JSON pre-checks ------------------------------------------------- */
+
+/* Checks raw body bytes before cJSON sees them: valid UTF-8, no NUL byte,
+ * nesting depth <= max_depth, no \u0000 escape inside strings. Returns 1 when
+ * acceptable, else 0 with err filled (400). */
+int srv_json_precheck(const char *s, size_t n, int max_depth, srv_error_t *err);
+
+/* ---- requests --------------------------------------------------------- */
+
+enum srv_kind {
+    SRV_KIND_COMPLETION = 1,
+    SRV_KIND_CHAT,
+};
+
+#define SRV_MAX_STOP 4
+#define SRV_MAX_PROMPTS 64
+
+typedef struct srv_prompt {
+    char *text;        /* NULL when given as token ids */
+    size_t text_len;
+    int32_t *ids;      /* token ids (given, or filled by tokenization) */
+    int32_t n_ids;
+} srv_prompt_t;
+
+typedef struct srv_chat_msg {
+    char *role;        /* "system", "user", "assistant" */
+    char *content;     /* text parts concatenated */
+} srv_chat_msg_t;
+
+/* Server-side caps used by validation. */
+typedef struct srv_limits {
+    int32_t max_n;
+    int32_t max_tokens_cap;     /* cap on max_tokens */
+    int32_t max_model_len;
+    int32_t vocab_size;
+    int32_t max_prompts;
+    int32_t max_logprobs;       /* <= SMP_MAX_LOGPROBS */
+    int max_depth;              /* JSON nesting */
+    const char *model_name;     /* served model name */
+} srv_limits_t;
+
+typedef struct srv_params {
+    int kind;
+    int32_t n_prompts;
+    srv_prompt_t *prompts;       /* [n_prompts]; chat: one, filled after rendering */
+    int32_t n_messages;
+    srv_chat_msg_t *messages;    /* chat only */
+    int add_generation_prompt;   /* chat, default 1 */
+
+    int32_t max_tokens;          /* -1: not given */
+    smp_params_t sampling;       /* .bias points into bias below */
+    smp_bias_t *bias;
+    uint64_t seed;
+    int has_seed;
+    char *stop[SRV_MAX_STOP];
+    int32_t n_stop;
+    int32_t stop_ids[ENG_MAX_STOP_IDS];
+    int32_t n_stop_ids;
+    int32_t n;
+    int logprobs;                /* 1 when logprobs were asked for */
+    int32_t top_logprobs;        /* number of alternatives per token */
+    int echo;
+    int stream;
+    int include_usage;
+    int ignore_eos;
+    int32_t min_tokens;
+    int32_t priority;
+    int skip_special_tokens;     /* default 1 */
+} srv_params_t;
+
+/* Parses and validates a request body of the given kind against the
+ * OpenAI bounds and lim. Runs srv_json_precheck first. On success returns 1
+ * and fills *p (free with srv_params_free); on failure returns 0, fills err
+ * and leaves *p freed. Token ids in prompts and logit_bias are checked
+ * against lim->vocab_size; the context check needs the token count and is
+ * srv_params_check_context(). */
+int srv_params_parse(int kind, const char *body, size_t len, const srv_limits_t *lim,
+                     srv_params_t *p, srv_error_t *err);
+void srv_params_free(srv_params_t *p);
+
+/* After tokenization: resolves the default max_tokens (16 for completions,
+ * the rest of the context for chat), then checks prompt + max_tokens
+ * against the context, max_tokens_cap, and the KV blocks one request may
+ * need (kv_blocks 0: unchecked). Returns 1 or 0 with err naming the limit. */
+int srv_params_check_context(srv_params_t *p, const srv_limits_t *lim, int32_t block_size,
+                             int32_t kv_blocks, srv_error_t *err);
+
+/* ---- stop strings ----------------------------------------------------- */
+
+/* Matches stop strings on the detokenized text of one choice, across token
+ * boundaries. Text that might be the start of a stop string is held back
+ * until it is known not to be. */
+typedef struct srv_stop {
+    const char *const *stop;   /* borrowed */
+    int32_t n_stop;
+    srv_buf_t held;
+    int matched;
+} srv_stop_t;
+
+void srv_stop_init(srv_stop_t *s, const char *const *stop, int32_t n_stop);
+void srv_stop_free(srv_stop_t *s);
+/* Feeds new text; appends what can be released to out. Returns 1 when a
+ * stop string matched (out then ends right before it and the matcher
+ * releases nothing more), else 0. */
+int srv_stop_feed(srv_stop_t *s, const char *text, size_t n, srv_buf_t *out);
+/* End of generation: releases whatever is held. */
+void srv_stop_finish(srv_stop_t *s, srv_buf_t *out);
+
+/* ---- SSE -------------------------------------------------------------- */
+
+/* Appends "data: <json>\n\n". */
+void srv_sse_data(srv_buf_t *out, const char *json);
+/* Appends "data: [DONE]\n\n". */
+void srv_sse_done(srv_buf_t *out);
+
+/* ---- metrics ---------------------------------------------------------- */
+
+#define SRV_HIST_MAX_BUCKETS 24
+
+typedef struct srv_hist {
+    int32_t n_buckets;
+    const double *bounds;              /* upper bounds, ascending */
+    uint64_t counts[SRV_HIST_MAX_BUCKETS]; /* non-cumulative per bucket */
+    uint64_t count;
+    double sum;
+} srv_hist_t;
+
+void srv_hist_init(srv_hist_t *h, const double *bounds, int32_t n_buckets);
+void srv_hist_observe(srv_hist_t *h, double v);
+/* Prometheus text: name_bucket{labels,le=...} cumulative, _sum, _count.
+ * labels is "" or 'tenant="x"' (no braces). */
+void srv_hist_format(const srv_hist_t *h, const char *name, const char *labels, srv_buf_t *out);
+
+enum {
+    SRV_EP_COMPLETIONS = 0,
+    SRV_EP_CHAT,
+    SRV_EP_MODELS,
+    SRV_EP_HEALTH,
+    SRV_EP_METRICS,
+    SRV_EP_TOKENIZE,
+    SRV_EP_DETOKENIZE,
+    SRV_EP_VERSION,
+    SRV_EP_OTHER,
+    SRV_EP_COUNT,
+};
+
+typedef struct srv_tenant_metrics {
+    srv_hist_t ttft;
+    srv_hist_t itl;
+    srv_hist_t e2e;
+    uint64_t finished_stop, finished_length, finished_abort, finished_error;
+    uint64_t prompt_tokens, generation_tokens;
+} srv_tenant_metrics_t;
+
+typedef struct srv_metrics {
+    int32_t n_tenants;
+    const char *tenant_names[ENG_MAX_TENANTS];
+    srv_tenant_metrics_t tenant[ENG_MAX_TENANTS];
+    uint64_t http_requests[SRV_EP_COUNT][6]; /* by status class 1xx..5xx, [0] unused */
+    uint64_t disconnects;
+    uint64_t rejected_429;
+    uint32_t open_connections;
+    uint32_t in_flight;
+} srv_metrics_t;
+
+void srv_metrics_init(srv_metrics_t *m, int32_t n_tenants, const char *const *names);
+/* Formats loop-side metrics and, when st is not NULL, the engine's. */
+void srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *model_name,
+                        srv_buf_t *out);
+
+/* ---- chat template fallback ------------------------------------------ */
+
+/* Plain template for models without one:
+ *   <bos>system: ...\nuser: ...\nassistant: ...\nassistant:
+ * Returns a malloc'd string. */
+char *srv_chat_render_plain(const srv_chat_msg_t *msgs, int32_t n, int add_generation_prompt,
+                            const char *bos);
+
+/* ---- JSON building helpers ------------------------------------------- */
+
+/* Token text for logprobs: the token's bytes with invalid UTF-8 replaced
+ * by U+FFFD (written to out, NUL-terminated). */
+void srv_token_text(const char *bytes, size_t n, srv_buf_t *out);
+
+#endif /* SERVER_SRV_INT_H */

@@ -1,0 +1,538 @@
+/* srv_loop.c - the loop thread: libuv drives libmicrohttpd in external-epoll
+ * mode, receives the engine's outbox, and runs the lifecycle.
+ *
+ * DESIGN
+ *   MHD runs with MHD_USE_EPOLL and no thread of its own. Its epoll fd sits
+ *   on a uv_poll_t; after every event MHD_run() is called and the timer is
+ *   re-armed from MHD_get_timeout(): a uv_timer_t for a positive timeout, a
+ *   uv_idle_t when it is 0 (a 0 ms timer re-armed from its own callback
+ *   would starve the loop). The engine's outbox wakes the loop with
+ *   uv_async_send only on empty -> non-empty; the async callback detaches the
+ *   whole list.
+ *
+ *   A request waiting for the engine is a suspended connection. MHD does not
+ *   watch a suspended socket, so a uv_poll_t with UV_DISCONNECT watches it
+ *   for hang-up; when the client goes away its jobs are cancelled at once.
+ *
+ *   SIGTERM / SIGINT: MHD_quiesce_daemon() stops accepting, new requests on
+ *   kept-alive connections get 503, and in-flight requests finish. When none
+ *   is left (or the drain timeout passes, or a second signal comes, which
+ *   end the rest with an error), the loop stops and the engine is stopped.
+ *
+ * Thread: the loop thread.
+ */
+#define LOG_MODULE "server"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/thread.h"
+#include "common/util.h"
+#include "common/xmalloc.h"
+#include "server/srv_loop.h"
+
+static void
+on_mhd_timer(uv_timer_t *t)
+{
+    srv_loop_run_mhd(t->data);
+}
+
+static void
+on_mhd_idle(uv_idle_t *h)
+{
+    srv_loop_run_mhd(h->data);
+}
+
+static void
+on_mhd_poll(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    srv_loop_run_mhd(h->data);
+}
+
+void
+srv_loop_run_mhd(srv_t *s)
+{
+    MHD_UNSIGNED_LONG_LONG to = 0;
+
+    if (s->mhd == NULL) {
+        return;
+    }
+    MHD_run(s->mhd);
+    if (MHD_get_timeout(s->mhd, &to) == MHD_YES) {
+        if (to == 0) {
+            uv_timer_stop(&s->mhd_timer);
+            uv_idle_start(&s->mhd_idle, on_mhd_idle);
+        } else {
+            uv_idle_stop(&s->mhd_idle);
+            uv_timer_start(&s->mhd_timer, on_mhd_timer, to, 0);
+        }
+    } else {
+        uv_idle_stop(&s->mhd_idle);
+        uv_timer_stop(&s->mhd_timer);
+    }
+}
+
+/* ---- suspend / resume with a hang-up watch ------------------------------ */
+
+static void
+on_hup_closed(uv_handle_t *h)
+{
+    free(h);
+}
+
+static void
+on_hup(uv_poll_t *h, int status, int events)
+{
+    srv_req_t *r = h->data;
+
+    if (status >= 0 && !(events & UV_DISCONNECT)) {
+        return;
+    }
+    if (!r->client_gone) {
+        r->client_gone = 1;
+        r->s->metrics.disconnects++;
+        REQ_INFO(r->id, "client disconnected, cancelling");
+        srv_http_client_gone(r);
+    }
+    /* Resuming lets MHD notice the dead socket and complete the request. */
+    srv_loop_resume(r);
+    srv_loop_run_mhd(r->s);
+}
+
+void
+srv_loop_suspend(srv_req_t *r)
+{
+    const union MHD_ConnectionInfo *ci;
+
+    if (r->suspended) {
+        return;
+    }
+    MHD_suspend_connection(r->mc);
+    r->suspended = 1;
+    ci = MHD_get_connection_info(r->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci == NULL) {
+        return;
+    }
+    r->hup = xmalloc(sizeof(*r->hup));
+    if (uv_poll_init_socket(&r->s->loop, r->hup, ci->connect_fd) != 0) {
+        free(r->hup);
+        r->hup = NULL;
+        return;
+    }
+    r->hup->data = r;
+    uv_poll_start(r->hup, UV_DISCONNECT, on_hup);
+}
+
+void
+srv_loop_resume(srv_req_t *r)
+{
+    if (r->hup != NULL) {
+        uv_poll_stop(r->hup);
+        uv_close((uv_handle_t *)r->hup, on_hup_closed);
+        r->hup = NULL;
+    }
+    if (r->suspended) {
+        r->suspended = 0;
+        MHD_resume_connection(r->mc);
+    }
+}
+
+/* ---- outbox -------------------------------------------------------------- */
+
+static void
+outbox_wake(chan_t *ch, void *arg)
+{
+    srv_t *s = arg;
+
+    (void)ch;
+    uv_async_send(&s->outbox_async);
+}
+
+static void
+on_outbox(uv_async_t *a)
+{
+    srv_t *s = a->data;
+    msg_t *m = chan_take_all(&s->outbox);
+
+    while (m != NULL) {
+        msg_t *next = m->next;
+        srv_http_on_msg(s, m);
+        eng_msg_free(m);
+        m = next;
+    }
+    srv_loop_run_mhd(s);
+}
+
+/* ---- connections ---------------------------------------------------------- */
+
+static void
+on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+              enum MHD_ConnectionNotificationCode toe)
+{
+    srv_t *s = cls;
+    srv_conn_t *c = *socket_context;
+
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c = xcalloc(1, sizeof(*c));
+        c->s = s;
+        c->mc = mc;
+        c->fd = ci ? ci->connect_fd : -1;
+        c->phase_start_ns = now_ns();
+        list_push_back(&s->conns, &c->node);
+        *socket_context = c;
+        s->metrics.open_connections++;
+    } else if (c != NULL) {
+        if (c->req != NULL) {
+            c->req->conn = NULL;
+        }
+        list_remove(&c->node);
+        free(c);
+        *socket_context = NULL;
+        s->metrics.open_connections--;
+    }
+}
+
+/* ---- lifecycle ------------------------------------------------------------- */
+
+static void
+close_cb_noop(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void
+stop_everything(srv_t *s)
+{
+    list_node_t *it;
+
+    if (s->stopping) {
+        return;
+    }
+    s->stopping = 1;
+    LOG_INFO("stopping: %u connections open", s->metrics.open_connections);
+    /* MHD must not be stopped with suspended connections. */
+    LIST_FOREACH(it, &s->reqs)
+    {
+        srv_req_t *r = LIST_ENTRY(it, srv_req_t, node);
+        srv_loop_resume(r);
+    }
+    if (s->mhd != NULL) {
+        uv_poll_stop(&s->mhd_poll);
+        MHD_stop_daemon(s->mhd);
+        s->mhd = NULL;
+    }
+    uv_close((uv_handle_t *)&s->mhd_poll, close_cb_noop);
+    uv_close((uv_handle_t *)&s->mhd_timer, close_cb_noop);
+    uv_close((uv_handle_t *)&s->mhd_idle, close_cb_noop);
+    uv_close((uv_handle_t *)&s->sweep_timer, close_cb_noop);
+    uv_close((uv_handle_t *)&s->drain_timer, close_cb_noop);
+    uv_close((uv_handle_t *)&s->sig_term, close_cb_noop);
+    uv_close((uv_handle_t *)&s->sig_int, close_cb_noop);
+    /* The outbox async stays open until the engine has stopped. */
+    uv_stop(&s->loop);
+}
+
+static void
+on_stop_now(uv_timer_t *t)
+{
+    stop_everything(t->data);
+}
+
+/* May run inside an MHD callback, where MHD_stop_daemon must not be called:
+ * the stop itself runs from a timer on the next loop iteration. */
+void
+srv_loop_check_drained(srv_t *s)
+{
+    if (s->draining && !s->stopping && !s->stop_queued && s->n_reqs == 0) {
+        LOG_INFO("drained: no request in flight");
+        s->stop_queued = 1;
+        uv_timer_stop(&s->drain_timer);
+        uv_timer_start(&s->drain_timer, on_stop_now, 0, 0);
+    }
+}
+
+static void
+on_drain_timeout(uv_timer_t *t)
+{
+    srv_t *s = t->data;
+
+    if (!s->drain_expired) {
+        s->drain_expired = 1;
+        LOG_WARN("drain timeout: ending %u open requests with an error", s->n_reqs);
+        srv_http_abort_all(s, "the server is shutting down");
+        srv_loop_run_mhd(s);
+        /* Give the error events a moment to be written, then stop. */
+        uv_timer_start(&s->drain_timer, on_drain_timeout, 2000, 0);
+        srv_loop_check_drained(s);
+    } else {
+        LOG_WARN("drain grace over: closing %u requests", s->n_reqs);
+        stop_everything(s);
+    }
+}
+
+static void
+on_signal(uv_signal_t *h, int signum)
+{
+    srv_t *s = h->data;
+
+    if (s->draining) {
+        LOG_INFO("signal %d again: ending the drain now", signum);
+        if (!s->drain_expired) {
+            uv_timer_stop(&s->drain_timer);
+            on_drain_timeout(&s->drain_timer);
+        }
+        return;
+    }
+    s->draining = 1;
+    LOG_INFO("signal %d: draining %u requests (timeout %.1f s)", signum, s->n_reqs,
+             s->cfg->drain_timeout_s);
+    if (s->mhd != NULL) {
+        MHD_socket lfd = MHD_quiesce_daemon(s->mhd);
+        if (lfd != MHD_INVALID_SOCKET) {
+            close(lfd);
+        }
+    }
+    uv_timer_start(&s->drain_timer, on_drain_timeout,
+                   (uint64_t)(s->cfg->drain_timeout_s * 1000.0 + 0.5), 0);
+    srv_loop_check_drained(s);
+}
+
+static void
+on_sweep(uv_timer_t *t)
+{
+    srv_t *s = t->data;
+
+    srv_http_sweep(s, now_ns());
+    srv_loop_run_mhd(s);
+}
+
+/* ---- start-up ------------------------------------------------------------- */
+
+static int
+resolve_host(const char *host, uint16_t port, struct sockaddr_storage *ss, int *v6)
+{
+    struct addrinfo hints, *res = NULL;
+    char portstr[16];
+    int rc;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(portstr, sizeof(portstr), "%u", port);
+    rc = getaddrinfo(host, portstr, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        LOG_ERROR("--host %s: %s", host, gai_strerror(rc));
+        return ST_EINVAL;
+    }
+    memset(ss, 0, sizeof(*ss));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *v6 = res->ai_family == AF_INET6;
+    freeaddrinfo(res);
+    return ST_OK;
+}
+
+static void
+mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char line[512];
+
+    (void)cls;
+    vsnprintf(line, sizeof(line), fmt, ap);
+    size_t n = strlen(line);
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) {
+        line[--n] = '\0';
+    }
+    LOG_DEBUG("mhd: %s", line);
+}
+
+static int
+start_mhd(srv_t *s)
+{
+    const cfg_t *cfg = s->cfg;
+    struct sockaddr_storage ss;
+    int v6 = 0;
+    unsigned int flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    const union MHD_DaemonInfo *di;
+    size_t mem = (size_t)cfg->max_header_bytes + 16 * 1024;
+
+    if (resolve_host(cfg->host, (uint16_t)cfg->port, &ss, &v6) != ST_OK) {
+        return ST_EINVAL;
+    }
+    if (v6) {
+        flags |= MHD_USE_IPv6;
+    }
+    s->mhd = MHD_start_daemon(
+        flags, (uint16_t)cfg->port, NULL, NULL, srv_http_access, s, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)cfg->max_connections_per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)(cfg->idle_timeout_s + 0.999),
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem, MHD_OPTION_NOTIFY_COMPLETED, srv_http_completed,
+        s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_SIGPIPE_HANDLED_BY_APP, 1, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024,
+        MHD_OPTION_END);
+    if (s->mhd == NULL) {
+        LOG_ERROR("cannot listen on %s:%d (address in use or not available)", cfg->host,
+                  cfg->port);
+        return ST_EINVAL;
+    }
+    di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : (uint16_t)cfg->port;
+    di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    CHECK(di != NULL);
+    uv_poll_init(&s->loop, &s->mhd_poll, di->epoll_fd);
+    s->mhd_poll.data = s;
+    uv_poll_start(&s->mhd_poll, UV_READABLE, on_mhd_poll);
+    return ST_OK;
+}
+
+static int
+srv_init(srv_t *s, const srv_setup_t *setup)
+{
+    const cfg_t *cfg = setup->cfg;
+    static const char *names[ENG_MAX_TENANTS];
+    const char *slash;
+
+    memset(s, 0, sizeof(*s));
+    s->cfg = cfg;
+    s->model = setup->model;
+    s->tok = mdl_model_tokenizer(setup->model);
+    s->chat_template = setup->chat_template;
+    s->max_model_len = setup->max_model_len;
+    s->block_size = setup->eng.rt.block_size;
+    s->kv_blocks = setup->eng.rt.num_blocks > 1 ? setup->eng.rt.num_blocks - 1 : 0;
+    s->next_id = 1;
+    s->started = time(NULL);
+    list_init(&s->conns);
+    list_init(&s->reqs);
+    if (cfg->served_model_name[0] != '\0') {
+        snprintf(s->model_name, sizeof(s->model_name), "%s", cfg->served_model_name);
+    } else {
+        size_t n = strlen(cfg->model);
+        while (n > 1 && cfg->model[n - 1] == '/') {
+            n--;
+        }
+        char tmp[CFG_PATH_MAX];
+        snprintf(tmp, sizeof(tmp), "%.*s", (int)n, cfg->model);
+        slash = strrchr(tmp, '/');
+        snprintf(s->model_name, sizeof(s->model_name), "%.*s", (int)sizeof(s->model_name) - 1,
+                 slash ? slash + 1 : tmp);
+    }
+    s->lim.max_n = cfg->max_n;
+    s->lim.max_tokens_cap = cfg->max_tokens_cap;
+    s->lim.max_model_len = s->max_model_len;
+    s->lim.vocab_size = tok_vocab_size(s->tok);
+    s->lim.max_prompts = SRV_MAX_PROMPTS;
+    s->lim.max_logprobs = SMP_MAX_LOGPROBS;
+    s->lim.max_depth = 32;
+    s->lim.model_name = s->model_name;
+    for (int32_t t = 0; t < cfg->n_tenants; t++) {
+        names[t] = cfg->tenants[t].name;
+    }
+    srv_metrics_init(&s->metrics, cfg->n_tenants, names);
+    return ST_OK;
+}
+
+static void
+walk_close(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h)) {
+        uv_close(h, NULL);
+    }
+}
+
+int
+srv_run(const srv_setup_t *setup)
+{
+    srv_t *s = xcalloc(1, sizeof(*s));
+    char err[256] = "";
+    int rc;
+
+    thread_set_role(THREAD_LOOP);
+    signal(SIGPIPE, SIG_IGN);
+    srv_init(s, setup);
+    uv_loop_init(&s->loop);
+    uv_async_init(&s->loop, &s->outbox_async, on_outbox);
+    s->outbox_async.data = s;
+    chan_init(&s->outbox, outbox_wake, s);
+    uv_timer_init(&s->loop, &s->mhd_timer);
+    s->mhd_timer.data = s;
+    uv_idle_init(&s->loop, &s->mhd_idle);
+    s->mhd_idle.data = s;
+    uv_timer_init(&s->loop, &s->sweep_timer);
+    s->sweep_timer.data = s;
+    uv_timer_init(&s->loop, &s->drain_timer);
+    s->drain_timer.data = s;
+    uv_signal_init(&s->loop, &s->sig_term);
+    s->sig_term.data = s;
+    uv_signal_init(&s->loop, &s->sig_int);
+    s->sig_int.data = s;
+
+    rc = srv_http_chat_init(s);
+    if (rc != ST_OK) {
+        goto out;
+    }
+    rc = engine_create(&setup->eng, setup->model, &s->outbox, &s->engine, err, sizeof(err));
+    if (rc != ST_OK) {
+        LOG_ERROR("engine: %s", err[0] ? err : st_str(rc));
+        goto out;
+    }
+    rc = engine_start(s->engine);
+    if (rc != ST_OK) {
+        LOG_ERROR("engine start: %s", st_str(rc));
+        goto out;
+    }
+    rc = start_mhd(s);
+    if (rc != ST_OK) {
+        goto out;
+    }
+    uv_signal_start(&s->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&s->sig_int, on_signal, SIGINT);
+    uv_timer_start(&s->sweep_timer, on_sweep, 1000, 1000);
+    LOG_INFO("listening on http://%s:%u model=%s max_model_len=%d kv_blocks=%d tenants=%d",
+             s->cfg->host, s->port, s->model_name, s->max_model_len, s->kv_blocks,
+             s->cfg->n_tenants);
+    srv_loop_run_mhd(s);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    rc = ST_OK;
+
+out:
+    if (s->mhd != NULL) {
+        stop_everything(s);
+    }
+    if (s->engine != NULL) {
+        engine_stop(s->engine);
+        /* Late replies (ERROR on shutdown) still sit in the outbox: they
+         * release the records of requests that never drained. */
+        msg_t *m = chan_take_all(&s->outbox);
+        while (m != NULL) {
+            msg_t *next = m->next;
+            srv_http_on_msg(s, m);
+            eng_msg_free(m);
+            m = next;
+        }
+        engine_destroy(s->engine);
+        s->engine = NULL;
+    }
+    uv_walk(&s->loop, walk_close, NULL);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&s->loop);
+    chan_fini(&s->outbox);
+    srv_http_chat_fini(s);
+    LOG_INFO("stopped");
+    free(s);
+    return rc;
+}

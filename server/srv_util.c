@@ -1,0 +1,367 @@
+/* srv_util.c - byte buffers, OpenAI error bodies, the JSON pre-check that
+ * runs before cJSON, stop-string matching, SSE framing and the plain chat
+ * template. All pure; loop thread.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "common/util.h"
+#include "common/xmalloc.h"
+#include "server/srv_int.h"
+
+/* ---- buffers ----------------------------------------------------------- */
+
+static void
+buf_reserve(srv_buf_t *b, size_t extra)
+{
+    size_t need = b->len + extra + 1;
+
+    if (need <= b->cap) {
+        return;
+    }
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < need) {
+        cap *= 2;
+    }
+    b->data = xrealloc(b->data, cap);
+    b->cap = cap;
+}
+
+void
+srv_buf_add(srv_buf_t *b, const void *p, size_t n)
+{
+    buf_reserve(b, n);
+    if (n > 0) {
+        memcpy(b->data + b->len, p, n);
+    }
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+void
+srv_buf_adds(srv_buf_t *b, const char *s)
+{
+    srv_buf_add(b, s, strlen(s));
+}
+
+void
+srv_buf_printf(srv_buf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n <= 0) {
+        return;
+    }
+    buf_reserve(b, (size_t)n);
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+void
+srv_buf_consume(srv_buf_t *b, size_t n)
+{
+    if (n >= b->len) {
+        b->len = 0;
+        if (b->data) {
+            b->data[0] = '\0';
+        }
+        return;
+    }
+    memmove(b->data, b->data + n, b->len - n);
+    b->len -= n;
+    b->data[b->len] = '\0';
+}
+
+void
+srv_buf_free(srv_buf_t *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+/* ---- errors ------------------------------------------------------------ */
+
+void
+srv_err_defaults(srv_error_t *err)
+{
+    switch (err->status) {
+    case 401:
+        err->type = "authentication_error";
+        err->code = "invalid_api_key";
+        break;
+    case 404:
+        err->type = "not_found_error";
+        if (err->code == NULL) {
+            err->code = "not_found";
+        }
+        break;
+    case 405:
+        err->type = "invalid_request_error";
+        err->code = "method_not_allowed";
+        break;
+    case 413:
+        err->type = "invalid_request_error";
+        err->code = "request_too_large";
+        break;
+    case 429:
+        err->type = "rate_limit_error";
+        err->code = "rate_limit_exceeded";
+        break;
+    case 503:
+        err->type = "service_unavailable_error";
+        err->code = "service_unavailable";
+        break;
+    case 500:
+        err->type = "server_error";
+        err->code = "internal_error";
+        break;
+    default:
+        err->type = "invalid_request_error";
+        break;
+    }
+}
+
+void
+srv_err_set(srv_error_t *err, int status, const char *param, const char *fmt, ...)
+{
+    va_list ap;
+
+    memset(err, 0, sizeof(*err));
+    err->status = status;
+    srv_err_defaults(err);
+    if (param != NULL) {
+        snprintf(err->param, sizeof(err->param), "%s", param);
+    }
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    va_end(ap);
+}
+
+char *
+srv_err_json(const srv_error_t *err)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *e = cJSON_AddObjectToObject(root, "error");
+    char *out;
+
+    cJSON_AddStringToObject(e, "message", err->message);
+    cJSON_AddStringToObject(e, "type", err->type ? err->type : "invalid_request_error");
+    if (err->param[0] != '\0') {
+        cJSON_AddStringToObject(e, "param", err->param);
+    } else {
+        cJSON_AddNullToObject(e, "param");
+    }
+    if (err->code != NULL) {
+        cJSON_AddStringToObject(e, "code", err->code);
+    } else {
+        cJSON_AddNullToObject(e, "code");
+    }
+    out = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    CHECK(out != NULL);
+    return out;
+}
+
+/* ---- JSON pre-check ----------------------------------------------------- */
+
+int
+srv_json_precheck(const char *s, size_t n, int max_depth, srv_error_t *err)
+{
+    int depth = 0;
+    int in_str = 0;
+
+    if (!utf8_valid(s, n)) {
+        srv_err_set(err, 400, NULL, "request body is not valid UTF-8");
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+
+        if (c == 0) {
+            srv_err_set(err, 400, NULL, "request body contains a NUL byte");
+            return 0;
+        }
+        if (in_str) {
+            if (c == '\\') {
+                if (i + 5 < n && s[i + 1] == 'u' && memcmp(s + i + 2, "0000", 4) == 0) {
+                    srv_err_set(err, 400, NULL, "strings must not contain \\u0000");
+                    return 0;
+                }
+                i++; /* skip the escaped character */
+            } else if (c == '"') {
+                in_str = 0;
+            }
+            continue;
+        }
+        if (c == '"') {
+            in_str = 1;
+        } else if (c == '{' || c == '[') {
+            if (++depth > max_depth) {
+                srv_err_set(err, 400, NULL, "JSON nesting deeper than %d levels", max_depth);
+                return 0;
+            }
+        } else if (c == '}' || c == ']') {
+            depth--;
+        }
+    }
+    return 1;
+}
+
+/* ---- stop strings -------------------------------------------------------- */
+
+void
+srv_stop_init(srv_stop_t *s, const char *const *stop, int32_t n_stop)
+{
+    memset(s, 0, sizeof(*s));
+    s->stop = stop;
+    s->n_stop = n_stop;
+}
+
+void
+srv_stop_free(srv_stop_t *s)
+{
+    srv_buf_free(&s->held);
+}
+
+/* Length of the longest suffix of t[0..n) that is a proper prefix of some
+ * stop string. */
+static size_t
+stop_hold_len(const srv_stop_t *s, const char *t, size_t n)
+{
+    size_t best = 0;
+
+    for (int32_t k = 0; k < s->n_stop; k++) {
+        size_t sl = strlen(s->stop[k]);
+        size_t max = sl - 1 < n ? sl - 1 : n;
+        for (size_t l = max; l > best; l--) {
+            if (memcmp(t + n - l, s->stop[k], l) == 0) {
+                best = l;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+int
+srv_stop_feed(srv_stop_t *s, const char *text, size_t n, srv_buf_t *out)
+{
+    const char *t;
+    size_t tl, first = (size_t)-1;
+
+    if (s->matched) {
+        return 1;
+    }
+    if (s->n_stop == 0) {
+        srv_buf_add(out, text, n);
+        return 0;
+    }
+    srv_buf_add(&s->held, text, n);
+    t = s->held.data;
+    tl = s->held.len;
+    for (int32_t k = 0; k < s->n_stop; k++) {
+        const char *hit = memmem(t, tl, s->stop[k], strlen(s->stop[k]));
+        if (hit != NULL && (size_t)(hit - t) < first) {
+            first = (size_t)(hit - t);
+        }
+    }
+    if (first != (size_t)-1) {
+        srv_buf_add(out, t, first);
+        s->matched = 1;
+        s->held.len = 0;
+        return 1;
+    }
+    size_t hold = stop_hold_len(s, t, tl);
+    srv_buf_add(out, t, tl - hold);
+    srv_buf_consume(&s->held, tl - hold);
+    return 0;
+}
+
+void
+srv_stop_finish(srv_stop_t *s, srv_buf_t *out)
+{
+    if (!s->matched && s->held.len > 0) {
+        srv_buf_add(out, s->held.data, s->held.len);
+    }
+    s->held.len = 0;
+}
+
+/* ---- SSE ----------------------------------------------------------------- */
+
+void
+srv_sse_data(srv_buf_t *out, const char *json)
+{
+    srv_buf_adds(out, "data: ");
+    srv_buf_adds(out, json);
+    srv_buf_adds(out, "\n\n");
+}
+
+void
+srv_sse_done(srv_buf_t *out)
+{
+    srv_buf_adds(out, "data: [DONE]\n\n");
+}
+
+/* ---- token text ------------------------------------------------------------ */
+
+void
+srv_token_text(const char *bytes, size_t n, srv_buf_t *out)
+{
+    size_t i = 0;
+
+    while (i < n) {
+        size_t ok = 0;
+        /* Longest valid prefix from i, one character at a time. */
+        while (i + ok < n) {
+            unsigned char c = (unsigned char)bytes[i + ok];
+            size_t cl = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+            if (cl == 0 || i + ok + cl > n || !utf8_valid(bytes + i + ok, cl)) {
+                break;
+            }
+            ok += cl;
+        }
+        srv_buf_add(out, bytes + i, ok);
+        i += ok;
+        if (i < n) {
+            srv_buf_adds(out, "\xEF\xBF\xBD");
+            i++;
+        }
+    }
+    if (out->data == NULL) {
+        srv_buf_add(out, "", 0);
+    }
+}
+
+/* ---- plain chat template ------------------------------------------------ */
+
+char *
+srv_chat_render_plain(const srv_chat_msg_t *msgs, int32_t n, int add_generation_prompt,
+                      const char *bos)
+{
+    srv_buf_t b = {0};
+
+    if (bos != NULL) {
+        srv_buf_adds(&b, bos);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        srv_buf_adds(&b, msgs[i].role);
+        srv_buf_adds(&b, ": ");
+        srv_buf_adds(&b, msgs[i].content);
+        srv_buf_adds(&b, "\n");
+    }
+    if (add_generation_prompt) {
+        srv_buf_adds(&b, "assistant:");
+    }
+    srv_buf_add(&b, "", 0);
+    return b.data;
+}

@@ -1,0 +1,18 @@
+// run.mjs - runs one integration test file with node's test runner; exits 77
+// (skip) when the npm packages are not installed.
+import { spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(here, '..', '..');
+for (const pkg of ['openai', 'ajv', 'ajv-formats', 'js-yaml']) {
+  if (!fs.existsSync(path.join(root, 'node_modules', pkg, 'package.json'))) {
+    console.log(`node_modules/${pkg} missing: run npm ci at the repo root`);
+    process.exit(77);
+  }
+}
+const r = spawnSync(process.execPath, ['--test', '--test-reporter=spec', process.argv[2]],
+  { stdio: 'inherit' });
+process.exit(r.status ?? 1);

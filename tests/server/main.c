@@ -1,0 +1,22 @@
+/* main.c - runs the server unit suites (parsing, validation, stop strings,
+ * SSE framing, error bodies, metrics formatting). */
+#include <check.h>
+#include <stdlib.h>
+
+Suite *server_params_suite(void);
+Suite *server_stop_sse_suite(void);
+Suite *server_metrics_suite(void);
+
+int
+main(void)
+{
+    SRunner *sr = srunner_create(server_params_suite());
+    int failed;
+
+    srunner_add_suite(sr, server_stop_sse_suite());
+    srunner_add_suite(sr, server_metrics_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
