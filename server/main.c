@@ -17,6 +17,8 @@ static const cmd_t cmds[] = {
     {"hash-key", cmd_hash_key, "print the SHA-256 digest of an API key for the config"},
     {"tokenize", cmd_tokenize, "print the token ids of a text as JSON"},
     {"bench", cmd_bench, "offline throughput benchmark of the engine (no HTTP)"},
+    {"generate", cmd_generate, "generate text from a prompt on the CPU"},
+    {"bench-forward", cmd_bench_forward, "forward-pass tokens/s and memory roofline"},
     {NULL, NULL, NULL},
 };
 

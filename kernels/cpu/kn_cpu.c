@@ -1,16 +1,17 @@
 /* kn_cpu.c - CPU kernel dispatch: ISA selection, threading, GEMMs.
  *
- * DESIGN. One thread pool: OpenBLAS is put in single-threaded mode and
- * every parallel kernel forks an OpenMP team of kn_cpu_threads() threads,
- * each working on its own slice (GEMMs split their output rows, and each
- * slice is one single-threaded cblas call). A team is forked only when the
- * work is large enough to amortize it (the KN_PAR_* thresholds): a decode
- * step of a small model runs entirely on the calling thread, where fork and
- * barrier costs would exceed the arithmetic.
+ * DESIGN. One thread team: OpenBLAS is put in single-threaded mode and
+ * every parallel kernel runs a region on the kernel team (kn_pool.c: spin
+ * briefly, then sleep; see there why not OpenMP's) of kn_cpu_threads()
+ * threads, each working on its own slice (GEMMs split their output rows,
+ * and each slice is one single-threaded cblas call). A region is started
+ * only when the work is large enough to amortize it (the KN_PAR_*
+ * thresholds): a decode step of a small model runs entirely on the calling
+ * thread, where fork and join costs would exceed the arithmetic.
  */
 #include <cblas.h>
 #include <math.h>
-#include <omp.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -165,24 +166,65 @@ kn_matmul_rows(const float *x, const float *w, const float *bias, float *y, int3
     }
 }
 
+typedef struct kn_matmul_job {
+    const float *x, *w, *bias;
+    float *y;
+    int32_t n_tok, d_in, d_out;
+    int accumulate;
+} kn_matmul_job_t;
+
+static void
+kn_matmul_region(void *arg, int idx, int team)
+{
+    const kn_matmul_job_t *j = arg;
+    /* Slices of 16-row multiples, so each member's rows start on a cache line. */
+    int32_t per = ((j->d_out + team - 1) / team + 15) & ~15;
+    int32_t r0 = idx * per, r1 = r0 + per > j->d_out ? j->d_out : r0 + per;
+
+    kn_matmul_rows(j->x, j->w, j->bias, j->y, j->n_tok, j->d_in, j->d_out, j->accumulate, r0, r1);
+}
+
 void
 kn_cpu_matmul(const float *x, const float *w, const float *bias, float *y, int32_t n_tok,
               int32_t d_in, int32_t d_out, int accumulate)
 {
     int nt = kn_team((long)n_tok * d_in * d_out, KN_PAR_GEMM);
+    kn_matmul_job_t j = {x, w, bias, y, n_tok, d_in, d_out, accumulate};
 
     if (nt <= 1 || d_out < 32) {
         kn_matmul_rows(x, w, bias, y, n_tok, d_in, d_out, accumulate, 0, d_out);
         return;
     }
-#pragma omp parallel num_threads(nt)
-    {
-        int id = omp_get_thread_num(), n = omp_get_num_threads();
-        /* Slices aligned to 16 rows so each thread's rows start on a cache line. */
-        int32_t per = ((d_out + n - 1) / n + 15) & ~15;
-        int32_t r0 = id * per, r1 = r0 + per > d_out ? d_out : r0 + per;
+    kn__pool_run(nt, kn_matmul_region, &j);
+}
 
-        kn_matmul_rows(x, w, bias, y, n_tok, d_in, d_out, accumulate, r0, r1);
+/* Member idx's share [*lo, *hi) of n items, in multiples of `align`. */
+static void
+kn_share(size_t n, size_t align, int idx, int team, size_t *lo, size_t *hi)
+{
+    size_t per = ((n + (size_t)team - 1) / (size_t)team + align - 1) / align * align;
+
+    *lo = (size_t)idx * per < n ? (size_t)idx * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
+typedef struct kn_rows_job {
+    const float *x, *w;
+    float *y;
+    int32_t n_tok, dim;
+    float eps;
+} kn_rows_job_t;
+
+static void
+kn_rmsnorm_region(void *arg, int idx, int team)
+{
+    const kn_rows_job_t *j = arg;
+    size_t lo, hi;
+
+    kn_share((size_t)j->n_tok, 1, idx, team, &lo, &hi);
+    if (lo < hi) {
+        kn_impl->rmsnorm(j->x + lo * j->dim, j->w, j->y + lo * j->dim, (int32_t)(hi - lo),
+                         j->dim, j->eps);
     }
 }
 
@@ -190,16 +232,13 @@ void
 kn_cpu_rmsnorm(const float *x, const float *w, float *y, int32_t n_tok, int32_t dim, float eps)
 {
     int nt = kn_team((long)n_tok * dim, KN_PAR_ELEM);
-    const kn_impl_t *impl = kn_impl;
+    kn_rows_job_t j = {x, w, y, n_tok, dim, eps};
 
-    if (nt <= 1) {
-        impl->rmsnorm(x, w, y, n_tok, dim, eps);
+    if (nt <= 1 || n_tok < 2) {
+        kn_impl->rmsnorm(x, w, y, n_tok, dim, eps);
         return;
     }
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int32_t t = 0; t < n_tok; t++) {
-        impl->rmsnorm(x + (size_t)t * dim, w, y + (size_t)t * dim, 1, dim, eps);
-    }
+    kn__pool_run(nt, kn_rmsnorm_region, &j);
 }
 
 void
@@ -231,22 +270,52 @@ kn_cpu_rope_inv_freq(const kn_rope_params_t *p, float *inv_freq)
     }
 }
 
+typedef struct kn_rope_job {
+    const int32_t *pos;
+    const float *inv_freq;
+    float *x, *cos_t, *sin_t;
+    int32_t n_tok, half, n_heads, head_dim;
+} kn_rope_job_t;
+
+static void
+kn_rope_table_region(void *arg, int idx, int team)
+{
+    const kn_rope_job_t *j = arg;
+    size_t lo, hi;
+
+    kn_share((size_t)j->n_tok, 1, idx, team, &lo, &hi);
+    /* Angles in double: positions up to 10^6 times inv_freq near 1 lose
+     * too many bits in f32 for the 1e-4 reference tolerance. */
+    for (size_t t = lo; t < hi; t++) {
+        for (int32_t i = 0; i < j->half; i++) {
+            double ang = (double)j->pos[t] * (double)j->inv_freq[i];
+
+            j->cos_t[t * j->half + i] = (float)cos(ang);
+            j->sin_t[t * j->half + i] = (float)sin(ang);
+        }
+    }
+}
+
 void
 kn_cpu_rope_table(const int32_t *pos, int32_t n_tok, const float *inv_freq, int32_t half,
                   float *cos_t, float *sin_t)
 {
-    int nt = kn_team((long)n_tok * half * 16, KN_PAR_ELEM);
+    kn_rope_job_t j = {.pos = pos, .inv_freq = inv_freq, .cos_t = cos_t, .sin_t = sin_t,
+                       .n_tok = n_tok, .half = half};
 
-    /* Angles in double: positions up to 10^6 times inv_freq near 1 lose
-     * too many bits in f32 for the 1e-4 reference tolerance. */
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int32_t t = 0; t < n_tok; t++) {
-        for (int32_t i = 0; i < half; i++) {
-            double ang = (double)pos[t] * (double)inv_freq[i];
+    kn__pool_run(kn_team((long)n_tok * half * 16, KN_PAR_ELEM), kn_rope_table_region, &j);
+}
 
-            cos_t[(size_t)t * half + i] = (float)cos(ang);
-            sin_t[(size_t)t * half + i] = (float)sin(ang);
-        }
+static void
+kn_rope_region(void *arg, int idx, int team)
+{
+    const kn_rope_job_t *j = arg;
+    size_t lo, hi, row = (size_t)j->n_heads * j->head_dim, half = (size_t)j->head_dim / 2;
+
+    kn_share((size_t)j->n_tok, 1, idx, team, &lo, &hi);
+    if (lo < hi) {
+        kn_impl->rope(j->x + lo * row, (int32_t)(hi - lo), j->n_heads, j->head_dim,
+                      j->cos_t + lo * half, j->sin_t + lo * half);
     }
 }
 
@@ -255,17 +324,14 @@ kn_cpu_rope(float *x, int32_t n_tok, int32_t n_heads, int32_t head_dim, const fl
             const float *sin_t)
 {
     int nt = kn_team((long)n_tok * n_heads * head_dim, KN_PAR_ELEM);
-    const kn_impl_t *impl = kn_impl;
-    size_t row = (size_t)n_heads * head_dim, half = (size_t)head_dim / 2;
+    kn_rope_job_t j = {.x = x, .cos_t = (float *)cos_t, .sin_t = (float *)sin_t, .n_tok = n_tok,
+                       .n_heads = n_heads, .head_dim = head_dim};
 
-    if (nt <= 1) {
-        impl->rope(x, n_tok, n_heads, head_dim, cos_t, sin_t);
+    if (nt <= 1 || n_tok < 2) {
+        kn_impl->rope(x, n_tok, n_heads, head_dim, cos_t, sin_t);
         return;
     }
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int32_t t = 0; t < n_tok; t++) {
-        impl->rope(x + t * row, 1, n_heads, head_dim, cos_t + t * half, sin_t + t * half);
-    }
+    kn__pool_run(nt, kn_rope_region, &j);
 }
 
 void
@@ -309,6 +375,30 @@ kn_seq_of(const kn_attn_args_t *a, int32_t t)
     return lo;
 }
 
+typedef struct kn_attn_job {
+    const kn_attn_args_t *a;
+    int32_t n_tasks;
+    _Atomic int32_t next;
+} kn_attn_job_t;
+
+/* Later tokens of a prefill chunk see more context: members take (token,
+ * KV head) tasks one by one from a shared counter, latest tokens first. */
+static void
+kn_attn_region(void *arg, int idx, int team)
+{
+    kn_attn_job_t *j = arg;
+    const kn_attn_args_t *a = j->a;
+    int32_t i;
+
+    (void)idx;
+    (void)team;
+    while ((i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n_tasks) {
+        int32_t t = a->n_tok - 1 - i / a->n_kv_heads;
+
+        kn_impl->attn_task(a, t, kn_seq_of(a, t), i % a->n_kv_heads);
+    }
+}
+
 void
 kn_cpu_attention(const kn_attn_args_t *a)
 {
@@ -322,6 +412,7 @@ kn_cpu_attention(const kn_attn_args_t *a)
     work *= (long)a->n_heads * a->head_dim;
 
     int nt = kn_team(work, KN_PAR_ATTN);
+    kn_attn_job_t j = {.a = a, .n_tasks = n_tasks};
 
     if (nt <= 1 || n_tasks < 2) {
         int32_t s = 0;
@@ -336,13 +427,37 @@ kn_cpu_attention(const kn_attn_args_t *a)
         }
         return;
     }
-    /* Later tokens of a prefill chunk see more context: hand tasks out
-     * dynamically, latest tokens first. */
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int32_t i = 0; i < n_tasks; i++) {
-        int32_t t = a->n_tok - 1 - i / a->n_kv_heads;
+    atomic_init(&j.next, 0);
+    kn__pool_run(nt, kn_attn_region, &j);
+}
 
-        impl->attn_task(a, t, kn_seq_of(a, t), i % a->n_kv_heads);
+typedef struct kn_elem_job {
+    const float *a, *b;
+    float *out;
+    size_t n;
+} kn_elem_job_t;
+
+static void
+kn_silu_region(void *arg, int idx, int team)
+{
+    const kn_elem_job_t *j = arg;
+    size_t lo, hi;
+
+    kn_share(j->n, 16, idx, team, &lo, &hi);
+    if (lo < hi) {
+        kn_impl->silu_mul(j->a + lo, j->b + lo, j->out + lo, hi - lo);
+    }
+}
+
+static void
+kn_add_region(void *arg, int idx, int team)
+{
+    const kn_elem_job_t *j = arg;
+    size_t lo, hi;
+
+    kn_share(j->n, 16, idx, team, &lo, &hi);
+    if (lo < hi) {
+        kn_impl->add(j->out + lo, j->b + lo, hi - lo);
     }
 }
 
@@ -350,22 +465,13 @@ void
 kn_cpu_silu_mul(const float *gate, const float *up, float *out, size_t n)
 {
     int nt = kn_team((long)n, KN_PAR_ELEM);
-    const kn_impl_t *impl = kn_impl;
+    kn_elem_job_t j = {.a = gate, .b = up, .out = out, .n = n};
 
     if (nt <= 1) {
-        impl->silu_mul(gate, up, out, n);
+        kn_impl->silu_mul(gate, up, out, n);
         return;
     }
-#pragma omp parallel num_threads(nt)
-    {
-        int id = omp_get_thread_num(), k = omp_get_num_threads();
-        size_t per = ((n + (size_t)k - 1) / (size_t)k + 15) & ~(size_t)15;
-        size_t i0 = (size_t)id * per, i1 = i0 + per > n ? n : i0 + per;
-
-        if (i0 < i1) {
-            impl->silu_mul(gate + i0, up + i0, out + i0, i1 - i0);
-        }
-    }
+    kn__pool_run(nt, kn_silu_region, &j);
 }
 
 void
@@ -380,20 +486,11 @@ void
 kn_cpu_add(float *x, const float *y, size_t n)
 {
     int nt = kn_team((long)n, KN_PAR_ELEM);
-    const kn_impl_t *impl = kn_impl;
+    kn_elem_job_t j = {.b = y, .out = x, .n = n};
 
     if (nt <= 1) {
-        impl->add(x, y, n);
+        kn_impl->add(x, y, n);
         return;
     }
-#pragma omp parallel num_threads(nt)
-    {
-        int id = omp_get_thread_num(), k = omp_get_num_threads();
-        size_t per = ((n + (size_t)k - 1) / (size_t)k + 15) & ~(size_t)15;
-        size_t i0 = (size_t)id * per, i1 = i0 + per > n ? n : i0 + per;
-
-        if (i0 < i1) {
-            impl->add(x + i0, y + i0, i1 - i0);
-        }
-    }
+    kn__pool_run(nt, kn_add_region, &j);
 }

@@ -4,7 +4,7 @@
  *   kn_cpu_<op>()      the fast path: OpenBLAS for GEMMs, SIMD code chosen
  *                      at run time from cpuid (generic C, AVX2+FMA or
  *                      AVX-512, compiled with target attributes, never
- *                      -march=native) and OpenMP over the configured threads
+ *                      -march=native) and the kernel thread team (kn_pool.c)
  *                      once the work is large enough to pay for a fork;
  *   kn_cpu_<op>_ref()  a naive scalar reference (double accumulators where
  *                      it matters) that the tests compare the fast path to.
@@ -21,8 +21,9 @@
  * paired with i + head_dim/2 and both use inv_freq[i].
  *
  * Thread: kn_cpu_init() and kn_cpu_set_isa() at start-up (not concurrently
- * with kernels); kernels may run on any one thread at a time per output
- * buffer and fork their own OpenMP team.
+ * with kernels); kernels may be called from any thread (one caller at a
+ * time per output buffer). The thread team runs one region at a time: a
+ * second thread calling kernels concurrently runs its share alone.
  */
 #ifndef KERNELS_CPU_KN_CPU_H
 #define KERNELS_CPU_KN_CPU_H
@@ -38,8 +39,8 @@ typedef enum kn_isa {
 
 /* Detects the best ISA (once), selects it, sets the thread count used by
  * the kernels (n_threads <= 0: every online core) and puts OpenBLAS in
- * single-threaded mode: kernels split GEMMs over OpenMP threads themselves
- * so that the two thread pools never compete for the cores. Idempotent. */
+ * single-threaded mode: kernels split GEMMs over their own thread team
+ * so that two thread pools never compete for the cores. Idempotent. */
 void kn_cpu_init(int n_threads);
 /* Threads the kernels use (after kn_cpu_init). */
 int kn_cpu_threads(void);

@@ -4,7 +4,7 @@
  * kn_simd.c compiles kn_simd_body.inc once per ISA (generic, AVX2+FMA,
  * AVX-512) under GCC target pragmas; each copy fills one kn_impl_t.
  * Every function works on a slice the caller chose, single-threaded; the
- * OpenMP split happens in kn_cpu.c.
+ * split over the thread team (kn_pool.c) happens in kn_cpu.c.
  *
  * Thread: the tables are constant.
  */
@@ -29,6 +29,14 @@ typedef struct kn_impl {
     void (*silu_mul)(const float *gate, const float *up, float *out, size_t n);
     void (*add)(float *x, const float *y, size_t n);
 } kn_impl_t;
+
+/* A fork-join region body: member idx of a team of `team` threads. */
+typedef void (*kn_region_fn)(void *arg, int idx, int team);
+
+/* Runs fn(arg, idx, team) for idx 0..team-1 on the kernel thread team
+ * (kn_pool.c), the caller being member 0; returns when all are done.
+ * team <= 1, or another region already running, runs fn(arg, 0, 1) alone. */
+void kn__pool_run(int team, kn_region_fn fn, void *arg);
 
 extern const kn_impl_t kn__impl_generic;
 extern const kn_impl_t kn__impl_avx2;

@@ -1,0 +1,293 @@
+/* cmd_bench_forward.c - `kvserve bench-forward`: forward-pass throughput
+ * on the CPU runtime. A benchmark, not a test: it prints figures.
+ *
+ * For batch 1 and batch B (default 16) it times
+ *   prefill: every sequence's P-token prompt in one step (B * P tokens),
+ *   decode:  D steps of one new token per sequence,
+ * and relates decode to the memory roofline: a decode step must read every
+ * weight once plus each sequence's K and V so far, so its time is at least
+ * bytes / bandwidth, with bandwidth measured here by a large memcpy
+ * (STREAM "copy" convention: read + write bytes per second).
+ */
+#define LOG_MODULE "bench"
+
+#include <getopt.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "common/util.h"
+#include "kernels/cpu/kn_cpu.h"
+#include "kvserve_config.h"
+#include "model/model.h"
+#include "server/cmds.h"
+
+#define BF_BLOCK 16
+#define BF_DEFAULT_MODEL "models/austen-2.7m"
+
+static void
+bf_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvserve bench-forward [--model PATH] [--prompt-len P] [--decode D]\n"
+            "                             [--batch B] [--threads N]\n"
+            "\n"
+            "  --model PATH     Hugging Face directory or .gguf (default " BF_DEFAULT_MODEL ")\n"
+            "  --prompt-len P   prompt tokens per sequence (default 128)\n"
+            "  --decode D       decode steps (default 64)\n"
+            "  --batch B        the larger batch (default 16; batch 1 always runs)\n"
+            "  --threads N      CPU threads (default: every core)\n"
+            "  --help           this text\n");
+}
+
+/* Copy bandwidth in bytes/s: best of a few 128 MiB memcpys split over
+ * the kernel threads. */
+static double
+bf_copy_bandwidth(void)
+{
+    size_t len = (size_t)128 << 20;
+    char *a = malloc(len), *b = malloc(len);
+    double best = 0.0;
+    int nt = kn_cpu_threads();
+
+    if (a == NULL || b == NULL) {
+        free(a);
+        free(b);
+        return 0.0;
+    }
+    memset(a, 1, len);
+    memset(b, 2, len);
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_s();
+
+#pragma omp parallel num_threads(nt)
+        {
+            int id = omp_get_thread_num(), n = omp_get_num_threads();
+            size_t per = len / (size_t)n;
+
+            memcpy(b + (size_t)id * per, a + (size_t)id * per, per);
+        }
+        double dt = now_s() - t0;
+
+        if (2.0 * (double)len / dt > best) {
+            best = 2.0 * (double)len / dt;
+        }
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+typedef struct bf_run {
+    double prefill_tps;
+    double decode_tps;
+    double roofline_frac;
+} bf_run_t;
+
+static int
+bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threads, double bw,
+       bf_run_t *r, char *err, size_t errlen)
+{
+    const mdl_config_t *c = mdl_model_config(m);
+    int32_t total = plen + dec, mb = (total + BF_BLOCK - 1) / BF_BLOCK;
+    int32_t T = batch * plen;
+    mdl_runtime_config_t rc = {
+        .n_threads = threads,
+        .block_size = BF_BLOCK,
+        .num_blocks = batch * mb + 1,
+        .max_num_batched_tokens = T,
+        .max_num_seqs = batch,
+        .max_blocks_per_seq = mb,
+    };
+    mdl_runtime_t *rt = NULL;
+    int32_t *tok = calloc((size_t)T, sizeof(int32_t)), *pos = calloc((size_t)T, sizeof(int32_t));
+    int32_t *slot = calloc((size_t)T, sizeof(int32_t)), *qs = calloc((size_t)batch + 1, 4);
+    int32_t *ctx = calloc((size_t)batch, 4), *bt = calloc((size_t)batch * mb, 4);
+    int32_t *rows = calloc((size_t)batch, 4);
+    const float *lg;
+    double t0, kv_bytes = 0.0;
+    int st;
+
+    st = mdl_runtime_create(m, &rc, &rt, err, errlen);
+    if (st != ST_OK) {
+        goto out;
+    }
+    for (int32_t s = 0; s < batch; s++) {
+        for (int32_t i = 0; i < mb; i++) {
+            bt[s * mb + i] = 1 + s * mb + i;
+        }
+    }
+    /* Prefill: all prompts in one step. */
+    uint32_t x = 12345;
+    for (int32_t s = 0; s < batch; s++) {
+        for (int32_t i = 0; i < plen; i++) {
+            int32_t t = s * plen + i;
+
+            x = x * 1103515245u + 12345u;
+            tok[t] = (int32_t)((x >> 8) % (uint32_t)c->vocab_size);
+            pos[t] = i;
+            slot[t] = bt[s * mb + i / BF_BLOCK] * BF_BLOCK + i % BF_BLOCK;
+        }
+        qs[s + 1] = (s + 1) * plen;
+        ctx[s] = plen;
+        rows[s] = (s + 1) * plen - 1;
+    }
+    mdl_batch_t b = {
+        .n_tokens = T, .tokens = tok, .positions = pos, .slot_mapping = slot, .n_seqs = batch,
+        .query_start = qs, .context_len = ctx, .block_tables = bt, .max_blocks = mb,
+        .logits_rows = rows, .n_logits = batch,
+    };
+    st = mdl_forward(rt, &b, &lg); /* warm-up: page in weights and KV */
+    if (st != ST_OK) {
+        goto out;
+    }
+    t0 = now_s();
+    st = mdl_forward(rt, &b, &lg);
+    r->prefill_tps = (double)T / (now_s() - t0);
+
+    /* Decode: one token per sequence per step. */
+    b.n_tokens = batch;
+    for (int32_t s = 0; s < batch; s++) {
+        qs[s + 1] = s + 1;
+        rows[s] = s;
+    }
+    size_t kv_per_tok = mdl_kv_block_bytes(c, 1, MDL_KV_F32);
+    t0 = now_s();
+    for (int32_t k = 0; k < dec && st == ST_OK; k++) {
+        int32_t p = plen + k;
+
+        for (int32_t s = 0; s < batch; s++) {
+            tok[s] = (int32_t)((uint32_t)(s * 31 + k * 7) % (uint32_t)c->vocab_size);
+            pos[s] = p;
+            slot[s] = bt[s * mb + p / BF_BLOCK] * BF_BLOCK + p % BF_BLOCK;
+            ctx[s] = p + 1;
+        }
+        kv_bytes += (double)batch * (double)(p + 1) * (double)kv_per_tok;
+        st = mdl_forward(rt, &b, &lg);
+    }
+    double dt = now_s() - t0;
+
+    r->decode_tps = (double)batch * dec / dt;
+    /* Lower bound on the decode time: weights once per step plus KV. */
+    double bytes = (double)mdl_model_weight_bytes(m) * dec + kv_bytes;
+    r->roofline_frac = bw > 0.0 ? (bytes / bw) / dt : 0.0;
+
+out:
+    mdl_runtime_destroy(rt);
+    free(tok);
+    free(pos);
+    free(slot);
+    free(qs);
+    free(ctx);
+    free(bt);
+    free(rows);
+    return st;
+}
+
+int
+cmd_bench_forward(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, NULL, 'm'},   {"prompt-len", required_argument, NULL, 'p'},
+        {"decode", required_argument, NULL, 'd'},  {"batch", required_argument, NULL, 'b'},
+        {"threads", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *model = NULL;
+    int32_t plen = 128, dec = 64, batch = 16, threads = 0;
+    char defpath[4096], err[512] = "";
+    mdl_model_t *m = NULL;
+    int c;
+
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        char *end = NULL;
+        long v = 0;
+
+        if (c != 'm' && c != 'h' && c != '?') {
+            v = strtol(optarg, &end, 10);
+            if (*end != '\0' || v < (c == 't' ? 0 : 1) || v > 1000000) {
+                fprintf(stderr, "kvserve bench-forward: bad value '%s'\n", optarg);
+                bf_usage(stderr);
+                return 2;
+            }
+        }
+        switch (c) {
+        case 'm':
+            model = optarg;
+            break;
+        case 'p':
+            plen = (int32_t)v;
+            break;
+        case 'd':
+            dec = (int32_t)v;
+            break;
+        case 'b':
+            batch = (int32_t)v;
+            break;
+        case 't':
+            threads = (int32_t)v;
+            break;
+        case 'h':
+            bf_usage(stdout);
+            return 0;
+        default:
+            fprintf(stderr, "kvserve bench-forward: bad option '%s'\n", argv[optind - 1]);
+            bf_usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvserve bench-forward: unexpected argument '%s'\n", argv[optind]);
+        bf_usage(stderr);
+        return 2;
+    }
+    if (model == NULL) {
+        snprintf(defpath, sizeof(defpath), "%s/%s", KVSERVE_SOURCE_ROOT, BF_DEFAULT_MODEL);
+        model = access(defpath, R_OK) == 0 ? defpath : BF_DEFAULT_MODEL;
+    }
+    if (mdl_model_load(model, &m, err, sizeof(err)) != ST_OK) {
+        fprintf(stderr, "kvserve bench-forward: %s\n", err);
+        return 1;
+    }
+    const mdl_config_t *mc = mdl_model_config(m);
+
+    if (plen + dec > mc->max_pos) {
+        fprintf(stderr, "kvserve bench-forward: prompt %d + decode %d exceeds the context %d\n",
+                plen, dec, mc->max_pos);
+        mdl_model_destroy(m);
+        return 2;
+    }
+    kn_cpu_init(threads);
+    double bw = bf_copy_bandwidth();
+
+    printf("model %s: %d layers, dim %d, %d/%d heads, ffn %d, vocab %d, %.1f MB f32 weights\n",
+           model, mc->n_layers, mc->dim, mc->n_heads, mc->n_kv_heads, mc->ffn_dim,
+           mc->vocab_size, (double)mdl_model_weight_bytes(m) / 1e6);
+    printf("cpu: %s kernels, %d threads; copy bandwidth %.2f GB/s\n", kn_isa_name(kn_cpu_isa()),
+           kn_cpu_threads(), bw / 1e9);
+    printf("prompt %d tokens, %d decode steps\n", plen, dec);
+    printf("%6s %14s %14s %16s\n", "batch", "prefill tok/s", "decode tok/s", "decode/roofline");
+    int32_t batches[2] = {1, batch};
+
+    for (int i = 0; i < (batch == 1 ? 1 : 2); i++) {
+        bf_run_t r = {0};
+        int st = bf_run(m, batches[i], plen, dec, threads, bw, &r, err, sizeof(err));
+
+        if (st != ST_OK) {
+            fprintf(stderr, "kvserve bench-forward: batch %d: %s %s\n", batches[i], st_str(st),
+                    err);
+            mdl_model_destroy(m);
+            return 1;
+        }
+        printf("%6d %14.1f %14.1f %15.1f%%\n", batches[i], r.prefill_tps, r.decode_tps,
+               100.0 * r.roofline_frac);
+        fflush(stdout);
+    }
+    mdl_model_destroy(m);
+    return 0;
+}
