@@ -714,9 +714,11 @@ bm_seq_fork(bm_pool_t *pool, uint64_t parent, uint64_t child)
     rc = bm_seq_create(pool, child, pool->tenants[p->tenant].id);
     CHECK(rc == ST_OK);
     c = bm__seq_find(pool, child);
-    seq_reserve_cap(c, p->n_blocks, p->len);
-    memcpy(c->table, p->table, (size_t)p->n_blocks * sizeof(*c->table));
-    memcpy(c->toks, p->toks, (size_t)p->len * sizeof(*c->toks));
+    if (p->len > 0) {
+        seq_reserve_cap(c, p->n_blocks, p->len);
+        memcpy(c->table, p->table, (size_t)p->n_blocks * sizeof(*c->table));
+        memcpy(c->toks, p->toks, (size_t)p->len * sizeof(*c->toks));
+    }
     c->n_blocks = p->n_blocks;
     c->len = p->len;
     c->extra_len = p->extra_len;
@@ -1096,4 +1098,12 @@ bm_tenant_blocks(const bm_pool_t *pool, uint32_t tenant)
     const bm_tenant_t *t = tenant_find(pool, tenant);
 
     return t != NULL ? t->blocks[BM_DEV] : 0;
+}
+
+uint32_t
+bm_tenant_swap_blocks(const bm_pool_t *pool, uint32_t tenant)
+{
+    const bm_tenant_t *t = tenant_find(pool, tenant);
+
+    return t != NULL ? t->blocks[BM_CPU] : 0;
 }

@@ -190,11 +190,19 @@ void bm_pool_stats(const bm_pool_t *pool, bm_stats_t *out);
 /* Device blocks referenced by a tenant's sequences (shared blocks count
  * once per tenant). */
 uint32_t bm_tenant_blocks(const bm_pool_t *pool, uint32_t tenant);
+/* CPU-tier blocks referenced by a tenant's swapped sequences (same rule). */
+uint32_t bm_tenant_swap_blocks(const bm_pool_t *pool, uint32_t tenant);
 
 /* Drops every CACHED block (device and CPU tier) from the prefix cache. */
 void bm_pool_reset_prefix_cache(bm_pool_t *pool);
 
-/* Walks every structure; aborts with a message on any violation. */
+/* Walks every structure; aborts with a message on any violation:
+ * refcount == table entries naming the block, every block in exactly one
+ * state (USED off the queue; FREE then CACHED on it, once), each tier's
+ * prefix cache holding a hash at most once (the same content may be
+ * cached on both tiers), tiers disjoint (tables name only their tier's
+ * ids, twins join different tiers), counters and per-tenant counts equal
+ * to what the tables say. O(blocks x tenants); for tests and debugging. */
 void bm_pool_check(const bm_pool_t *pool);
 
 #endif /* BLOCKMGR_H */

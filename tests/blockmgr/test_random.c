@@ -437,30 +437,34 @@ end_step(rt_t *r)
     }
 }
 
-/* Per-tenant accounting against a brute-force count over the tables. */
+/* Per-tenant accounting (both tiers) against a brute-force count over
+ * the tables. */
 static void
 check_tenants(rt_t *r)
 {
-    uint32_t nblk = r->cfg.num_blocks;
+    uint32_t nblk = r->cfg.num_blocks > r->cfg.swap_blocks ? r->cfg.num_blocks : r->cfg.swap_blocks;
     uint8_t *mark = calloc(nblk, 1);
 
-    for (uint32_t ten = 0; ten < N_TENANTS; ten++) {
-        uint32_t cnt = 0;
-        memset(mark, 0, nblk);
-        for (uint32_t k = 0; k < MAXS; k++) {
-            const mseq_t *m = &r->s[k];
-            uint32_t nb;
-            const int32_t *t;
-            if (!m->live || m->swapped || m->tenant != ten) {
-                continue;
+    for (int swapped = 0; swapped <= 1; swapped++) {
+        for (uint32_t ten = 0; ten < N_TENANTS; ten++) {
+            uint32_t cnt = 0;
+            memset(mark, 0, nblk);
+            for (uint32_t k = 0; k < MAXS; k++) {
+                const mseq_t *m = &r->s[k];
+                uint32_t nb;
+                const int32_t *t;
+                if (!m->live || m->swapped != swapped || m->tenant != ten) {
+                    continue;
+                }
+                t = bm_seq_table(r->pool, m->id, &nb);
+                for (uint32_t i = 0; i < nb; i++) {
+                    cnt += !mark[t[i]];
+                    mark[t[i]] = 1;
+                }
             }
-            t = bm_seq_table(r->pool, m->id, &nb);
-            for (uint32_t i = 0; i < nb; i++) {
-                cnt += !mark[t[i]];
-                mark[t[i]] = 1;
-            }
+            REQ_CMP(swapped ? bm_tenant_swap_blocks(r->pool, ten) : bm_tenant_blocks(r->pool, ten),
+                    ==, cnt);
         }
-        REQ_CMP(bm_tenant_blocks(r->pool, ten), ==, cnt);
     }
     free(mark);
 }

@@ -121,6 +121,8 @@ START_TEST(test_swap_out_in_roundtrip)
     ck_assert_uint_eq(st.dev_cached, 1); /* the full block stays cached on the device */
     ck_assert_uint_eq(st.n_swap_out, 2);
     ck_assert_uint_eq(bm_tenant_blocks(pool, 0), 0);
+    ck_assert_uint_eq(bm_tenant_swap_blocks(pool, 0), 2);
+    ck_assert_uint_eq(bm_tenant_swap_blocks(pool, 1), 0);
     ck_assert_uint_eq(bm_pool_free_swap_blocks(pool), 2);
     run_ops();
     expect_content(1, T, 6);
