@@ -43,7 +43,8 @@ make_pool(int prefix, uint32_t swap)
 static void
 report(const char *name, uint64_t n, double sec, const char *unit)
 {
-    printf("%-44s %10.0f %s/s  (%7.3f us each)\n", name, (double)n / sec, unit, sec * 1e6 / (double)n);
+    printf("%-44s %10.0f %s/s  (%7.3f us each)\n", name, (double)n / sec, unit,
+           sec * 1e6 / (double)n);
 }
 
 static void

@@ -410,8 +410,8 @@ bm_pool_create(const bm_config_t *cfg, bm_pool_t **out)
     bm_pool_t *pool;
 
     if (cfg == NULL || out == NULL || cfg->block_size == 0 || cfg->num_blocks < 2 ||
-        (uint64_t)cfg->num_blocks * cfg->block_size > INT32_MAX ||
-        cfg->swap_blocks > INT32_MAX || !(cfg->watermark >= 0.0f && cfg->watermark < 1.0f)) {
+        (uint64_t)cfg->num_blocks * cfg->block_size > INT32_MAX || cfg->swap_blocks > INT32_MAX ||
+        !(cfg->watermark >= 0.0f && cfg->watermark < 1.0f)) {
         return ST_EINVAL;
     }
 
@@ -625,8 +625,7 @@ bm_pool_can_admit(const bm_pool_t *pool, uint32_t n_blocks)
 }
 
 int
-bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_new,
-               int32_t *slots)
+bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_new, int32_t *slots)
 {
     bm_seq_t *s = bm__seq_find(pool, seq);
     uint32_t bs = pool->bs;

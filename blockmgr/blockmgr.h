@@ -125,8 +125,7 @@ int bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, u
 
 /* Tokens that a lookup would find, without attaching or counting (no
  * extra key; ignores whether promotions would find room). */
-uint32_t bm_prefix_probe(const bm_pool_t *pool, uint32_t tenant, const int32_t *tokens,
-                         uint32_t n);
+uint32_t bm_prefix_probe(const bm_pool_t *pool, uint32_t tenant, const int32_t *tokens, uint32_t n);
 
 /* Device blocks that reserving n_new more tokens of seq would take
  * (new blocks plus a copy-on-write of a shared tail). For an unknown seq:

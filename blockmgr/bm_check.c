@@ -26,14 +26,14 @@
 #include "blockmgr/blockmgr_int.h"
 #include "common/xmalloc.h"
 
-#define VERIFY(c, ...)                                                                     \
-    do {                                                                                   \
-        if (!(c)) {                                                                        \
-            fprintf(stderr, "bm_pool_check: ");                                            \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, " [%s] at %s:%d\n", #c, __FILE__, __LINE__);                   \
-            abort();                                                                       \
-        }                                                                                  \
+#define VERIFY(c, ...)                                                                             \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "bm_pool_check: ");                                                    \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, " [%s] at %s:%d\n", #c, __FILE__, __LINE__);                           \
+            abort();                                                                               \
+        }                                                                                          \
     } while (0)
 
 static void
@@ -58,11 +58,12 @@ check_tier(const bm_pool_t *pool, int tier, const uint32_t *refs, const uint32_t
                    "null block touched");
             continue;
         }
-        VERIFY(b->ref == refs[id], "tier %d block %u ref %u but %u table entries", tier, id,
-               b->ref, refs[id]);
+        VERIFY(b->ref == refs[id], "tier %d block %u ref %u but %u table entries", tier, id, b->ref,
+               refs[id]);
         /* Tenant records: each tenant at most once, counts match. */
         if (b->tref0.n > 0) {
-            VERIFY(b->tref0.tenant < n_t && b->tref0.n == trefs[(size_t)b->tref0.tenant * t->n_blocks + id],
+            VERIFY(b->tref0.tenant < n_t &&
+                       b->tref0.n == trefs[(size_t)b->tref0.tenant * t->n_blocks + id],
                    "tier %d block %u tenant record", tier, id);
             sum += b->tref0.n;
         } else {
@@ -180,8 +181,8 @@ bm_pool_check(const bm_pool_t *pool)
                    (unsigned long long)s->id);
             VERIFY(s->tenant < n_t, "seq %llu tenant index", (unsigned long long)s->id);
             VERIFY(s->n_blocks == (s->len + pool->bs - 1) / pool->bs,
-                   "seq %llu has %u blocks for %u tokens", (unsigned long long)s->id,
-                   s->n_blocks, s->len);
+                   "seq %llu has %u blocks for %u tokens", (unsigned long long)s->id, s->n_blocks,
+                   s->len);
             for (uint32_t i = 0; i < s->n_blocks; i++) {
                 uint32_t id = (uint32_t)s->table[i];
                 VERIFY(s->table[i] >= (int32_t)t->first && id < t->n_blocks,

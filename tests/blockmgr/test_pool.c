@@ -17,8 +17,11 @@ static bm_pool_t *pool;
 static void
 setup(void)
 {
-    bm_config_t cfg = {
-        .block_size = 4, .num_blocks = 9, .swap_blocks = 4, .prefix_caching = 1, .watermark = 0.25f};
+    bm_config_t cfg = {.block_size = 4,
+                       .num_blocks = 9,
+                       .swap_blocks = 4,
+                       .prefix_caching = 1,
+                       .watermark = 0.25f};
 
     ck_assert_int_eq(bm_pool_create(&cfg, &pool), ST_OK);
 }
@@ -410,8 +413,7 @@ START_TEST(test_duplicate_full_block_registers_later)
     ck_assert_int_eq(bm_seq_lookup_prefix(pool, 3, toks, 8, &nc), ST_OK);
     ck_assert_uint_eq(nc, 4);
     ck_assert_int_eq(bm_seq_table(pool, 3, NULL)[0], dup);
-    ck_assert_uint_eq(bm_prefix_probe(pool, 0, (int32_t[]){7, 8, 9, 10, 11, 12, 13, 14, 0}, 9),
-                      8);
+    ck_assert_uint_eq(bm_prefix_probe(pool, 0, (int32_t[]){7, 8, 9, 10, 11, 12, 13, 14, 0}, 9), 8);
 }
 END_TEST
 
@@ -550,7 +552,7 @@ START_TEST(test_large_tables_and_many_sequences)
     }
     ck_assert_int_eq(bm_seq_create(p, 1, 0), ST_OK);
     ck_assert_int_eq(bm_seq_reserve(p, 1, toks, 300, slots), ST_OK); /* table > 64 */
-    ck_assert_int_eq(bm_seq_swap_out(p, 1), ST_EAGAIN);             /* no CPU tier */
+    ck_assert_int_eq(bm_seq_swap_out(p, 1), ST_EAGAIN);              /* no CPU tier */
     bm_pool_check(p);
     for (uint64_t s = 0; s < 200; s += 2) {
         bm_seq_free(p, s * 1000003);

@@ -409,7 +409,7 @@ START_TEST(test_demotion_limits)
     bm_pool_stats(pool, &st);
     ck_assert_uint_eq(st.n_demoted, 0);
     ck_assert_uint_eq(st.n_evicted, 2); /* seq 1's block was already on the CPU */
-    bm_seq_free(pool, 1); /* its CPU block becomes CACHED */
+    bm_seq_free(pool, 1);               /* its CPU block becomes CACHED */
     bm_seq_free(pool, 3);
     ck_assert_int_eq(bm_seq_create(pool, 4, 0), ST_OK);
     ck_assert_int_eq(put(4, U, 4), ST_OK); /* 2 FREE-less: evicts seq 3's tail */
