@@ -458,6 +458,33 @@ START_TEST(test_op_order_on_block_reuse)
 }
 END_TEST
 
+START_TEST(test_swap_long_sequence)
+{
+    bm_config_t cfg = {.block_size = 1, .num_blocks = 201, .swap_blocks = 200};
+    int32_t toks[150], slots[150];
+    const int32_t *t;
+    uint32_t nb;
+
+    /* 150 blocks: the planning buffer grows past its first size. */
+    ck_assert_int_eq(bm_pool_create(&cfg, &pool), ST_OK);
+    for (int32_t i = 0; i < 150; i++) {
+        toks[i] = i;
+    }
+    ck_assert_int_eq(bm_seq_create(pool, 1, 0), ST_OK);
+    ck_assert_int_eq(bm_seq_reserve(pool, 1, toks, 150, slots), ST_OK);
+    ck_assert_int_eq(bm_seq_swap_out(pool, 1), ST_OK);
+    ck_assert_uint_eq(count_ops(KV_OP_SWAP_OUT), 150);
+    bm_pool_ops_clear(pool);
+    ck_assert_int_eq(bm_seq_swap_in(pool, 1), ST_OK);
+    ck_assert_uint_eq(count_ops(KV_OP_SWAP_IN), 150);
+    t = bm_seq_table(pool, 1, &nb);
+    ck_assert_uint_eq(nb, 150);
+    for (uint32_t i = 0; i < nb; i++) {
+        ck_assert_int_gt(t[i], 0);
+    }
+}
+END_TEST
+
 Suite *
 blockmgr_swap_suite(void)
 {
@@ -473,6 +500,7 @@ blockmgr_swap_suite(void)
     tcase_add_test(tc, test_demote_and_promote);
     tcase_add_test(tc, test_demotion_limits);
     tcase_add_test(tc, test_op_order_on_block_reuse);
+    tcase_add_test(tc, test_swap_long_sequence);
     suite_add_tcase(s, tc);
     return s;
 }
