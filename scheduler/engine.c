@@ -314,6 +314,7 @@ engine_step(engine_t *e)
     uint32_t n_ops = 0;
     int rc;
 
+    sched_set_clock(e->sched, now_ns());
     sched_step(e->sched, &plan);
     ops = bm_pool_ops(e->pool, &n_ops);
     if (n_ops > 0) {
@@ -472,6 +473,9 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
         }
         if (!(c->tenants[t].max_kv_share > 0) || c->tenants[t].max_kv_share > 1) {
             c->tenants[t].max_kv_share = 1.0;
+        }
+        if (c->tenants[t].tokens_per_minute < 0) {
+            c->tenants[t].tokens_per_minute = 0;
         }
     }
 

@@ -153,6 +153,9 @@ typedef struct eng_tenant {
     int32_t max_waiting;      /* 0: unlimited */
     double max_kv_share;      /* 0 < share <= 1 of device blocks */
     char salt[65];            /* prefix-cache salt; "" = the tenant's name */
+    int64_t tokens_per_minute; /* prompt + generated tokens; 0 = unlimited. Over
+                                * it, the tenant's new requests wait (queued,
+                                * not refused) until its budget refills */
 } eng_tenant_t;
 
 typedef struct eng_config {

@@ -93,6 +93,8 @@ typedef struct sched_tenant {
     uint32_t n_swapped;
     uint32_t kv_limit;      /* device blocks allowed; 0 = all */
     uint64_t blocked_step;  /* not admissible again in this step */
+    double tpm_budget;      /* tokens left this minute (tokens_per_minute > 0) */
+    uint64_t tpm_t_ns;      /* last refill */
     uint64_t prompt_tokens;
     uint64_t generation_tokens;
     uint64_t requests_finished;
@@ -121,6 +123,7 @@ struct sched {
     uint64_t admit_no;
     uint64_t next_bm_id;
     uint64_t step_no;
+    uint64_t now_ns;      /* sched_set_clock() */
     smp_rng_t seed_rng;   /* seeds for unseeded requests */
 
     uint64_t preempt_swap, preempt_recompute;
@@ -398,7 +401,7 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     for (int32_t t = 0; t < cfg->n_tenants; t++) {
         if (!(cfg->tenants[t].weight > 0) || cfg->tenants[t].max_kv_share < 0 ||
             cfg->tenants[t].max_kv_share > 1 || cfg->tenants[t].max_running < 0 ||
-            cfg->tenants[t].max_waiting < 0) {
+            cfg->tenants[t].max_waiting < 0 || cfg->tenants[t].tokens_per_minute < 0) {
             return ST_EINVAL;
         }
     }
@@ -423,6 +426,7 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
         sched_tenant_t *tn = &s->tenants[t];
         tn->cfg = cfg->tenants[t];
         list_init(&tn->waiting);
+        tn->tpm_budget = (double)tn->cfg.tokens_per_minute;
         if (tn->cfg.max_kv_share > 0 && tn->cfg.max_kv_share < 1) {
             tn->kv_limit = (uint32_t)floor(tn->cfg.max_kv_share * s->dev_total);
             if (tn->kv_limit == 0) {
@@ -602,6 +606,32 @@ sched_abort_all(sched_t *s, int status)
         s->emit(s->emit_arg, &ev);
     }
     reap_dead(s);
+}
+
+void
+sched_set_clock(sched_t *s, uint64_t now)
+{
+    if (now > s->now_ns) {
+        s->now_ns = now;
+    }
+}
+
+/* Refills a tenant's tokens-per-minute bucket up to one minute's worth. */
+static void
+tenant_refill(sched_t *s, sched_tenant_t *t)
+{
+    double cap = (double)t->cfg.tokens_per_minute;
+
+    if (cap <= 0) {
+        return;
+    }
+    if (s->now_ns > t->tpm_t_ns) {
+        t->tpm_budget += (double)(s->now_ns - t->tpm_t_ns) * cap / 60e9;
+        if (t->tpm_budget > cap) {
+            t->tpm_budget = cap;
+        }
+    }
+    t->tpm_t_ns = s->now_ns;
 }
 
 int
@@ -802,6 +832,14 @@ pick_tenant(sched_t *s)
         if (t->cfg.max_running > 0 && t->run_slots + seq_slots(h) > (uint32_t)t->cfg.max_running) {
             continue;
         }
+        if (t->cfg.tokens_per_minute > 0 && !h->req->admitted &&
+            t->tpm_budget < (double)h->req->r.n_prompt &&
+            t->tpm_budget < (double)t->cfg.tokens_per_minute) {
+            /* Out of tokens this minute: the prompt must fit the budget
+             * (or, for a prompt larger than a minute's worth, the budget
+             * be full). Recomputed sequences still come back. */
+            continue;
+        }
         if (best == NULL || t->vtc < best->vtc ||
             (t->vtc == best->vtc && seq_cmp(h, best_head) < 0)) {
             best = t;
@@ -881,6 +919,7 @@ plan_admit(sched_t *s)
             rq->admitted = 1;
             rq->cached_tokens = q->n_computed;
             t->vtc += (double)rq->r.n_prompt / t->cfg.weight;
+            t->tpm_budget -= (double)rq->r.n_prompt;
             t->prompt_tokens += (uint64_t)rq->r.n_prompt;
             s->prompt_tokens += (uint64_t)rq->r.n_prompt;
         }
@@ -946,6 +985,9 @@ sched_step(sched_t *s, sched_plan_t *plan)
 
     reap_dead(s);
     s->step_no++;
+    for (int32_t u = 0; u < s->cfg.n_tenants; u++) {
+        tenant_refill(s, &s->tenants[u]);
+    }
     s->n_tok = s->n_rows = s->n_logits = s->n_samples = 0;
     s->budget_tokens = s->cfg.max_num_batched_tokens;
     s->step_swap = s->step_recompute = s->step_swap_in = s->step_admitted = 0;
@@ -1087,6 +1129,7 @@ commit_token(sched_t *s, sched_seq_t *q, const smp_result_t *res)
     t->generation_tokens++;
     s->generation_tokens++;
     t->vtc += 1.0 / t->cfg.weight;
+    t->tpm_budget -= 1.0;
     s->emit(s->emit_arg, &ev);
 
     /* EOS and stop ids do not stop a choice before min_tokens (the mask
@@ -1165,6 +1208,7 @@ sched_get_tenant_stats(const sched_t *s, uint32_t tenant, sched_tenant_stats_t *
     out->requests_finished = t->requests_finished;
     out->requests_rejected = t->requests_rejected;
     out->vtc = t->vtc;
+    out->tpm_budget = t->tpm_budget;
     return ST_OK;
 }
 

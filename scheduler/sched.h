@@ -38,6 +38,13 @@
  *   active (first live request) has its counter lifted to the minimum of
  *   the active tenants, so idle time earns no credit.
  *
+ *   Quotas per tenant: running sequences (max_running), queued requests
+ *   (max_waiting: beyond it SUBMIT fails with ST_EQUEUE), device KV blocks
+ *   at admission (max_kv_share), and tokens per minute: a bucket of
+ *   tokens_per_minute tokens refilled continuously, debited with the
+ *   prompt at first admission and each generated token; a new request is
+ *   admitted only when its prompt fits the bucket (running ones go on).
+ *
  *   Preemption victim: among running sequences not yet planned this step
  *   (and the one being planned), the tenant with the largest counter, then
  *   within it the lowest priority (largest value), then the most recently
@@ -135,6 +142,7 @@ typedef struct sched_tenant_stats {
     uint64_t requests_finished;
     uint64_t requests_rejected;
     double vtc;
+    double tpm_budget; /* tokens left in the per-minute budget (may be < 0) */
 } sched_tenant_stats_t;
 
 typedef struct sched_stats {
@@ -171,6 +179,10 @@ int sched_cancel(sched_t *s, uint64_t id, int32_t choice, int as_stop);
 /* Fails every open request with an ERROR event carrying status and frees
  * everything. */
 void sched_abort_all(sched_t *s, int status);
+
+/* The scheduler's notion of now, for tokens-per-minute budgets. The
+ * engine calls it before every step; without calls time stands still. */
+void sched_set_clock(sched_t *s, uint64_t now_ns);
 
 /* 1 when there is no live request. */
 int sched_idle(const sched_t *s);

@@ -724,6 +724,55 @@ START_TEST(test_quota_kv_share)
 }
 END_TEST
 
+START_TEST(test_quota_tokens_per_minute)
+{
+    fake_cfg_t c = fake_cfg_default();
+    sched_tenant_stats_t ts;
+    int done = 0;
+
+    c.n_tenants = 2;
+    c.tenants[0].weight = 1.0;
+    c.tenants[0].tokens_per_minute = 100;
+    c.tenants[1].weight = 1.0;
+    fake_env_init(&env, &c);
+    sched_set_clock(env.sched, 1000000000ull);
+    for (uint64_t id = 1; id <= 20; id++) {
+        ck_assert_int_eq(fake_submit(&env, id, 0, 8, (uint32_t)id, 8), ST_OK);
+    }
+    ck_assert_int_eq(fake_submit(&env, 30, 1, 8, 30, 8), ST_OK);
+    /* The clock stands still: the budget of 100 tokens admits 12 requests
+     * (8 prompt tokens each at admission; their 8 generated tokens each
+     * then overdraw it to -92), then nothing more; the other tenant is
+     * unaffected. */
+    for (int s = 0; s < 60; s++) {
+        fake_step(&env, NULL);
+    }
+    for (uint64_t id = 1; id <= 20; id++) {
+        done += env.out[id][0].finished;
+    }
+    ck_assert(env.out[30][0].finished);
+    ck_assert_int_eq(done, 12);
+    sched_get_tenant_stats(env.sched, 0, &ts);
+    ck_assert(ts.tpm_budget == -92);
+    ck_assert_uint_eq(ts.running, 0);
+    ck_assert_uint_eq(ts.waiting, 8);
+    /* A minute later the budget is back above zero (8 tokens), enough for
+     * one prompt. */
+    sched_set_clock(env.sched, 61000000000ull);
+    fake_step(&env, NULL);
+    sched_get_tenant_stats(env.sched, 0, &ts);
+    ck_assert_uint_eq(ts.running, 1);
+    ck_assert_uint_eq(ts.waiting, 7);
+    sched_set_clock(env.sched, 1000000000000ull);
+    for (int s = 0; s < 100 && !sched_idle(env.sched); s++) {
+        fake_step(&env, NULL);
+        sched_set_clock(env.sched, 1000000000000ull + (uint64_t)s * 60000000000ull);
+    }
+    fake_run(&env, 1000);
+    fake_env_fini(&env);
+}
+END_TEST
+
 START_TEST(test_priority_within_tenant)
 {
     fake_cfg_t c = fake_cfg_default();
@@ -803,6 +852,7 @@ scheduler_sched_suite(void)
     tcase_add_test(tc, test_vtc_lift_on_activation);
     tcase_add_test(tc, test_quota_waiting_and_running);
     tcase_add_test(tc, test_quota_kv_share);
+    tcase_add_test(tc, test_quota_tokens_per_minute);
     tcase_add_test(tc, test_priority_within_tenant);
     suite_add_tcase(s, tc);
     return s;
