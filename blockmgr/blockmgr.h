@@ -22,15 +22,22 @@
  *   The step contract (what makes the queued ops correct):
  *     1. The scheduler plans: reserve / lookup / fork / swap / free ...
  *     2. The engine runs bm_pool_ops() in queue order, then calls
- *        bm_pool_ops_clear() (every step, also when there were no ops).
+ *        bm_pool_ops_clear().
  *     3. The forward writes the K/V of every token reserved in step 1.
  *   Ops therefore see the bytes as they were before this step's forward.
  *   Ops that reuse a block always come after the ops that read its old
  *   bytes (e.g. a SWAP_OUT of block 5 precedes a SWAP_IN or COPY into 5).
- *   So, within one step, a sequence that reserved tokens (or got blocks
- *   by lookup or fork) must stay in the batch: do not swap it out, fork
- *   it and write the child, truncate or free it in the same step. The
- *   scheduler preempts sequences it has not reserved for yet this step.
+ *   So, within one step: a sequence that reserved tokens must stay in the
+ *   batch (do not swap it out, truncate or free it), and a fork of it must
+ *   not write before the next step. A sequence that got blocks by lookup,
+ *   fork or swap-in must not be swapped out or truncated in that step (it
+ *   may hold a block another sequence fills in this forward); freeing it
+ *   is fine. The scheduler preempts only sequences it has not planned yet
+ *   this step, and forks after the forward.
+ *
+ *   A block filled while an equal one is already registered (computed
+ *   twice) stays unregistered; it keeps its hash only to chain the next
+ *   block, and registers when released if the original is gone by then.
  *
  *   Free queue: one intrusive list per tier. FREE blocks sit at the front
  *   and are handed out first; CACHED blocks follow from least to most
