@@ -30,11 +30,11 @@
 #include "model/tokenizer_int.h"
 
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
-#define RE_LLAMA3                                                                          \
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
+#define RE_LLAMA3                                                                                  \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"     \
     "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_QWEN2                                                                           \
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
+#define RE_QWEN2                                                                                   \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"     \
     "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 /* DeepSeek LLM: letters of the cased scripts, ASCII/full-width punctuation,
@@ -187,8 +187,8 @@ tok_load_gguf(const gguf_file_t *g, tok_tokenizer_t **out, char *err, size_t err
         tok__set_token(t, (int32_t)i, s, len, score, type);
         tok_entry_t *e = &t->tokens[i];
         e->special = type == TOK_TYPE_CONTROL || type == TOK_TYPE_UNKNOWN;
-        e->added = type == TOK_TYPE_CONTROL || type == TOK_TYPE_UNKNOWN ||
-                   type == TOK_TYPE_USER_DEFINED;
+        e->added =
+            type == TOK_TYPE_CONTROL || type == TOK_TYPE_UNKNOWN || type == TOK_TYPE_USER_DEFINED;
     }
     tok__build_vocab_hash(t);
 
@@ -226,8 +226,8 @@ tok_load_gguf(const gguf_file_t *g, tok_tokenizer_t **out, char *err, size_t err
             goto fail;
         }
         for (int i = 0; set->regexes[i] != NULL; i++) {
-            rc = tok__add_pre_regex(t, set->regexes[i], strlen(set->regexes[i]),
-                                    TOK_SPLIT_ISOLATED, 0, err, errlen);
+            rc = tok__add_pre_regex(t, set->regexes[i], strlen(set->regexes[i]), TOK_SPLIT_ISOLATED,
+                                    0, err, errlen);
             if (rc != ST_OK) {
                 goto fail;
             }
@@ -254,8 +254,7 @@ tok_load_gguf(const gguf_file_t *g, tok_tokenizer_t **out, char *err, size_t err
                 rc = ST_EFORMAT;
                 goto fail;
             }
-            tok__add_merge(t, s, (size_t)(sp - s), sp + 1, len - (size_t)(sp - s) - 1,
-                           (int32_t)i);
+            tok__add_merge(t, s, (size_t)(sp - s), sp + 1, len - (size_t)(sp - s) - 1, (int32_t)i);
         }
     }
 

@@ -17,6 +17,10 @@
  *                  Metaspace, Sequence
  * Added tokens are matched in the raw text (also those marked
  * "normalized", which only differs for normalizers that change them).
+ * BOS/EOS come from the TemplateProcessing post-processor; an explicit
+ * add_bos_token: false or add_eos_token: true in tokenizer_config.json
+ * overrides it (the transformers Llama tokenizers do the same); without a
+ * template those two flags decide alone.
  *
  * Thread: any; the result is immutable.
  */
@@ -234,8 +238,7 @@ load_pre(tok_tokenizer_t *t, const cJSON *p, int first, char *err, size_t errlen
             return ST_EFORMAT;
         }
         if (re != NULL) {
-            return tok__add_pre_regex(t, re, strlen(re), beh, jbool(p, "invert", 0), err,
-                                      errlen);
+            return tok__add_pre_regex(t, re, strlen(re), beh, jbool(p, "invert", 0), err, errlen);
         }
         char *r = literal_regex(lit);
         rc = tok__add_pre_regex(t, r, strlen(r), beh, jbool(p, "invert", 0), err, errlen);
@@ -252,13 +255,13 @@ load_pre(tok_tokenizer_t *t, const cJSON *p, int first, char *err, size_t errlen
             t->bl_prefix_space = 1;
         }
         if (jbool(p, "use_regex", 1)) {
-            return tok__add_pre_regex(t, k_gpt2_re, strlen(k_gpt2_re), TOK_SPLIT_ISOLATED, 0,
-                                      err, errlen);
+            return tok__add_pre_regex(t, k_gpt2_re, strlen(k_gpt2_re), TOK_SPLIT_ISOLATED, 0, err,
+                                      errlen);
         }
         return ST_OK;
     }
     if (strcmp(type, "Digits") == 0) {
-        const char *re = jbool(p, "individual_digits", 0) ? "\\p{N}" : "\\p{N}+";
+        const char *re = jbool(p, "individual_digits", 0) ? "[0-9]" : "[0-9]+"; /* ASCII, as HF */
         return tok__add_pre_regex(t, re, strlen(re), TOK_SPLIT_ISOLATED, 0, err, errlen);
     }
     if (strcmp(type, "Whitespace") == 0) {
@@ -275,21 +278,23 @@ load_pre(tok_tokenizer_t *t, const cJSON *p, int first, char *err, size_t errlen
     }
     if (strcmp(type, "Metaspace") == 0) {
         const char *scheme = jstr(p, "prepend_scheme");
-        int prepend = jbool(p, "add_prefix_space", 1);
         if (!first || !is_meta(jstr(p, "replacement"))) {
             snprintf(err, errlen, "unsupported Metaspace configuration");
             return ST_EUNSUPPORTED;
         }
+        /* prepend_scheme (or the older add_prefix_space): "always" gives
+         * every segment a "▁" unless it starts with a space already,
+         * "first" only the segment at the start of the text. */
+        t->prefix = jbool(p, "add_prefix_space", 1) ? TOK_PREFIX_EVERY_SEGMENT : TOK_PREFIX_NONE;
         if (scheme != NULL) {
-            prepend = strcmp(scheme, "never") != 0;
+            t->prefix = strcmp(scheme, "always") == 0  ? TOK_PREFIX_EVERY_SEGMENT
+                        : strcmp(scheme, "first") == 0 ? TOK_PREFIX_FIRST_SEGMENT
+                                                       : TOK_PREFIX_NONE;
         }
+        t->prefix_if_absent = 1;
         t->replace_space = 1;
-        if (prepend) {
-            t->prefix = TOK_PREFIX_AFTER_SPECIAL;
-        }
         if (jbool(p, "split", 1)) {
-            return tok__add_pre_regex(t, "\xE2\x96\x81", 3, TOK_SPLIT_MERGED_NEXT, 0, err,
-                                      errlen);
+            return tok__add_pre_regex(t, "\xE2\x96\x81", 3, TOK_SPLIT_MERGED_NEXT, 0, err, errlen);
         }
         return ST_OK;
     }
@@ -327,8 +332,8 @@ load_decoder(tok_tokenizer_t *t, const cJSON *d, char *err, size_t errlen)
     }
     if (strcmp(type, "Replace") == 0) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(d, "pattern");
-        if (is_meta(jstr(pat, "String")) && strcmp(jstr(d, "content") ? jstr(d, "content") : "",
-                                                   " ") == 0) {
+        if (is_meta(jstr(pat, "String")) &&
+            strcmp(jstr(d, "content") ? jstr(d, "content") : "", " ") == 0) {
             t->replace_space = 1;
             return ST_OK;
         }
@@ -473,6 +478,12 @@ load_model(tok_tokenizer_t **out, const cJSON *root, char *err, size_t errlen)
         snprintf(err, errlen, "tokenizer.json: empty vocabulary");
         return ST_EFORMAT;
     }
+    /* Ids are dense in practice; refuse to allocate for a few huge ids. */
+    if (max_id >= 2 * (int64_t)(cJSON_GetArraySize(vocab) + cJSON_GetArraySize(added)) + 1024) {
+        snprintf(err, errlen, "tokenizer.json: token ids are too sparse (max id %lld)",
+                 (long long)max_id);
+        return ST_EFORMAT;
+    }
 
     t = tok__new((int32_t)(max_id + 1));
     cJSON_ArrayForEach(it, vocab)
@@ -531,8 +542,8 @@ load_model(tok_tokenizer_t **out, const cJSON *root, char *err, size_t errlen)
 }
 
 int
-tok_load_hf(const char *tokenizer_json, const char *tokenizer_config_json,
-            tok_tokenizer_t **out, char *err, size_t errlen)
+tok_load_hf(const char *tokenizer_json, const char *tokenizer_config_json, tok_tokenizer_t **out,
+            char *err, size_t errlen)
 {
     char *text = NULL;
     size_t len = 0;
@@ -570,8 +581,7 @@ tok_load_hf(const char *tokenizer_json, const char *tokenizer_config_json,
     }
     rc = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err, errlen);
     if (rc == ST_OK) {
-        rc = load_pre(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), 1, err,
-                      errlen);
+        rc = load_pre(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), 1, err, errlen);
     }
     if (rc == ST_OK) {
         rc = load_decoder(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), err, errlen);
@@ -592,6 +602,18 @@ tok_load_hf(const char *tokenizer_json, const char *tokenizer_config_json,
                 t->prefix_ids[t->n_prefix_ids++] = t->bos;
             }
             if (jbool(cfg, "add_eos_token", 0) && t->eos >= 0) {
+                t->suffix_ids[t->n_suffix_ids++] = t->eos;
+            }
+        } else {
+            /* An explicit config flag wins over the template, as the
+             * transformers Llama tokenizer rebuilds its template from it. */
+            if (jbool(cfg, "add_bos_token", 1) == 0 && t->n_prefix_ids > 0 &&
+                t->prefix_ids[0] == t->bos) {
+                memmove(t->prefix_ids, t->prefix_ids + 1,
+                        (size_t)(--t->n_prefix_ids) * sizeof(int32_t));
+            }
+            if (jbool(cfg, "add_eos_token", 0) && t->eos >= 0 && t->n_suffix_ids < TOK_MAX_AFFIX &&
+                (t->n_suffix_ids == 0 || t->suffix_ids[t->n_suffix_ids - 1] != t->eos)) {
                 t->suffix_ids[t->n_suffix_ids++] = t->eos;
             }
         }
@@ -630,8 +652,8 @@ tok_load_hf(const char *tokenizer_json, const char *tokenizer_config_json,
     }
     cJSON_Delete(root);
     cJSON_Delete(cfg);
-    LOG_DEBUG("loaded %s: %d tokens, %u merges, %d pre-tokenizer steps", tokenizer_json,
-              t->n_vocab, t->n_merges, t->n_pre);
+    LOG_DEBUG("loaded %s: %d tokens, %u merges, %d pre-tokenizer steps", tokenizer_json, t->n_vocab,
+              t->n_merges, t->n_pre);
     *out = t;
     return ST_OK;
 

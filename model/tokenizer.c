@@ -256,8 +256,7 @@ tok__new(int32_t n_vocab)
 }
 
 void
-tok__set_token(tok_tokenizer_t *t, int32_t id, const char *text, size_t len, float score,
-               int type)
+tok__set_token(tok_tokenizer_t *t, int32_t id, const char *text, size_t len, float score, int type)
 {
     tok_entry_t *e = &t->tokens[id];
 
@@ -395,8 +394,8 @@ merge_find(const tok_tokenizer_t *t, int32_t a, int32_t b)
 }
 
 int
-tok__add_pre_regex(tok_tokenizer_t *t, const char *pattern, size_t len, int behavior,
-                   int invert, char *err, size_t errlen)
+tok__add_pre_regex(tok_tokenizer_t *t, const char *pattern, size_t len, int behavior, int invert,
+                   char *err, size_t errlen)
 {
     int ec;
     PCRE2_SIZE eoff;
@@ -414,8 +413,7 @@ tok__add_pre_regex(tok_tokenizer_t *t, const char *pattern, size_t len, int beha
     if (re == NULL) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ec, msg, sizeof(msg));
-        snprintf(err, errlen, "pre-tokenizer regex: %s at offset %zu", (char *)msg,
-                 (size_t)eoff);
+        snprintf(err, errlen, "pre-tokenizer regex: %s at offset %zu", (char *)msg, (size_t)eoff);
         return ST_EFORMAT;
     }
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional speed-up */
@@ -580,6 +578,30 @@ tok__finish(tok_tokenizer_t *t, char *err, size_t errlen)
     for (int32_t id = 0; id < t->n_vocab; id++) {
         build_piece(t, &t->tokens[id]);
     }
+
+    /* SentencePiece texts may be cut into words before each "▁" that
+     * follows another character when no model token has such a "▁"
+     * (added tokens are split out before and do not count). */
+    t->meta_split = t->replace_space && t->n_pre == 0;
+    for (int32_t id = 0; id < t->n_vocab && t->meta_split; id++) {
+        const tok_entry_t *e = &t->tokens[id];
+        int seen_other = 0;
+        if (e->added) {
+            continue;
+        }
+        for (uint32_t i = 0; i < e->len;) {
+            if (i + 3 <= e->len && memcmp(e->text + i, k_meta, 3) == 0) {
+                if (seen_other) {
+                    t->meta_split = 0;
+                    break;
+                }
+                i += 3;
+            } else {
+                seen_other = 1;
+                i++;
+            }
+        }
+    }
     return ST_OK;
 }
 
@@ -680,13 +702,40 @@ typedef struct enc {
     size_t n_heap, cap_heap;
     span_t *sp[2];
     size_t n_sp[2], cap_sp[2];
-    sb_t buf;  /* normalized segment */
-    sb_t san;  /* sanitized copy for the regexes when buf is not valid UTF-8 */
+    sb_t buf;          /* normalized segment */
+    sb_t san;          /* sanitized copy for the regexes when buf is not valid UTF-8 */
     uint32_t *san_map; /* san offset -> buf offset */
     size_t cap_map;
     sb_t word; /* byte-level spelling of a word (ignore_merges lookup) */
     pcre2_match_data *md;
+    struct wcache *cache; /* long inputs only: ids of recently seen words */
 } enc_t;
+
+/* Direct-mapped cache of word -> ids, used for long inputs where words
+ * repeat; a slot is simply replaced on collision. */
+#define WCACHE_SLOTS 4096
+#define WCACHE_MAX_WORD 64
+
+typedef struct wcache {
+    uint64_t h;
+    char *word; /* NULL: empty slot */
+    uint32_t len;
+    int32_t *ids;
+    uint32_t n;
+} wcache_t;
+
+static void
+wcache_free(wcache_t *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < WCACHE_SLOTS; i++) {
+        free(c[i].word);
+        free(c[i].ids);
+    }
+    free(c);
+}
 
 static void
 enc_push(enc_t *e, int32_t id)
@@ -806,18 +855,52 @@ push_unk(enc_t *e, int *last_unk)
     *last_unk = 1;
 }
 
+static void enc_word_uncached(enc_t *e, const char *w, size_t n);
+
 /* Encodes one pre-tokenized word w[0..n). */
 static void
 enc_word(enc_t *e, const char *w, size_t n)
+{
+
+    if (n == 0) {
+        return;
+    }
+    wcache_t *slot = NULL;
+    size_t first_id = e->n_ids;
+    if (e->cache != NULL && n <= WCACHE_MAX_WORD) {
+        uint64_t h = hash_bytes(w, n);
+        slot = &e->cache[h & (WCACHE_SLOTS - 1)];
+        if (slot->word != NULL && slot->h == h && slot->len == n && memcmp(slot->word, w, n) == 0) {
+            for (uint32_t i = 0; i < slot->n; i++) {
+                enc_push(e, slot->ids[i]);
+            }
+            return;
+        }
+        free(slot->word);
+        free(slot->ids);
+        slot->word = NULL;
+        slot->ids = NULL;
+        slot->h = h;
+    }
+    enc_word_uncached(e, w, n);
+    if (slot != NULL) {
+        slot->word = xstrndup(w, n);
+        slot->len = (uint32_t)n;
+        slot->n = (uint32_t)(e->n_ids - first_id);
+        slot->ids = xmalloc((slot->n ? slot->n : 1) * sizeof(int32_t));
+        memcpy(slot->ids, e->ids + first_id, slot->n * sizeof(int32_t));
+    }
+}
+
+/* Encodes one word without the cache. */
+static void
+enc_word_uncached(enc_t *e, const char *w, size_t n)
 {
     const tok_tokenizer_t *t = e->t;
     const uint8_t *u = (const uint8_t *)w;
     int32_t n_sym = 0;
     int last_unk = 0;
 
-    if (n == 0) {
-        return;
-    }
     if (t->ignore_merges) {
         int32_t id;
         if (t->byte_level) {
@@ -1037,7 +1120,7 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
 
     e->buf.n = 0;
     sb_reserve(&e->buf, n + 8);
-    if (add_prefix) {
+    if (add_prefix && !(t->prefix_if_absent && s[0] == ' ')) {
         sb_add(&e->buf, k_meta, 3);
     }
     if (t->bl_prefix_space && s[0] != ' ') {
@@ -1058,7 +1141,26 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
     }
 
     if (t->n_pre == 0) {
-        enc_word(e, e->buf.p, e->buf.n);
+        if (!t->meta_split) {
+            enc_word(e, e->buf.p, e->buf.n);
+            return;
+        }
+        /* No token has a "▁" after another character, so no token spans a
+         * "▁" that follows a non-"▁" character: words end there. */
+        const uint8_t *u = (const uint8_t *)e->buf.p;
+        size_t start = 0, i = 0;
+        int prev_meta = 1;
+        while (i < e->buf.n) {
+            int is_meta = i + 3 <= e->buf.n && memcmp(u + i, k_meta, 3) == 0;
+            if (is_meta && !prev_meta) {
+                enc_word(e, e->buf.p + start, i - start);
+                start = i;
+            }
+            prev_meta = is_meta;
+            int cl = u8_char_len(u + i, e->buf.n - i);
+            i += cl > 0 ? (size_t)cl : 1;
+        }
+        enc_word(e, e->buf.p + start, e->buf.n - start);
         return;
     }
 
@@ -1144,6 +1246,9 @@ tok_encode(const tok_tokenizer_t *t, const char *text, size_t len, int flags, in
         /* Enough ovector pairs for any of the patterns. */
         e.md = pcre2_match_data_create(32, NULL);
     }
+    if (len >= 4096) {
+        e.cache = xcalloc(WCACHE_SLOTS, sizeof(wcache_t));
+    }
     if (flags & TOK_ADD_SPECIAL) {
         for (int k = 0; k < t->n_prefix_ids; k++) {
             enc_push(&e, t->prefix_ids[k]);
@@ -1173,6 +1278,8 @@ tok_encode(const tok_tokenizer_t *t, const char *text, size_t len, int flags, in
                 add_prefix = 1;
             } else if (t->prefix == TOK_PREFIX_AFTER_SPECIAL) {
                 add_prefix = prev_token;
+            } else if (t->prefix == TOK_PREFIX_FIRST_SEGMENT) {
+                add_prefix = seg == 0;
             }
             enc_segment(&e, text + seg, seg_end - seg, add_prefix);
             prev_token = 0;
@@ -1208,6 +1315,7 @@ tok_encode(const tok_tokenizer_t *t, const char *text, size_t len, int flags, in
     free(e.san.p);
     free(e.san_map);
     free(e.word.p);
+    wcache_free(e.cache);
     if (e.ids == NULL) {
         e.ids = xmalloc(sizeof(int32_t));
     }
@@ -1338,8 +1446,8 @@ tok_stream_flush(tok_stream_t *s, char *out, size_t cap)
 }
 
 int
-tok_decode(const tok_tokenizer_t *t, const int32_t *ids, size_t n, int skip_special,
-           char **text, size_t *len)
+tok_decode(const tok_tokenizer_t *t, const int32_t *ids, size_t n, int skip_special, char **text,
+           size_t *len)
 {
     tok_stream_t s;
     sb_t b = {0};

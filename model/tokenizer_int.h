@@ -41,6 +41,7 @@ enum tok_prefix {
     TOK_PREFIX_NONE = 0,
     TOK_PREFIX_EVERY_SEGMENT = 1, /* HF Prepend normalizer: every non-empty segment */
     TOK_PREFIX_AFTER_SPECIAL = 2, /* llama.cpp: at the start and after an added token */
+    TOK_PREFIX_FIRST_SEGMENT = 3, /* Metaspace "first": a segment at offset 0 only */
 };
 
 /* Split behaviours of the HF Split pre-tokenizer. */
@@ -56,9 +57,9 @@ enum tok_split {
 #define TOK_MAX_AFFIX 4
 
 typedef struct tok_entry {
-    char *text;      /* vocabulary string, NUL-terminated, owned */
+    char *text; /* vocabulary string, NUL-terminated, owned */
     uint32_t len;
-    char *piece;     /* decoded bytes (not NUL-terminated), owned; may alias nothing */
+    char *piece; /* decoded bytes (not NUL-terminated), owned; may alias nothing */
     uint32_t piece_len;
     float score;
     uint8_t type;    /* TOK_TYPE_* */
@@ -86,10 +87,12 @@ struct tok_tokenizer {
     int byte_fallback; /* unknown characters become <0xXX> tokens */
     int ignore_merges; /* a word found whole in the vocabulary skips BPE */
     int fuse_unk;
-    int prefix;        /* TOK_PREFIX_* */
-    int replace_space; /* ' ' becomes "▁" before the model (SentencePiece) */
-    int bl_prefix_space; /* ByteLevel add_prefix_space */
-    int strip_lead;    /* decoder drops one leading space of the text */
+    int prefix;           /* TOK_PREFIX_* */
+    int prefix_if_absent; /* Metaspace: no prefix when the segment starts with a space */
+    int replace_space;    /* ' ' becomes "▁" before the model (SentencePiece) */
+    int bl_prefix_space;  /* ByteLevel add_prefix_space */
+    int strip_lead;       /* decoder drops one leading space of the text */
+    int meta_split;       /* SentencePiece text may be cut before "▁" (see tok__finish) */
 
     int32_t n_vocab;
     tok_entry_t *tokens;

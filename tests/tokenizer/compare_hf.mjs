@@ -6,8 +6,9 @@
 // Exit 0 when every text agrees, 1 on any difference, 77 (skip) when the
 // npm packages are not installed (run `npm ci` at the repository root).
 import { spawnSync } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
+import os from "node:os";
 import path from "node:path";
 
 const [kvserveArg, rootArg] = process.argv.slice(2);
@@ -31,20 +32,83 @@ const texts = readFileSync(path.join(root, "tests", "tokenizer", "texts.jsonl"),
   .filter((l) => l.length > 0)
   .map((l) => JSON.parse(l));
 
+const austen = {
+  json: path.join(root, "models", "austen-2.7m", "tokenizer.json"),
+  config: path.join(root, "models", "austen-2.7m", "tokenizer_config.json"),
+};
+const llama3 = {
+  json: path.join(llama3Dir, "tokenizer.json"),
+  config: path.join(llama3Dir, "tokenizer_config.json"),
+};
 const models = [
+  { name: "austen-2.7m", ...austen, cli: path.join(root, "models", "austen-2.7m") },
+  { name: "llama3", ...llama3, cli: llama3.json },
+];
+
+// Variants of the two tokenizers that exercise the other pre-tokenizers
+// (GPT-2, SmolLM and Qwen2 styles; SentencePiece Metaspace), written to a
+// temporary directory as tokenizer.json files.
+const qwen2Regex = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
+const variants = [
   {
-    name: "austen-2.7m",
-    json: path.join(root, "models", "austen-2.7m", "tokenizer.json"),
-    config: path.join(root, "models", "austen-2.7m", "tokenizer_config.json"),
-    cli: path.join(root, "models", "austen-2.7m"),
+    name: "llama3+gpt2-bytelevel",
+    base: llama3,
+    pre: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
   },
   {
-    name: "llama3",
-    json: path.join(llama3Dir, "tokenizer.json"),
-    config: path.join(llama3Dir, "tokenizer_config.json"),
-    cli: path.join(llama3Dir, "tokenizer.json"),
+    name: "llama3+bytelevel-prefix-space",
+    base: llama3,
+    pre: { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
+  },
+  {
+    name: "llama3+digits",
+    base: llama3,
+    pre: {
+      type: "Sequence",
+      pretokenizers: [
+        { type: "Digits", individual_digits: true },
+        { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
+      ],
+    },
+  },
+  {
+    name: "llama3+qwen2-regex",
+    base: llama3,
+    pre: {
+      type: "Sequence",
+      pretokenizers: [
+        { type: "Split", pattern: { Regex: qwen2Regex }, behavior: "Isolated", invert: false },
+        { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false },
+      ],
+    },
+  },
+  {
+    name: "austen+metaspace-first",
+    base: austen,
+    normalizer: null,
+    pre: { type: "Metaspace", replacement: "\u2581", prepend_scheme: "first", split: false },
+  },
+  {
+    name: "austen+metaspace-always",
+    base: austen,
+    normalizer: null,
+    pre: { type: "Metaspace", replacement: "\u2581", prepend_scheme: "always", split: false },
+    decoder: { type: "Metaspace", replacement: "\u2581", prepend_scheme: "always", split: false },
   },
 ];
+const tmp = mkdtempSync(path.join(os.tmpdir(), "kvs-tok-"));
+process.on("exit", () => rmSync(tmp, { recursive: true, force: true }));
+for (const v of variants) {
+  const json = JSON.parse(readFileSync(v.base.json, "utf8"));
+  json.pre_tokenizer = v.pre;
+  if ("normalizer" in v) json.normalizer = v.normalizer;
+  if ("decoder" in v) json.decoder = v.decoder;
+  const dir = path.join(tmp, v.name);
+  mkdirSync(dir);
+  writeFileSync(path.join(dir, "tokenizer.json"), JSON.stringify(json));
+  writeFileSync(path.join(dir, "tokenizer_config.json"), readFileSync(v.base.config));
+  models.push({ name: v.name, object: json, config: v.base.config, cli: dir });
+}
 
 // The reference for --no-special: the same tokenizer without its special
 // added tokens (so their text is plain text) and without post-processing.
@@ -77,7 +141,7 @@ function runCli(model, flags) {
 let failures = 0;
 let compared = 0;
 for (const m of models) {
-  const json = JSON.parse(readFileSync(m.json, "utf8"));
+  const json = m.object ?? JSON.parse(readFileSync(m.json, "utf8"));
   const config = JSON.parse(readFileSync(m.config, "utf8"));
   const full = new Tokenizer(json, config);
   const plain = new Tokenizer(plainVariant(json), config);

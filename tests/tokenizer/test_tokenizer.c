@@ -57,8 +57,7 @@ assert_ids(const tok_tokenizer_t *t, const char *text, int flags, const int32_t 
     ck_assert_int_eq(tok_encode(t, text, strlen(text), flags, &ids, &n), ST_OK);
     ck_assert_msg(n == n_want, "\"%s\": %zu ids, want %zu", text, n, n_want);
     for (size_t i = 0; i < n; i++) {
-        ck_assert_msg(ids[i] == want[i], "\"%s\": id %zu is %d, want %d", text, i, ids[i],
-                      want[i]);
+        ck_assert_msg(ids[i] == want[i], "\"%s\": id %zu is %d, want %d", text, i, ids[i], want[i]);
     }
     free(ids);
 }
@@ -97,8 +96,10 @@ START_TEST(test_special_text)
     ck_assert_int_eq(tok_encode(t, "a<s>b", 5, TOK_PARSE_SPECIAL, &ids, &n), ST_OK);
     ck_assert_uint_eq(n, 3);
     ck_assert_int_eq(ids[1], 1);
-    ck_assert_int_eq(ids[0], tok_find(t, "\xe2\x96\x81" "a"));
-    ck_assert_int_eq(ids[2], tok_find(t, "\xe2\x96\x81" "b"));
+    ck_assert_int_eq(ids[0], tok_find(t, "\xe2\x96\x81"
+                                         "a"));
+    ck_assert_int_eq(ids[2], tok_find(t, "\xe2\x96\x81"
+                                         "b"));
     free(ids);
     /* Not parsed: plain text, never id 1. */
     ck_assert_int_eq(tok_encode(t, "a<s>b", 5, 0, &ids, &n), ST_OK);
@@ -286,6 +287,7 @@ START_TEST(test_load_errors)
         "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}",
         "{\"model\": {\"type\": \"BPE\", \"vocab\": {}}}",
         "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -3}}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 9000000}}}",
         "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"nospace\"]}}",
         "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": "
         "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}}",

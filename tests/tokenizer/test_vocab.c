@@ -38,11 +38,9 @@ check_vocab(const char *name, int *n_pass, int *n_total)
     ck_assert_msg(tok_load_gguf(g, &t, err, sizeof(err)) == ST_OK, "%s: %s", path, err);
     gguf_close(g); /* the tokenizer keeps copies of everything */
 
-    snprintf(path, sizeof(path), "%s/tests/fixtures/vocab/ggml-vocab-%s.gguf.inp", tt_root(),
-             name);
+    snprintf(path, sizeof(path), "%s/tests/fixtures/vocab/ggml-vocab-%s.gguf.inp", tt_root(), name);
     inp = tt_read_file(path, &inp_len);
-    snprintf(path, sizeof(path), "%s/tests/fixtures/vocab/ggml-vocab-%s.gguf.out", tt_root(),
-             name);
+    snprintf(path, sizeof(path), "%s/tests/fixtures/vocab/ggml-vocab-%s.gguf.out", tt_root(), name);
     outp = tt_read_file(path, &out_len);
 
     const char *in_cur = inp, *out_cur = outp;

@@ -16,8 +16,8 @@ char *tt_read_file(const char *path, size_t *len);
 int tt_is_added(const tok_tokenizer_t *t, int32_t id);
 /* decode(ids) == text[0..len), and the incremental decoder gives the same
  * bytes when fed one id at a time. */
-void tt_assert_roundtrip(const tok_tokenizer_t *t, const char *text, size_t len,
-                         const int32_t *ids, size_t n);
+void tt_assert_roundtrip(const tok_tokenizer_t *t, const char *text, size_t len, const int32_t *ids,
+                         size_t n);
 /* Streams ids through tok_stream_* and returns the concatenated text. */
 char *tt_stream_all(const tok_tokenizer_t *t, const int32_t *ids, size_t n, int skip_special);
 
