@@ -772,7 +772,7 @@ gguf_tensor_to_f32(const gguf_tensor_t *t, float *dst)
 {
     const unsigned char *p = t->data;
     uint64_t n = t->dims[0] * t->dims[1] * t->dims[2] * t->dims[3];
-    uint16_t h;
+    int64_t n_blocks = (int64_t)(n / 32);
 
     switch (t->type) {
     case GGUF_TENSOR_F32:
@@ -783,14 +783,17 @@ gguf_tensor_to_f32(const gguf_tensor_t *t, float *dst)
     case GGUF_TENSOR_BF16:
         return st_to_f32(ST_DTYPE_BF16, p, n, dst);
     case GGUF_TENSOR_Q8_0:
-        for (uint64_t b = 0; b < n / 32; b++) {
+        for (int64_t b = 0; b < n_blocks; b++) {
             const unsigned char *blk = p + b * 34;
+            const int8_t *q = (const int8_t *)(blk + 2);
+            float *o = dst + b * 32;
+            uint16_t h;
             float d;
 
             memcpy(&h, blk, 2);
             d = st_f16_to_f32(h);
             for (int i = 0; i < 32; i++) {
-                dst[b * 32 + (uint64_t)i] = d * (float)(int8_t)blk[2 + i];
+                o[i] = d * (float)q[i];
             }
         }
         return ST_OK;

@@ -394,9 +394,9 @@ hf_chat_template(const char *dir)
             cJSON_ArrayForEach(e, ct) {
                 const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
                 const cJSON *tp = cJSON_GetObjectItemCaseSensitive(e, "template");
+                int is_default = cJSON_IsString(nm) && strcmp(nm->valuestring, "default") == 0;
 
-                if (cJSON_IsString(tp) &&
-                    (out == NULL || (cJSON_IsString(nm) && strcmp(nm->valuestring, "default") == 0))) {
+                if (cJSON_IsString(tp) && (out == NULL || is_default)) {
                     free(out);
                     out = xstrdup(tp->valuestring);
                 }

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,24 +211,42 @@ st_bf16_to_f32(uint16_t h)
     return f;
 }
 
+/* Every f16 value as f32 (256 KB), built once: a lookup beats the
+ * branches of st_f16_to_f32 by several times on bulk conversions. */
+static float f16_table[65536];
+static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
+
+static void
+f16_table_init(void)
+{
+    for (uint32_t i = 0; i < 65536; i++) {
+        f16_table[i] = st_f16_to_f32((uint16_t)i);
+    }
+}
+
 int
 st_to_f32(st_dtype_t dt, const void *src, uint64_t n, float *dst)
 {
     const unsigned char *p = src;
-    uint16_t h;
+    int64_t nn = (int64_t)n;
 
     switch (dt) {
     case ST_DTYPE_F32:
         memcpy(dst, src, n * sizeof(float));
         return ST_OK;
     case ST_DTYPE_F16:
-        for (uint64_t i = 0; i < n; i++) {
+        pthread_once(&f16_once, f16_table_init);
+        for (int64_t i = 0; i < nn; i++) {
+            uint16_t h;
+
             memcpy(&h, p + 2 * i, 2);
-            dst[i] = st_f16_to_f32(h);
+            dst[i] = f16_table[h];
         }
         return ST_OK;
     case ST_DTYPE_BF16:
-        for (uint64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < nn; i++) {
+            uint16_t h;
+
             memcpy(&h, p + 2 * i, 2);
             dst[i] = st_bf16_to_f32(h);
         }

@@ -4,10 +4,12 @@
  * a tied Qwen2 with q/k/v biases and a byte-level BPE vocabulary, and a
  * model whose head_dim is not hidden / heads. */
 #include <check.h>
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/status.h"
 #include "loader_test.h"
@@ -52,7 +54,22 @@ START_TEST(test_austen_safetensors_config)
     ck_assert_int_eq(c->eos_ids[0], 2);
     ck_assert_ptr_nonnull(mdl_model_tokenizer(m));
     ck_assert_int_eq(tok_vocab_size(mdl_model_tokenizer(m)), 1024);
-    ck_assert_ptr_null(mdl_model_chat_template(m));
+    {
+        /* the template is tokenizer_config.json's, if it has one */
+        size_t n;
+        unsigned char *txt = lt_read(lt_src("models/austen-2.7m/tokenizer_config.json"), &n);
+        cJSON *j = cJSON_ParseWithLength((const char *)txt, n);
+        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
+
+        ck_assert_ptr_nonnull(j);
+        if (cJSON_IsString(ct)) {
+            ck_assert_str_eq(mdl_model_chat_template(m), ct->valuestring);
+        } else {
+            ck_assert_ptr_null(mdl_model_chat_template(m));
+        }
+        cJSON_Delete(j);
+        free(txt);
+    }
     ck_assert(m->lm_head != m->tok_embd);
     /* per layer: 2 norms + q,k,v,o + gate, up, down; plus final norm and
      * lm_head (the embedding is a lookup, not read per token). */
@@ -127,6 +144,56 @@ START_TEST(test_austen_gguf_rows_are_permuted)
     ck_assert(memcmp(gr + dim, sr + dim, dim * sizeof(float)) != 0);
     gguf_close(g);
     st_close(s);
+}
+END_TEST
+
+/* A directory of links to the default model plus the given
+ * tokenizer_config.json text and, when not NULL, chat_template.jinja. */
+static char *
+template_dir(const char *tokcfg, const char *jinja)
+{
+    static const char *const files[] = { "config.json", "generation_config.json",
+                                         "model.safetensors", "tokenizer.json" };
+    char *dir = lt_mkdtemp("loader-tpl");
+    char src[4096], dst[4200];
+
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        snprintf(src, sizeof(src), "models/austen-2.7m/%s", files[i]);
+        snprintf(dst, sizeof(dst), "%s/%s", dir, files[i]);
+        ck_assert_int_eq(symlink(lt_src(src), dst), 0);
+    }
+    snprintf(dst, sizeof(dst), "%s/tokenizer_config.json", dir);
+    lt_write(dst, tokcfg, strlen(tokcfg));
+    if (jinja != NULL) {
+        snprintf(dst, sizeof(dst), "%s/chat_template.jinja", dir);
+        lt_write(dst, jinja, strlen(jinja));
+    }
+    return dir;
+}
+
+START_TEST(test_chat_template_sources)
+{
+    char *d1 = template_dir("{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
+                            " {\"name\": \"default\", \"template\": \"D{{x}}\"}]}", NULL);
+    char *d2 = template_dir("{\"add_bos_token\": true}", "J{{ messages }}\n");
+    char *d3 = template_dir("{\"chat_template\": \"S\"}", "J");
+    mdl_model_t *m;
+
+    m = load_ok(d1);
+    ck_assert_str_eq(mdl_model_chat_template(m), "D{{x}}");
+    mdl_model_destroy(m);
+    m = load_ok(d2);
+    ck_assert_str_eq(mdl_model_chat_template(m), "J{{ messages }}\n");
+    mdl_model_destroy(m);
+    m = load_ok(d3);
+    ck_assert_str_eq(mdl_model_chat_template(m), "S");
+    mdl_model_destroy(m);
+    lt_rmtree(d1);
+    lt_rmtree(d2);
+    lt_rmtree(d3);
+    free(d1);
+    free(d2);
+    free(d3);
 }
 END_TEST
 
@@ -310,6 +377,7 @@ loader_formats_suite(void)
     tcase_add_test(tc, test_austen_gguf_equals_safetensors);
     tcase_add_test(tc, test_austen_bf16_within_rounding);
     tcase_add_test(tc, test_austen_gguf_rows_are_permuted);
+    tcase_add_test(tc, test_chat_template_sources);
     tcase_add_test(tc, test_missing_path_is_enoent);
     suite_add_tcase(s, tc);
 
