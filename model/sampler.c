@@ -57,8 +57,8 @@ struct smp_ctx {
     uint32_t *hist_n;  /* [SMP_NBUCKETS] candidates per weight bucket */
     double *hist_m;    /* [SMP_NBUCKETS] their mass */
     double *blk;       /* [vocab / SMP_BLOCK + 1] block sums of the draw */
-    int32_t *counts; /* [vocab] output-token counts; all zero between calls */
-    uint8_t *seen;   /* [vocab] repetition-penalty marks; all zero between calls */
+    int32_t *counts;   /* [vocab] output-token counts; all zero between calls */
+    uint8_t *seen;     /* [vocab] repetition-penalty marks; all zero between calls */
 };
 
 /* ---- RNG: xoshiro256** seeded by splitmix64 ---------------------------- */
@@ -166,8 +166,8 @@ smp_ctx_destroy(smp_ctx_t *c)
 /* ---- validation, bias and penalties --------------------------------------- */
 
 static int
-smp_check_params(const smp_ctx_t *c, const smp_params_t *p, const int32_t *history,
-                 int32_t n_hist, int32_t n_prompt)
+smp_check_params(const smp_ctx_t *c, const smp_params_t *p, const int32_t *history, int32_t n_hist,
+                 int32_t n_prompt)
 {
     if (!(p->temperature >= 0.0f) || !(p->top_p > 0.0f && p->top_p <= 1.0f) ||
         !(p->min_p >= 0.0f && p->min_p <= 1.0f) || !(p->repetition_penalty > 0.0f) ||
@@ -275,7 +275,7 @@ static double
 smp_exp_sum(const float *x, float *out, int32_t n, float max, float inv_t)
 {
     double total = 0.0;
-    smp_v4f acc = { 0 };
+    smp_v4f acc = {0};
     int32_t i = 0, blocks = 0;
 
     for (; i + 4 <= n; i += 4) {
@@ -292,12 +292,12 @@ smp_exp_sum(const float *x, float *out, int32_t n, float max, float inv_t)
             for (int k = 0; k < 4; k++) {
                 total += acc[k];
             }
-            acc = (smp_v4f){ 0 };
+            acc = (smp_v4f){0};
             blocks = 0;
         }
     }
     if (i < n) {
-        smp_v4f v = { -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+        smp_v4f v = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
         smp_v4f e;
 
         memcpy(&v, x + i, (size_t)(n - i) * sizeof(float));
@@ -318,7 +318,7 @@ smp_exp_sum(const float *x, float *out, int32_t n, float max, float inv_t)
 static float
 smp_max(const float *x, int32_t n)
 {
-    smp_v4f m = { -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+    smp_v4f m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
     float best = -INFINITY;
     int32_t i = 0;
 

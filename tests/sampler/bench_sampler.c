@@ -61,7 +61,7 @@ bench(int32_t vocab, const char *name, const smp_params_t *p, const float *logit
 int
 main(void)
 {
-    const int32_t vocabs[2] = { 1024, 128256 };
+    const int32_t vocabs[2] = {1024, 128256};
     int32_t hist[256];
 
     for (int i = 0; i < 256; i++) {
@@ -72,7 +72,7 @@ main(void)
         float *l = malloc((size_t)n * sizeof(float));
         float *w = malloc((size_t)n * sizeof(float));
         smp_rng_t r;
-        smp_params_t base = { .temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f };
+        smp_params_t base = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
         smp_params_t p;
 
         smp_rng_seed(&r, 42);

@@ -149,8 +149,8 @@ check_distribution(const float *logits, int32_t n, const smp_params_t *p, uint64
         double e = probs[i] * N_DRAWS;
 
         if (probs[i] == 0.0) {
-            ck_assert_msg(counts[i] == 0, "token %d has probability 0 but was drawn %ld times",
-                          i, counts[i]);
+            ck_assert_msg(counts[i] == 0, "token %d has probability 0 but was drawn %ld times", i,
+                          counts[i]);
             continue;
         }
         if (e < 5.0) {
@@ -166,8 +166,8 @@ check_distribution(const float *logits, int32_t n, const smp_params_t *p, uint64
         bins++;
     }
     if (bins > 1) {
-        ck_assert_msg(chi2 < chi2_crit(bins - 1), "chi2 %.1f over %d bins, bound %.1f", chi2,
-                      bins, chi2_crit(bins - 1));
+        ck_assert_msg(chi2 < chi2_crit(bins - 1), "chi2 %.1f over %d bins, bound %.1f", chi2, bins,
+                      chi2_crit(bins - 1));
     }
     smp_ctx_destroy(c);
     free(probs);
@@ -271,8 +271,8 @@ END_TEST
 
 START_TEST(test_chi2_plain_softmax)
 {
-    float l[16] = { 2.0f, 1.5f, 1.0f, 0.5f, 0.0f, -0.5f, -1.0f, 3.0f,
-                    2.5f, 0.2f, -2.0f, 1.1f, 0.9f, 0.1f, -0.3f, 1.7f };
+    float l[16] = {2.0f, 1.5f, 1.0f,  0.5f, 0.0f, -0.5f, -1.0f, 3.0f,
+                   2.5f, 0.2f, -2.0f, 1.1f, 0.9f, 0.1f,  -0.3f, 1.7f};
     smp_params_t p = params_default();
 
     check_distribution(l, 16, &p, 99);
@@ -334,8 +334,7 @@ START_TEST(test_chi2_ties)
             n_four += res.token % 5 == 4;
         }
         /* P(four) = 400e / (400e + 100) = 0.9158; sd over 20000 = 0.002. */
-        ck_assert_msg(fabs(n_four / 20000.0 - 0.91576) < 0.012, "P(four) %.4f",
-                      n_four / 20000.0);
+        ck_assert_msg(fabs(n_four / 20000.0 - 0.91576) < 0.012, "P(four) %.4f", n_four / 20000.0);
         smp_ctx_destroy(c);
     }
     /* top_p = 0.5 needs part of the run of fours only: which of the tied
@@ -348,7 +347,7 @@ START_TEST(test_chi2_ties)
         smp_rng_t rng;
         smp_result_t res;
         float w[2000];
-        int seen[2000] = { 0 };
+        int seen[2000] = {0};
         int distinct = 0, expect;
         double z = 400.0 * (1.0 + exp(-1.0) + exp(-2.0) + exp(-3.0) + exp(-4.0));
 
@@ -405,8 +404,7 @@ START_TEST(test_truncation_excludes)
         for (int i = 0; i < 300; i++) {
             memcpy(w, l, (size_t)n * sizeof(float));
             ck_assert_int_eq(smp_sample(c, &cases[k], &rng, w, NULL, 0, 0, &res), ST_OK);
-            ck_assert_msg(probs[res.token] > 0.0, "case %d drew excluded token %d", k,
-                          res.token);
+            ck_assert_msg(probs[res.token] > 0.0, "case %d drew excluded token %d", k, res.token);
         }
     }
     smp_ctx_destroy(c);
@@ -459,10 +457,10 @@ START_TEST(test_penalties_and_bias)
     smp_ctx_t *c;
     smp_params_t p = params_default();
     smp_result_t res;
-    smp_bias_t bias[2] = { { 3, 100.0f }, { 5, -2.5f } };
+    smp_bias_t bias[2] = {{3, 100.0f}, {5, -2.5f}};
     /* prompt: 1 2 2 ; output: 4 4 6 1 */
-    int32_t hist[7] = { 1, 2, 2, 4, 4, 6, 1 };
-    float l[8] = { 1.0f, 2.0f, -1.0f, 0.5f, 3.0f, 1.0f, -2.0f, 0.25f };
+    int32_t hist[7] = {1, 2, 2, 4, 4, 6, 1};
+    float l[8] = {1.0f, 2.0f, -1.0f, 0.5f, 3.0f, 1.0f, -2.0f, 0.25f};
     float orig[8];
 
     memcpy(orig, l, sizeof(l));
@@ -558,7 +556,7 @@ START_TEST(test_logprobs)
     }
     /* ... but after bias: biasing token 0 to the top shows in the list. */
     {
-        smp_bias_t b = { 0, 50.0f };
+        smp_bias_t b = {0, 50.0f};
         p.bias = &b;
         p.n_bias = 1;
         p.temperature = 0.0f;
@@ -630,9 +628,9 @@ START_TEST(test_invalid_params)
     smp_params_t p;
     smp_rng_t rng;
     smp_result_t res;
-    float l[4] = { 0.0f, 1.0f, 2.0f, 3.0f };
-    int32_t bad_hist[2] = { 1, 4 };
-    smp_bias_t bad_bias = { 9, 1.0f };
+    float l[4] = {0.0f, 1.0f, 2.0f, 3.0f};
+    int32_t bad_hist[2] = {1, 4};
+    smp_bias_t bad_bias = {9, 1.0f};
 
     ck_assert_int_eq(smp_ctx_create(0, &c), ST_EINVAL);
     ck_assert_int_eq(smp_ctx_create(4, &c), ST_OK);
@@ -671,7 +669,7 @@ START_TEST(test_invalid_params)
     l[2] = 0.0f;
     l[1] = NAN;
     for (int i = 0; i < 50; i++) {
-        float w[4] = { -INFINITY, NAN, 0.0f, -INFINITY };
+        float w[4] = {-INFINITY, NAN, 0.0f, -INFINITY};
         ck_assert_int_eq(smp_sample(c, &p, &rng, w, NULL, 0, 0, &res), ST_OK);
         ck_assert_int_eq(res.token, 2);
         ck_assert_float_eq_tol(res.logprob, 0.0f, 1e-6);
