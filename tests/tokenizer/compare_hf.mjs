@@ -96,11 +96,22 @@ const variants = [
     decoder: { type: "Metaspace", replacement: "\u2581", prepend_scheme: "always", split: false },
   },
 ];
+// Extra added tokens: a special one that swallows the whitespace around it
+// (lstrip/rstrip) and a plain one (split out even with --no-special).
+const extraAdded = (base) => [
+  { id: base, content: "<mask>", single_word: false, lstrip: true, rstrip: true, normalized: false, special: true },
+  { id: base + 1, content: "Mr.", single_word: false, lstrip: false, rstrip: false, normalized: false, special: false },
+];
+variants.push(
+  { name: "austen+added-tokens", base: austen, added: extraAdded(1024) },
+  { name: "llama3+added-tokens", base: llama3, added: extraAdded(128256) },
+);
 const tmp = mkdtempSync(path.join(os.tmpdir(), "kvs-tok-"));
 process.on("exit", () => rmSync(tmp, { recursive: true, force: true }));
 for (const v of variants) {
   const json = JSON.parse(readFileSync(v.base.json, "utf8"));
-  json.pre_tokenizer = v.pre;
+  if ("pre" in v) json.pre_tokenizer = v.pre;
+  if ("added" in v) json.added_tokens.push(...v.added);
   if ("normalizer" in v) json.normalizer = v.normalizer;
   if ("decoder" in v) json.decoder = v.decoder;
   const dir = path.join(tmp, v.name);
