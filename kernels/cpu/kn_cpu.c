@@ -11,7 +11,6 @@
  */
 #include <cblas.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -22,6 +21,14 @@
 #define KN_PAR_GEMM (1L << 19)
 #define KN_PAR_ELEM (1L << 16)
 #define KN_PAR_ATTN (1L << 16)
+/* Up to this many token rows, GEMMs use the kernel's own few-row GEMM:
+ * OpenBLAS sgemm at 2..8 rows runs slower than the same number of gemv
+ * calls (it packs the whole weight matrix for a handful of rows), and the
+ * register-tiled kernel stays ahead of it up to a few dozen rows. */
+#define KN_SMALL_M 32
+/* A region is split into this many chunks per thread, so that a member
+ * that is slow to wake (a busy host) leaves its share to the others. */
+#define KN_CHUNKS 4
 
 static const kn_impl_t *kn_impl = &kn__impl_generic;
 static kn_isa_t kn_isa_cur = KN_ISA_GENERIC;
@@ -157,13 +164,34 @@ kn_matmul_rows(const float *x, const float *w, const float *bias, float *y, int3
         }
         beta = 1.0f;
     }
-    if (n_tok == 1) {
+    if (n_tok >= 2 && n_tok <= KN_SMALL_M) {
+        kn_impl->gemm_small(x, w, y, n_tok, d_in, d_out, r0, r1, beta != 0.0f);
+    } else if (n_tok == 1) {
         cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, d_in, 1.0f, w + (size_t)r0 * d_in, d_in, x,
                     1, beta, y + r0, 1);
     } else {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tok, rows, d_in, 1.0f, x, d_in,
                     w + (size_t)r0 * d_in, d_in, beta, y + r0, d_out);
     }
+}
+
+/* Chunks for a region over n items: KN_CHUNKS per thread, at most n. */
+static int
+kn_chunks_for(int nt, long n)
+{
+    long c = (long)nt * KN_CHUNKS;
+
+    return (int)(c < n ? c : (n > 1 ? n : 1));
+}
+
+/* Chunk `chunk`'s share [*lo, *hi) of n items, in multiples of `align`. */
+static void
+kn_share(size_t n, size_t align, int chunk, int n_chunks, size_t *lo, size_t *hi)
+{
+    size_t per = ((n + (size_t)n_chunks - 1) / (size_t)n_chunks + align - 1) / align * align;
+
+    *lo = (size_t)chunk * per < n ? (size_t)chunk * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
 }
 
 typedef struct kn_matmul_job {
@@ -174,14 +202,15 @@ typedef struct kn_matmul_job {
 } kn_matmul_job_t;
 
 static void
-kn_matmul_region(void *arg, int idx, int team)
+kn_matmul_region(void *arg, int chunk, int n_chunks)
 {
     const kn_matmul_job_t *j = arg;
-    /* Slices of 16-row multiples, so each member's rows start on a cache line. */
-    int32_t per = ((j->d_out + team - 1) / team + 15) & ~15;
-    int32_t r0 = idx * per, r1 = r0 + per > j->d_out ? j->d_out : r0 + per;
+    size_t r0, r1;
 
-    kn_matmul_rows(j->x, j->w, j->bias, j->y, j->n_tok, j->d_in, j->d_out, j->accumulate, r0, r1);
+    /* Slices of 16-row multiples, so each chunk's rows start on a cache line. */
+    kn_share((size_t)j->d_out, 16, chunk, n_chunks, &r0, &r1);
+    kn_matmul_rows(j->x, j->w, j->bias, j->y, j->n_tok, j->d_in, j->d_out, j->accumulate,
+                   (int32_t)r0, (int32_t)r1);
 }
 
 void
@@ -195,17 +224,14 @@ kn_cpu_matmul(const float *x, const float *w, const float *bias, float *y, int32
         kn_matmul_rows(x, w, bias, y, n_tok, d_in, d_out, accumulate, 0, d_out);
         return;
     }
-    kn__pool_run(nt, kn_matmul_region, &j);
-}
+    {
+        int n_chunks = nt * KN_CHUNKS;
 
-/* Member idx's share [*lo, *hi) of n items, in multiples of `align`. */
-static void
-kn_share(size_t n, size_t align, int idx, int team, size_t *lo, size_t *hi)
-{
-    size_t per = ((n + (size_t)team - 1) / (size_t)team + align - 1) / align * align;
-
-    *lo = (size_t)idx * per < n ? (size_t)idx * per : n;
-    *hi = *lo + per < n ? *lo + per : n;
+        if (n_chunks > d_out / 64) {
+            n_chunks = d_out / 64 > 1 ? d_out / 64 : 2;
+        }
+        kn__pool_run(nt, n_chunks, kn_matmul_region, &j);
+    }
 }
 
 typedef struct kn_rows_job {
@@ -216,12 +242,12 @@ typedef struct kn_rows_job {
 } kn_rows_job_t;
 
 static void
-kn_rmsnorm_region(void *arg, int idx, int team)
+kn_rmsnorm_region(void *arg, int chunk, int n_chunks)
 {
     const kn_rows_job_t *j = arg;
     size_t lo, hi;
 
-    kn_share((size_t)j->n_tok, 1, idx, team, &lo, &hi);
+    kn_share((size_t)j->n_tok, 1, chunk, n_chunks, &lo, &hi);
     if (lo < hi) {
         kn_impl->rmsnorm(j->x + lo * j->dim, j->w, j->y + lo * j->dim, (int32_t)(hi - lo),
                          j->dim, j->eps);
@@ -238,7 +264,7 @@ kn_cpu_rmsnorm(const float *x, const float *w, float *y, int32_t n_tok, int32_t 
         kn_impl->rmsnorm(x, w, y, n_tok, dim, eps);
         return;
     }
-    kn__pool_run(nt, kn_rmsnorm_region, &j);
+    kn__pool_run(nt, kn_chunks_for(nt, n_tok), kn_rmsnorm_region, &j);
 }
 
 void
@@ -278,12 +304,12 @@ typedef struct kn_rope_job {
 } kn_rope_job_t;
 
 static void
-kn_rope_table_region(void *arg, int idx, int team)
+kn_rope_table_region(void *arg, int chunk, int n_chunks)
 {
     const kn_rope_job_t *j = arg;
     size_t lo, hi;
 
-    kn_share((size_t)j->n_tok, 1, idx, team, &lo, &hi);
+    kn_share((size_t)j->n_tok, 1, chunk, n_chunks, &lo, &hi);
     /* Angles in double: positions up to 10^6 times inv_freq near 1 lose
      * too many bits in f32 for the 1e-4 reference tolerance. */
     for (size_t t = lo; t < hi; t++) {
@@ -303,16 +329,18 @@ kn_cpu_rope_table(const int32_t *pos, int32_t n_tok, const float *inv_freq, int3
     kn_rope_job_t j = {.pos = pos, .inv_freq = inv_freq, .cos_t = cos_t, .sin_t = sin_t,
                        .n_tok = n_tok, .half = half};
 
-    kn__pool_run(kn_team((long)n_tok * half * 16, KN_PAR_ELEM), kn_rope_table_region, &j);
+    int nt = kn_team((long)n_tok * half * 16, KN_PAR_ELEM);
+
+    kn__pool_run(nt, kn_chunks_for(nt, n_tok), kn_rope_table_region, &j);
 }
 
 static void
-kn_rope_region(void *arg, int idx, int team)
+kn_rope_region(void *arg, int chunk, int n_chunks)
 {
     const kn_rope_job_t *j = arg;
     size_t lo, hi, row = (size_t)j->n_heads * j->head_dim, half = (size_t)j->head_dim / 2;
 
-    kn_share((size_t)j->n_tok, 1, idx, team, &lo, &hi);
+    kn_share((size_t)j->n_tok, 1, chunk, n_chunks, &lo, &hi);
     if (lo < hi) {
         kn_impl->rope(j->x + lo * row, (int32_t)(hi - lo), j->n_heads, j->head_dim,
                       j->cos_t + lo * half, j->sin_t + lo * half);
@@ -331,7 +359,7 @@ kn_cpu_rope(float *x, int32_t n_tok, int32_t n_heads, int32_t head_dim, const fl
         kn_impl->rope(x, n_tok, n_heads, head_dim, cos_t, sin_t);
         return;
     }
-    kn__pool_run(nt, kn_rope_region, &j);
+    kn__pool_run(nt, kn_chunks_for(nt, n_tok), kn_rope_region, &j);
 }
 
 void
@@ -375,28 +403,17 @@ kn_seq_of(const kn_attn_args_t *a, int32_t t)
     return lo;
 }
 
-typedef struct kn_attn_job {
-    const kn_attn_args_t *a;
-    int32_t n_tasks;
-    _Atomic int32_t next;
-} kn_attn_job_t;
-
-/* Later tokens of a prefill chunk see more context: members take (token,
- * KV head) tasks one by one from a shared counter, latest tokens first. */
+/* One (token, KV head) task. Later tokens of a prefill chunk see more
+ * context, so tasks are numbered latest token first: the long ones are
+ * claimed early and the short ones fill in at the end. */
 static void
-kn_attn_region(void *arg, int idx, int team)
+kn_attn_chunk(void *arg, int i, int n_tasks)
 {
-    kn_attn_job_t *j = arg;
-    const kn_attn_args_t *a = j->a;
-    int32_t i;
+    const kn_attn_args_t *a = arg;
+    int32_t t = a->n_tok - 1 - i / a->n_kv_heads;
 
-    (void)idx;
-    (void)team;
-    while ((i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n_tasks) {
-        int32_t t = a->n_tok - 1 - i / a->n_kv_heads;
-
-        kn_impl->attn_task(a, t, kn_seq_of(a, t), i % a->n_kv_heads);
-    }
+    (void)n_tasks;
+    kn_impl->attn_task(a, t, kn_seq_of(a, t), i % a->n_kv_heads);
 }
 
 void
@@ -412,7 +429,6 @@ kn_cpu_attention(const kn_attn_args_t *a)
     work *= (long)a->n_heads * a->head_dim;
 
     int nt = kn_team(work, KN_PAR_ATTN);
-    kn_attn_job_t j = {.a = a, .n_tasks = n_tasks};
 
     if (nt <= 1 || n_tasks < 2) {
         int32_t s = 0;
@@ -427,8 +443,7 @@ kn_cpu_attention(const kn_attn_args_t *a)
         }
         return;
     }
-    atomic_init(&j.next, 0);
-    kn__pool_run(nt, kn_attn_region, &j);
+    kn__pool_run(nt, n_tasks, kn_attn_chunk, (void *)a);
 }
 
 typedef struct kn_elem_job {
@@ -438,24 +453,24 @@ typedef struct kn_elem_job {
 } kn_elem_job_t;
 
 static void
-kn_silu_region(void *arg, int idx, int team)
+kn_silu_region(void *arg, int chunk, int n_chunks)
 {
     const kn_elem_job_t *j = arg;
     size_t lo, hi;
 
-    kn_share(j->n, 16, idx, team, &lo, &hi);
+    kn_share(j->n, 16, chunk, n_chunks, &lo, &hi);
     if (lo < hi) {
         kn_impl->silu_mul(j->a + lo, j->b + lo, j->out + lo, hi - lo);
     }
 }
 
 static void
-kn_add_region(void *arg, int idx, int team)
+kn_add_region(void *arg, int chunk, int n_chunks)
 {
     const kn_elem_job_t *j = arg;
     size_t lo, hi;
 
-    kn_share(j->n, 16, idx, team, &lo, &hi);
+    kn_share(j->n, 16, chunk, n_chunks, &lo, &hi);
     if (lo < hi) {
         kn_impl->add(j->out + lo, j->b + lo, hi - lo);
     }
@@ -471,7 +486,7 @@ kn_cpu_silu_mul(const float *gate, const float *up, float *out, size_t n)
         kn_impl->silu_mul(gate, up, out, n);
         return;
     }
-    kn__pool_run(nt, kn_silu_region, &j);
+    kn__pool_run(nt, kn_chunks_for(nt, (long)(n / 256)), kn_silu_region, &j);
 }
 
 void
@@ -492,5 +507,5 @@ kn_cpu_add(float *x, const float *y, size_t n)
         kn_impl->add(x, y, n);
         return;
     }
-    kn__pool_run(nt, kn_add_region, &j);
+    kn__pool_run(nt, kn_chunks_for(nt, (long)(n / 256)), kn_add_region, &j);
 }

@@ -28,15 +28,20 @@ typedef struct kn_impl {
     void (*attn_task)(const kn_attn_args_t *a, int32_t t, int32_t s, int32_t kh);
     void (*silu_mul)(const float *gate, const float *up, float *out, size_t n);
     void (*add)(float *x, const float *y, size_t n);
+    /* Rows [r0, r1) of y (m, d_out) = x (m, k) @ w (d_out, k)^T, plus y
+     * when accumulate: the few-token GEMM. */
+    void (*gemm_small)(const float *x, const float *w, float *y, int32_t m, int32_t k,
+                       int32_t d_out, int32_t r0, int32_t r1, int accumulate);
 } kn_impl_t;
 
-/* A fork-join region body: member idx of a team of `team` threads. */
-typedef void (*kn_region_fn)(void *arg, int idx, int team);
+/* One chunk of a fork-join region: chunk c of n_chunks. */
+typedef void (*kn_chunk_fn)(void *arg, int chunk, int n_chunks);
 
-/* Runs fn(arg, idx, team) for idx 0..team-1 on the kernel thread team
- * (kn_pool.c), the caller being member 0; returns when all are done.
- * team <= 1, or another region already running, runs fn(arg, 0, 1) alone. */
-void kn__pool_run(int team, kn_region_fn fn, void *arg);
+/* Runs fn(arg, c, n_chunks) for every c in [0, n_chunks) on the kernel
+ * thread team (kn_pool.c): the caller and up to team - 1 workers claim
+ * chunks in any order; returns when every chunk is done. team <= 1, or
+ * another region already running, runs every chunk on the caller. */
+void kn__pool_run(int team, int n_chunks, kn_chunk_fn fn, void *arg);
 
 extern const kn_impl_t kn__impl_generic;
 extern const kn_impl_t kn__impl_avx2;

@@ -1,22 +1,31 @@
-/* kn_pool.c - the kernels' thread team: fork-join regions with a short
- * spin and then a futex sleep.
+/* kn_pool.c - the kernels' thread team: fork-join regions split into
+ * chunks that any member may claim, with a short spin and then a futex
+ * sleep.
  *
  * DESIGN. Why not OpenMP's team: libgomp's idle threads spin for about
  * 300k iterations after each region (OMP_WAIT_POLICY is read only at
- * program start). On a dedicated machine that buys latency; on a shared
- * one (a serving host also runs the HTTP loop; CI runs many jobs) the
- * spinning thread takes the core the engine thread needs, and a decode
- * step with ~100 regions slowed down five-fold in our measurements. Here
- * workers spin for a few microseconds (enough to catch the next region of
- * the same step) and then sleep on a futex; the caller does the same
- * while it waits for the team. The caller is always member 0.
+ * program start), and a region's barrier waits for every member. On a
+ * shared host (the serving daemon also runs its HTTP loop; CI runs many
+ * jobs on few cores) a member that is not scheduled stalls the region for
+ * a whole scheduler time slice, and a decode step runs ~100 regions: we
+ * measured decode five to ten times slower than on one thread. Here:
  *
- * Invariants: one region at a time (a mutex; a second concurrent caller
- * runs its region alone on its own thread instead of waiting). `gen` is
- * bumped once per region; a worker runs member idx of every generation it
- * sees, and `pending` counts team members still running.
+ *   - a region is n_chunks independent chunks; the caller starts claiming
+ *     at once and the workers join when they wake, so a descheduled
+ *     worker costs nothing (the caller just does its chunks too);
+ *   - the caller waits only for chunks already claimed, never for a
+ *     worker to show up;
+ *   - idle workers spin for a few microseconds (enough to catch the next
+ *     region of the same step) and then sleep on a futex.
  *
- * Thread: kn__pool_run() from any thread; workers are created lazily and
+ * Claims are generation-tagged: `next` holds (generation << 32 | next
+ * chunk), and a worker claims with a compare-and-swap that names the
+ * generation it woke for. A late worker therefore can never claim a chunk
+ * of a later region, and while any chunk of a region is claimed but not
+ * done the caller is still waiting, so that region's fn/arg stay valid.
+ *
+ * Thread: kn__pool_run() from any thread, one region at a time (a second
+ * concurrent caller runs its region alone); workers are created lazily and
  * re-created after fork() in the child.
  */
 #include <limits.h>
@@ -30,19 +39,20 @@
 #include "kernels/cpu/kn_int.h"
 
 #define KN_POOL_MAX 64
-#define KN_SPIN_WORKER 20000 /* pause iterations (a few tens of microseconds) */
-#define KN_SPIN_MASTER 200000
+#define KN_SPIN_WORKER 20000  /* pause iterations before a worker sleeps */
+#define KN_SPIN_MASTER 200000 /* before the caller sleeps on claimed chunks */
 
 static struct {
-    pthread_mutex_t run_mu;   /* one region at a time; guards spawning too */
-    int n_workers;            /* threads created (members 1..n_workers) */
-    _Atomic uint32_t gen;     /* futex word: region generation */
-    _Atomic int sleepers;     /* workers in (or about to enter) futex wait */
-    _Atomic int pending;      /* futex word: members still running */
+    pthread_mutex_t run_mu;      /* one region at a time; guards spawning too */
+    int n_workers;
+    _Atomic uint32_t gen;        /* futex word: bumped when a region opens */
+    _Atomic uint64_t next;       /* gen << 32 | next unclaimed chunk */
+    _Atomic uint32_t done;       /* futex word: chunks finished */
+    _Atomic int sleepers;        /* workers in (or entering) futex wait */
     _Atomic int master_waiting;
-    kn_region_fn fn;
+    kn_chunk_fn fn;              /* valid while a chunk of the region is claimed */
     void *arg;
-    int team;
+    _Atomic uint32_t n_chunks;
 } kn_pool = {
     .run_mu = PTHREAD_MUTEX_INITIALIZER,
 };
@@ -67,19 +77,53 @@ kn_pause(void)
 #endif
 }
 
+/* Claims and runs chunks of generation g until none is left. Returns the
+ * number of chunks this thread finished. */
+static uint32_t
+kn_pool_work(uint32_t g)
+{
+    uint64_t v = atomic_load(&kn_pool.next);
+    uint32_t ran = 0;
+
+    for (;;) {
+        if ((uint32_t)(v >> 32) != g) {
+            break;
+        }
+        uint32_t c = (uint32_t)v;
+
+        if (c >= atomic_load_explicit(&kn_pool.n_chunks, memory_order_relaxed)) {
+            break;
+        }
+        if (!atomic_compare_exchange_weak(&kn_pool.next, &v, v + 1)) {
+            continue; /* v was reloaded */
+        }
+        /* Claimed: the region stays open until this chunk is done, so its
+         * fields cannot change under us. */
+        uint32_t n = atomic_load_explicit(&kn_pool.n_chunks, memory_order_relaxed);
+
+        kn_pool.fn(kn_pool.arg, (int)c, (int)n);
+        ran++;
+        if (atomic_fetch_add(&kn_pool.done, 1) + 1 == n &&
+            atomic_load(&kn_pool.master_waiting)) {
+            kn_futex_wake((void *)&kn_pool.done);
+        }
+        v = atomic_load(&kn_pool.next);
+    }
+    return ran;
+}
+
 static uint32_t kn_start_gen[KN_POOL_MAX];
 
 static void *
 kn_worker_main(void *p)
 {
-    int idx = (int)(intptr_t)p;
-    uint32_t seen = kn_start_gen[idx];
+    uint32_t seen = kn_start_gen[(intptr_t)p];
 
     for (;;) {
         uint32_t g;
         int spins = 0;
 
-        while ((g = atomic_load_explicit(&kn_pool.gen, memory_order_acquire)) == seen) {
+        while ((g = atomic_load(&kn_pool.gen)) == seen) {
             if (++spins < KN_SPIN_WORKER) {
                 kn_pause();
                 continue;
@@ -91,14 +135,7 @@ kn_worker_main(void *p)
             atomic_fetch_sub(&kn_pool.sleepers, 1);
         }
         seen = g;
-        /* Every worker acknowledges every region, member or not, so none
-         * can lag into the next region with stale fn/arg/team. */
-        if (idx < kn_pool.team) {
-            kn_pool.fn(kn_pool.arg, idx, kn_pool.team);
-        }
-        if (atomic_fetch_sub(&kn_pool.pending, 1) == 1 && atomic_load(&kn_pool.master_waiting)) {
-            kn_futex_wake((void *)&kn_pool.pending);
-        }
+        kn_pool_work(g);
     }
     return NULL;
 }
@@ -110,7 +147,6 @@ kn_pool_atfork_child(void)
     pthread_mutex_init(&kn_pool.run_mu, NULL);
     kn_pool.n_workers = 0;
     atomic_store(&kn_pool.sleepers, 0);
-    atomic_store(&kn_pool.pending, 0);
     atomic_store(&kn_pool.master_waiting, 0);
 }
 
@@ -122,8 +158,8 @@ kn_pool_register(void)
     pthread_atfork(NULL, NULL, kn_pool_atfork_child);
 }
 
-/* Makes sure members 1..want-1 exist; returns the team size available.
- * Called with run_mu held, so no region is in flight and gen is stable. */
+/* Makes sure members 1..want-1 exist (run_mu held: no region in flight).
+ * Returns the team size available. */
 static int
 kn_pool_spawn(int want)
 {
@@ -150,40 +186,53 @@ kn_pool_spawn(int want)
 }
 
 void
-kn__pool_run(int team, kn_region_fn fn, void *arg)
+kn__pool_run(int team, int n_chunks, kn_chunk_fn fn, void *arg)
 {
+    if (n_chunks <= 0) {
+        return;
+    }
     pthread_once(&kn_pool_once, kn_pool_register);
-    if (team <= 1 || pthread_mutex_trylock(&kn_pool.run_mu) != 0) {
-        fn(arg, 0, 1);
+    if (team <= 1 || n_chunks == 1 || pthread_mutex_trylock(&kn_pool.run_mu) != 0) {
+        for (int c = 0; c < n_chunks; c++) {
+            fn(arg, c, n_chunks);
+        }
         return;
     }
-    team = kn_pool_spawn(team);
-    if (team <= 1) {
+    if (kn_pool_spawn(team) <= 1) {
         pthread_mutex_unlock(&kn_pool.run_mu);
-        fn(arg, 0, 1);
+        for (int c = 0; c < n_chunks; c++) {
+            fn(arg, c, n_chunks);
+        }
         return;
     }
+
+    /* Open the region: fields first, then the claim word, then wake. */
+    uint32_t g = atomic_load(&kn_pool.gen) + 1;
+
     kn_pool.fn = fn;
     kn_pool.arg = arg;
-    kn_pool.team = team;
-    atomic_store(&kn_pool.pending, kn_pool.n_workers);
-    atomic_fetch_add(&kn_pool.gen, 1); /* seq_cst: publishes fn/arg/team */
+    atomic_store(&kn_pool.n_chunks, (uint32_t)n_chunks);
+    atomic_store(&kn_pool.done, 0);
+    atomic_store(&kn_pool.next, (uint64_t)g << 32);
+    atomic_store(&kn_pool.gen, g);
     if (atomic_load(&kn_pool.sleepers) > 0) {
         kn_futex_wake((void *)&kn_pool.gen);
     }
 
-    fn(arg, 0, team);
+    kn_pool_work(g);
 
-    int spins = 0, p;
+    /* Everything is claimed; wait for chunks other members still run. */
+    int spins = 0;
+    uint32_t d;
 
-    while ((p = atomic_load(&kn_pool.pending)) != 0) {
+    while ((d = atomic_load(&kn_pool.done)) != (uint32_t)n_chunks) {
         if (++spins < KN_SPIN_MASTER) {
             kn_pause();
             continue;
         }
         atomic_store(&kn_pool.master_waiting, 1);
-        if ((p = atomic_load(&kn_pool.pending)) != 0) {
-            kn_futex_wait((void *)&kn_pool.pending, (uint32_t)p);
+        if ((d = atomic_load(&kn_pool.done)) != (uint32_t)n_chunks) {
+            kn_futex_wait((void *)&kn_pool.done, d);
         }
         atomic_store(&kn_pool.master_waiting, 0);
     }

@@ -21,8 +21,87 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 
+#include <immintrin.h>
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+
+/* The few-row GEMM with intrinsics: a tile of 4 weight rows x NT tokens
+ * keeps 4 * NT vector accumulators in registers; horizontal sums happen
+ * once per tile. (Written through the vectorizer, GCC reduced the tile's
+ * eight accumulators lane by lane, which cost more than the dot products.) */
+static inline float
+kn_hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __attribute__((always_inline)) void
+kn_gs_tile_avx2(const float *x, const float *w, float *y, int32_t k, int32_t d_out, int32_t t0,
+                const int nt, int32_t o, int nr, int accumulate)
+{
+    __m256 acc[4][2];
+    const float *wr[4], *xt[2];
+    int32_t i = 0;
+
+    for (int r = 0; r < 4; r++) {
+        wr[r] = w + (size_t)(o + (r < nr ? r : 0)) * k;
+        for (int t = 0; t < nt; t++) {
+            acc[r][t] = _mm256_setzero_ps();
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        xt[t] = x + (size_t)(t0 + t) * k;
+    }
+    for (; i + 8 <= k; i += 8) {
+        __m256 wv[4];
+
+        for (int r = 0; r < 4; r++) {
+            wv[r] = _mm256_loadu_ps(wr[r] + i);
+        }
+        for (int t = 0; t < nt; t++) {
+            __m256 xv = _mm256_loadu_ps(xt[t] + i);
+
+            for (int r = 0; r < 4; r++) {
+                acc[r][t] = _mm256_fmadd_ps(xv, wv[r], acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        for (int t = 0; t < nt; t++) {
+            float v = kn_hsum256(acc[r][t]);
+            float *yp = y + (size_t)(t0 + t) * d_out + o + r;
+
+            for (int32_t j = i; j < k; j++) {
+                v += xt[t][j] * wr[r][j];
+            }
+            *yp = accumulate ? *yp + v : v;
+        }
+    }
+}
+
+static void
+kn_gemm_small_avx2_intr(const float *x, const float *w, float *y, int32_t m, int32_t k,
+                        int32_t d_out, int32_t r0, int32_t r1, int accumulate)
+{
+    for (int32_t o = r0; o < r1; o += 4) {
+        int nr = r1 - o < 4 ? r1 - o : 4;
+        int32_t t = 0;
+
+        for (; t + 2 <= m; t += 2) {
+            kn_gs_tile_avx2(x, w, y, k, d_out, t, 2, o, nr, accumulate);
+        }
+        if (t < m) {
+            kn_gs_tile_avx2(x, w, y, k, d_out, t, 1, o, nr, accumulate);
+        }
+    }
+}
+
+#define KN_GEMM_SMALL kn_gemm_small_avx2_intr
 #define KN_SFX(name) name##_avx2
 #define KN_TABLE kn__impl_avx2
 #include "kernels/cpu/kn_simd_body.inc"
@@ -30,13 +109,95 @@
 #undef KN_TABLE
 #pragma GCC pop_options
 
+#undef KN_GEMM_SMALL
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
+
+static inline __attribute__((always_inline)) void
+kn_gs_tile_avx512(const float *x, const float *w, float *y, int32_t k, int32_t d_out, int32_t t0,
+                  const int nt, int32_t o, int nr, int accumulate)
+{
+    __m512 acc[4][4];
+    const float *wr[4], *xt[4];
+    int32_t i = 0;
+
+    for (int r = 0; r < 4; r++) {
+        wr[r] = w + (size_t)(o + (r < nr ? r : 0)) * k;
+        for (int t = 0; t < nt; t++) {
+            acc[r][t] = _mm512_setzero_ps();
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        xt[t] = x + (size_t)(t0 + t) * k;
+    }
+    for (; i + 16 <= k; i += 16) {
+        __m512 wv[4];
+
+        for (int r = 0; r < 4; r++) {
+            wv[r] = _mm512_loadu_ps(wr[r] + i);
+        }
+        for (int t = 0; t < nt; t++) {
+            __m512 xv = _mm512_loadu_ps(xt[t] + i);
+
+            for (int r = 0; r < 4; r++) {
+                acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
+            }
+        }
+    }
+    if (i < k) {
+        __mmask16 mk = (__mmask16)((1u << (k - i)) - 1u);
+        __m512 wv[4];
+
+        for (int r = 0; r < 4; r++) {
+            wv[r] = _mm512_maskz_loadu_ps(mk, wr[r] + i);
+        }
+        for (int t = 0; t < nt; t++) {
+            __m512 xv = _mm512_maskz_loadu_ps(mk, xt[t] + i);
+
+            for (int r = 0; r < 4; r++) {
+                acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        for (int t = 0; t < nt; t++) {
+            float v = _mm512_reduce_add_ps(acc[r][t]);
+            float *yp = y + (size_t)(t0 + t) * d_out + o + r;
+
+            *yp = accumulate ? *yp + v : v;
+        }
+    }
+}
+
+static void
+kn_gemm_small_avx512_intr(const float *x, const float *w, float *y, int32_t m, int32_t k,
+                          int32_t d_out, int32_t r0, int32_t r1, int accumulate)
+{
+    for (int32_t o = r0; o < r1; o += 4) {
+        int nr = r1 - o < 4 ? r1 - o : 4;
+        int32_t t = 0;
+
+        for (; t + 4 <= m; t += 4) {
+            kn_gs_tile_avx512(x, w, y, k, d_out, t, 4, o, nr, accumulate);
+        }
+        if (m - t >= 2) {
+            kn_gs_tile_avx512(x, w, y, k, d_out, t, 2, o, nr, accumulate);
+            t += 2;
+        }
+        if (t < m) {
+            kn_gs_tile_avx512(x, w, y, k, d_out, t, 1, o, nr, accumulate);
+        }
+    }
+}
+
+#define KN_GEMM_SMALL kn_gemm_small_avx512_intr
 #define KN_SFX(name) name##_avx512
 #define KN_TABLE kn__impl_avx512
 #include "kernels/cpu/kn_simd_body.inc"
 #undef KN_SFX
 #undef KN_TABLE
+#undef KN_GEMM_SMALL
 #pragma GCC pop_options
 
 #else

@@ -110,6 +110,11 @@ START_TEST(test_matmul)
     check_matmul(16, 192, 512, 0, 1);
     check_matmul(1, 576, 1536, 1, 1);    /* above the parallel threshold, gemv */
     check_matmul(40, 256, 300, 1, 0);    /* parallel gemm, ragged rows */
+    /* The few-row GEMM (2..8 rows): odd tokens, ragged row tiles, parallel. */
+    check_matmul(2, 576, 1536, 1, 1);
+    check_matmul(5, 64, 37, 0, 0);
+    check_matmul(7, 33, 130, 1, 1);
+    check_matmul(8, 192, 1024, 1, 0);
 }
 END_TEST
 
