@@ -474,6 +474,79 @@ gguf_arch_f32(const gguf_file_t *g, const char *arch, const char *suffix, float 
     return 1;
 }
 
+/* llama.cpp stores llama3 rope scaling as a rope_freqs tensor: per
+ * frequency i the divisor f_i = 1 (high frequencies), factor (low), or
+ * 1 / ((1 - s) / factor + s) in between, with s = orig / wavelen - low
+ * over (high - low). From it we recover parameters that give the same
+ * divisors: factor = max f_i, and s_i of two in-between frequencies fix
+ * A = orig / (high - low) and B = low / (high - low). Only A and B matter,
+ * so we pick the scale that makes orig an integer near 3A (which gives
+ * back Llama 3.1's own numbers: 8192, 1, 4). */
+static int
+llama3_from_rope_freqs(const gguf_tensor_t *t, mdl_config_t *cfg, char *err, size_t errlen)
+{
+    const double pi = 3.14159265358979323846;
+    int32_t half = cfg->head_dim / 2, n_mid = 0, i0 = -1, i1 = -1;
+    double factor = 1.0, x0 = 0, x1 = 0, s0 = 0, s1 = 0, a, b, k;
+    float f;
+
+    if (t->type != GGUF_TENSOR_F32 || t->n_dims != 1 || t->dims[0] != (uint64_t)half) {
+        mdl__seterr(err, errlen, "rope_freqs.weight must be F32 [%d]", half);
+        return ST_EFORMAT;
+    }
+    for (int32_t i = 0; i < half; i++) {
+        memcpy(&f, (const float *)t->data + i, sizeof(f));
+        if (!(f >= 1.0f) || !isfinite(f)) {
+            mdl__seterr(err, errlen, "rope_freqs.weight[%d] = %g is not a llama3 factor", i,
+                        (double)f);
+            return ST_EUNSUPPORTED;
+        }
+        factor = fmax(factor, (double)f);
+    }
+    if (factor <= 1.0 + 1e-6) {
+        return ST_OK;   /* all ones: no scaling */
+    }
+    for (int32_t i = 0; i < half; i++) {
+        double fi, s, inv_wl;
+
+        memcpy(&f, (const float *)t->data + i, sizeof(f));
+        fi = (double)f;
+        if (fi <= 1.0 + 1e-6 || fi >= factor * (1.0 - 1e-6)) {
+            continue;
+        }
+        s = (1.0 / fi - 1.0 / factor) / (1.0 - 1.0 / factor);
+        inv_wl = 1.0 / (2.0 * pi * pow((double)cfg->rope_theta, 2.0 * i / cfg->head_dim));
+        if (n_mid++ == 0) {
+            i0 = i, x0 = inv_wl, s0 = s;
+        } else {
+            i1 = i, x1 = inv_wl, s1 = s;
+        }
+    }
+    if (n_mid < 2 || x0 == x1) {
+        mdl__seterr(err, errlen, "rope_freqs.weight has %d in-between factors; 2 are needed to "
+                                 "recover the llama3 rope parameters", n_mid);
+        return ST_EUNSUPPORTED;
+    }
+    /* s = A * inv_wl - B */
+    a = (s1 - s0) / (x1 - x0);
+    b = a * x0 - s0;
+    if (!(a > 0) || !(b > 0) || !isfinite(a) || !isfinite(b) || a * 3.0 > 2147483647.0) {
+        mdl__seterr(err, errlen, "rope_freqs.weight is not a llama3 factor curve (%d, %d)", i0,
+                    i1);
+        return ST_EUNSUPPORTED;
+    }
+    cfg->rope_orig_max_pos = (int32_t)llround(a * 3.0);
+    if (cfg->rope_orig_max_pos <= 0) {
+        cfg->rope_orig_max_pos = 1;
+    }
+    k = cfg->rope_orig_max_pos / a;
+    cfg->rope_scaling = MDL_ROPE_LLAMA3;
+    cfg->rope_factor = (float)factor;
+    cfg->rope_low_freq_factor = (float)(b * k);
+    cfg->rope_high_freq_factor = (float)((b + 1.0) * k);
+    return ST_OK;
+}
+
 int
 mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t errlen)
 {
@@ -545,10 +618,12 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
         }
     }
     if (gguf_find_tensor(g, "rope_freqs.weight") != NULL) {
-        /* llama3 scaling arrives as precomputed frequency factors. */
-        mdl__seterr(err, errlen, "rope_freqs.weight (precomputed llama3 rope factors) is not "
-                                 "supported; use the Hugging Face directory");
-        return ST_EUNSUPPORTED;
+        int rc = llama3_from_rope_freqs(gguf_find_tensor(g, "rope_freqs.weight"), &cfg, err,
+                                        errlen);
+
+        if (rc != ST_OK) {
+            return rc;
+        }
     }
     if (gguf_arch_i32(g, cfg.arch, "vocab_size", &cfg.vocab_size, err, errlen) < 0) {
         return ST_EFORMAT;

@@ -7,7 +7,7 @@ Needs only Debian's python3 and python3-numpy (run it with /usr/bin/python3).
 
 Usage:
   tools/make_random_model.py --hf-dir DIR [--dtype f32|f16|bf16] [--shards N]
-                             [--gguf FILE] [--gguf-type f32|f16|q8_0]
+                             [--gguf FILE] [--gguf-type f32|f16|bf16|q8_0]
                              [--preset smollm-135m | shape options] [--seed S]
 
 Shape options (defaults: the tiny test shape 2 layers, hidden 64, 4 heads,
@@ -16,6 +16,12 @@ Shape options (defaults: the tiny test shape 2 layers, hidden 64, 4 heads,
   --head-dim N (default dim / heads)   --ctx N (max positions, default 512)
   --arch llama|mistral|qwen2  (qwen2 has q/k/v biases)
   --tie                       (tied input/output embeddings)
+  --rope-theta T              (default 10000)
+  --rope-linear FACTOR        linear RoPE scaling
+  --rope-llama3 FACTOR,LOW,HIGH,ORIG
+                              llama3 RoPE scaling (config.json rope_scaling;
+                              in GGUF the rope_freqs.weight tensor llama.cpp
+                              writes), e.g. 8,1,4,8192 as in Llama 3.1
   --tokenizer auto|austen|bpe
         austen: the default model's SentencePiece-style tokenizer (1024
                 tokens; the model vocab must be >= 1024)
@@ -111,7 +117,7 @@ def hf_config(a):
         "num_key_value_heads": a.kv_heads,
         "max_position_embeddings": a.ctx,
         "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
+        "rope_theta": a.rope_theta,
         "hidden_act": "silu",
         "tie_word_embeddings": bool(a.tie),
         "rope_scaling": None,
@@ -119,6 +125,13 @@ def hf_config(a):
     }
     if a.head_dim != a.dim // a.heads:
         cfg["head_dim"] = a.head_dim
+    if a.rope_linear:
+        cfg["rope_scaling"] = {"type": "linear", "factor": a.rope_linear}
+    if a.rope_llama3:
+        f, lo, hi, orig = a.rope_llama3
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo,
+                               "high_freq_factor": hi,
+                               "original_max_position_embeddings": int(orig)}
     if a.arch == "llama":
         cfg["attention_bias"] = False
     if a.arch == "mistral":
@@ -388,6 +401,8 @@ HF2GG = [("model.embed_tokens.weight", "token_embd.weight"),
 
 
 def gguf_name(hf):
+    if hf == "rope_freqs.weight":
+        return hf
     if hf.startswith("model.layers."):
         rest = hf[len("model.layers."):]
         i, suffix = rest.split(".", 1)
@@ -395,13 +410,31 @@ def gguf_name(hf):
     return dict(HF2GG)[hf]
 
 
+def llama3_rope_freqs(a):
+    """The divisors convert_hf_to_gguf.py writes as rope_freqs.weight."""
+    factor, low, high, orig = a.rope_llama3
+    low_wl, high_wl = orig / low, orig / high
+    out = []
+    for i in range(a.head_dim // 2):
+        freq = 1.0 / (a.rope_theta ** (2.0 * i / a.head_dim))
+        wl = 2 * np.pi / freq
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            smooth = (orig / wl - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def write_gguf(a):
     arch = "qwen2" if a.arch == "qwen2" else "llama"
-    gtype = {"f32": 0, "f16": 1, "q8_0": 8}[a.gguf_type]
+    gtype = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}[a.gguf_type]
     kv = [("general.architecture", 8, arch),
           ("general.name", 8, "random-%s-%dL-%d" % (a.arch, a.layers, a.dim)),
           ("general.alignment", 4, 32),
-          ("general.file_type", 4, {"f32": 0, "f16": 1, "q8_0": 7}[a.gguf_type]),
+          ("general.file_type", 4, {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[a.gguf_type]),
           (arch + ".context_length", 4, a.ctx),
           (arch + ".embedding_length", 4, a.dim),
           (arch + ".block_count", 4, a.layers),
@@ -410,11 +443,14 @@ def write_gguf(a):
           (arch + ".attention.head_count", 4, a.heads),
           (arch + ".attention.head_count_kv", 4, a.kv_heads),
           (arch + ".attention.layer_norm_rms_epsilon", 6, 1e-5),
-          (arch + ".rope.freq_base", 6, 10000.0),
+          (arch + ".rope.freq_base", 6, a.rope_theta),
           (arch + ".vocab_size", 4, a.vocab)]
     if a.head_dim != a.dim // a.heads:
         kv += [(arch + ".attention.key_length", 4, a.head_dim),
                (arch + ".attention.value_length", 4, a.head_dim)]
+    if a.rope_linear:
+        kv += [(arch + ".rope.scaling.type", 8, "linear"),
+               (arch + ".rope.scaling.factor", 6, a.rope_linear)]
     if a.tok["kind"] == "austen":
         kv += [(k, t, v) for k, (t, v) in a.tok["gguf_kv"].items()]
     else:
@@ -430,11 +466,13 @@ def write_gguf(a):
                ("tokenizer.chat_template", 8, CHATML)]
 
     tensors = []
+    if a.rope_llama3:
+        tensors.append((-1, "rope_freqs.weight", (a.head_dim // 2,), 0, a.head_dim // 2 * 4))
     for idx, (name, shape) in enumerate(shape_of(a)):
         is_vec = len(shape) == 1
         t = 0 if is_vec else gtype
         n = int(np.prod(shape))
-        nbytes = n * 4 if t == 0 else (n * 2 if t == 1 else n // 32 * 34)
+        nbytes = n * 4 if t == 0 else (n * 2 if t in (1, 30) else n // 32 * 34)
         tensors.append((idx, name, shape, t, nbytes))
     if gtype == 8 and any(len(s) == 2 and s[1] % 32 for _, _, s, _, _ in tensors):
         sys.exit("make_random_model: q8_0 needs every row length to be a multiple of 32")
@@ -454,13 +492,15 @@ def write_gguf(a):
         pos = f.tell()
         f.write(b"\0" * ((32 - pos % 32) % 32))
         for idx, name, shape, t, nbytes in tensors:
-            v = tensor_data(a, idx, name, shape)
+            v = llama3_rope_freqs(a) if idx < 0 else tensor_data(a, idx, name, shape)
             if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
                 v = permute_qk(v, a.heads if ".q_proj." in name else a.kv_heads)
             if t == 0:
                 b = v.astype("<f4").tobytes()
             elif t == 1:
                 b = f32_to_f16_bits(v).tobytes()
+            elif t == 30:
+                b = to_dtype_bytes(v, "bf16")
             else:
                 b = quant_q8_0(v)
             f.write(b)
@@ -477,7 +517,7 @@ def main():
     p.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("--gguf")
-    p.add_argument("--gguf-type", choices=["f32", "f16", "q8_0"], default="f32")
+    p.add_argument("--gguf-type", choices=["f32", "f16", "bf16", "q8_0"], default="f32")
     p.add_argument("--preset", choices=["smollm-135m"])
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=64)
@@ -489,6 +529,9 @@ def main():
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--arch", choices=["llama", "mistral", "qwen2"], default="llama")
     p.add_argument("--tie", action="store_true")
+    p.add_argument("--rope-theta", type=float, default=10000.0)
+    p.add_argument("--rope-linear", type=float)
+    p.add_argument("--rope-llama3", type=lambda v: [float(x) for x in v.split(",")])
     p.add_argument("--tokenizer", choices=["auto", "austen", "bpe"], default="auto")
     p.add_argument("--seed", type=int, default=1234)
     a = p.parse_args()
@@ -499,6 +542,8 @@ def main():
         p.error("give --hf-dir and/or --gguf")
     if a.head_dim is None:
         a.head_dim = a.dim // a.heads
+    if a.rope_llama3 is not None and len(a.rope_llama3) != 4:
+        p.error("--rope-llama3 takes FACTOR,LOW,HIGH,ORIG")
     if a.heads % a.kv_heads or a.head_dim % 2 or a.shards < 1:
         p.error("heads must be a multiple of kv-heads, head-dim even, shards >= 1")
     kind = a.tokenizer

@@ -230,6 +230,8 @@ gen_setup(void)
         "--arch qwen2 --tie --vocab 1100 --hf-dir {D}/qwen --gguf {D}/qwen.gguf "
         "--gguf-type q8_0",
         "--arch mistral --head-dim 24 --layers 3 --hf-dir {D}/hd --gguf {D}/hd.gguf",
+        "--dim 128 --hf-dir {D}/l3 --gguf {D}/l3.gguf --rope-llama3 8,1,4,2048 --rope-theta 50000",
+        "--hf-dir {D}/lin --gguf {D}/lin.gguf --gguf-type bf16 --rope-linear 4",
     };
 
     gen_dir = lt_mkdtemp("loader-gen");
@@ -365,6 +367,78 @@ START_TEST(test_gen_head_dim_override)
 }
 END_TEST
 
+/* RoPE inverse frequencies as the llama3 recipe defines them (an
+ * independent restatement, not the kernel's code). */
+static void
+inv_freqs(const mdl_config_t *c, double *out)
+{
+    const double pi = 3.14159265358979323846;
+
+    for (int i = 0; i < c->head_dim / 2; i++) {
+        double f = pow((double)c->rope_theta, -2.0 * i / c->head_dim), wl = 2 * pi / f;
+        double lo_wl = c->rope_orig_max_pos / (double)c->rope_low_freq_factor;
+        double hi_wl = c->rope_orig_max_pos / (double)c->rope_high_freq_factor;
+
+        if (c->rope_scaling == MDL_ROPE_LLAMA3) {
+            if (wl > lo_wl) {
+                f /= c->rope_factor;
+            } else if (wl >= hi_wl) {
+                double sm = (c->rope_orig_max_pos / wl - c->rope_low_freq_factor) /
+                            (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                f = (1 - sm) * f / c->rope_factor + sm * f;
+            }
+        }
+        out[i] = f;
+    }
+}
+
+START_TEST(test_gen_rope_llama3_from_rope_freqs)
+{
+    mdl_model_t *a = load_ok(gen("l3"));
+    mdl_model_t *b = load_ok(gen("l3.gguf"));
+    const mdl_config_t *c = &a->cfg, *d = &b->cfg;
+    double fa[64], fb[64];
+    int n_scaled = 0;
+
+    ck_assert_int_eq(c->rope_scaling, MDL_ROPE_LLAMA3);
+    ck_assert(c->rope_factor == 8.0f && c->rope_low_freq_factor == 1.0f);
+    ck_assert(c->rope_high_freq_factor == 4.0f && c->rope_orig_max_pos == 2048);
+    ck_assert(c->rope_theta == 50000.0f);
+    ck_assert_int_eq(d->rope_scaling, MDL_ROPE_LLAMA3);
+    ck_assert(d->rope_factor == 8.0f);
+    ck_assert(d->rope_theta == 50000.0f);
+    ck_assert_int_eq(d->rope_orig_max_pos, 2048);
+    ck_assert(fabsf(d->rope_low_freq_factor - 1.0f) < 1e-3f);
+    ck_assert(fabsf(d->rope_high_freq_factor - 4.0f) < 4e-3f);
+    inv_freqs(c, fa);
+    inv_freqs(d, fb);
+    for (int i = 0; i < c->head_dim / 2; i++) {
+        double base = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+
+        ck_assert_msg(fabs(fa[i] - fb[i]) <= 1e-5 * fa[i], "freq %d: %g vs %g", i, fa[i], fb[i]);
+        n_scaled += fa[i] < base * 0.999;
+    }
+    ck_assert_int_ge(n_scaled, 3);   /* the test model does exercise the scaling */
+    lt_compare_models(a, b, LT_EXACT, LT_EXACT);
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
+START_TEST(test_gen_rope_linear_bf16_gguf)
+{
+    mdl_model_t *a = load_ok(gen("lin"));
+    mdl_model_t *b = load_ok(gen("lin.gguf"));
+
+    ck_assert_int_eq(a->cfg.rope_scaling, MDL_ROPE_LINEAR);
+    ck_assert_int_eq(b->cfg.rope_scaling, MDL_ROPE_LINEAR);
+    ck_assert(a->cfg.rope_factor == 4.0f && b->cfg.rope_factor == 4.0f);
+    lt_compare_models(a, b, LT_BF16, LT_EXACT);
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
 Suite *
 loader_formats_suite(void)
 {
@@ -390,6 +464,8 @@ loader_formats_suite(void)
     tcase_add_test(tg, test_gen_q8_0_gguf);
     tcase_add_test(tg, test_gen_qwen2_tied_bias_bpe);
     tcase_add_test(tg, test_gen_head_dim_override);
+    tcase_add_test(tg, test_gen_rope_llama3_from_rope_freqs);
+    tcase_add_test(tg, test_gen_rope_linear_bf16_gguf);
     suite_add_tcase(s, tg);
     return s;
 }
