@@ -288,6 +288,15 @@ cmp_range(const void *a, const void *b)
 }
 
 static int
+cmp_name(const void *a, const void *b)
+{
+    const st_tensor_t *x = *(const st_tensor_t *const *)a;
+    const st_tensor_t *y = *(const st_tensor_t *const *)b;
+
+    return strcmp(x->name, y->name);
+}
+
+static int
 parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len, st_tensor_t *t,
              char *err, size_t errlen)
 {
@@ -417,13 +426,6 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
         if (strcmp(item->string, "__metadata__") == 0) {
             continue;
         }
-        for (i = 0; i < f->n_tensors; i++) {
-            if (strcmp(f->tensors[i].name, item->string) == 0) {
-                mdl__seterr(err, errlen, "duplicate tensor '%s'", item->string);
-                rc = ST_EFORMAT;
-                goto fail;
-            }
-        }
         t = &f->tensors[f->n_tensors++];
         t->name = xstrdup(item->string);
         rc = parse_tensor(item, p + 8 + hlen, len - 8 - hlen, t, err, errlen);
@@ -432,10 +434,19 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
         }
     }
 
-    /* No two tensors may share bytes. */
+    /* No name twice (JSON allows it) and no two tensors sharing bytes;
+     * sorting keeps both checks O(n log n) on hostile headers. */
     sorted = xcalloc((size_t)(f->n_tensors > 0 ? f->n_tensors : 1), sizeof(*sorted));
     for (i = 0; i < f->n_tensors; i++) {
         sorted[i] = &f->tensors[i];
+    }
+    qsort(sorted, (size_t)f->n_tensors, sizeof(*sorted), cmp_name);
+    for (i = 1; i < f->n_tensors; i++) {
+        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) {
+            mdl__seterr(err, errlen, "duplicate tensor '%s'", sorted[i]->name);
+            rc = ST_EFORMAT;
+            goto fail;
+        }
     }
     qsort(sorted, (size_t)f->n_tensors, sizeof(*sorted), cmp_range);
     for (i = 1; i < f->n_tensors; i++) {

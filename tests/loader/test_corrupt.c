@@ -254,6 +254,69 @@ START_TEST(test_st_bad_json_header)
 }
 END_TEST
 
+/* In memory, through the fuzzing entry point. */
+START_TEST(test_st_parse_in_memory)
+{
+    static const char *const cases[][2] = {
+        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+          "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", "duplicate tensor 'a'" },
+        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+          "\"b\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[2,6]}}", "overlap" },
+        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
+          "more than 8 dimensions" },
+        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", "bad shape" },
+        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],"
+          "\"data_offsets\":[0,4]}}", "shape" },
+        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", "needs dtype, shape and data_offsets" },
+        { "{\"a\":[1]}", "not an object" },
+        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}",
+          "two integers" },
+        { "[]", "not a JSON object" },
+    };
+    unsigned char buf[512];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t jl = strlen(cases[i][0]);
+        uint64_t hl = jl;
+        st_file_t *f = NULL;
+        char err[256] = "";
+
+        memcpy(buf, &hl, 8);
+        memcpy(buf + 8, cases[i][0], jl);
+        memset(buf + 8 + jl, 0, 8);
+        ck_assert_int_eq(st_parse_header(buf, 8 + jl + 8, &f, err, sizeof(err)), ST_EFORMAT);
+        ck_assert_ptr_null(f);
+        ck_assert_msg(strstr(err, cases[i][1]) != NULL, "case %zu: '%s' lacks '%s'", i, err,
+                      cases[i][1]);
+    }
+    {
+        /* a good two-tensor file, F16 data at an odd offset */
+        const char *j = "{\"__metadata__\":{\"format\":\"pt\"},"
+                        "\"x\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]},"
+                        "\"y\":{\"dtype\":\"BF16\",\"shape\":[1,1],\"data_offsets\":[2,4]}}";
+        uint64_t hl = strlen(j);
+        st_file_t *f = NULL;
+        char err[256];
+        float v;
+
+        memcpy(buf, &hl, 8);
+        memcpy(buf + 8, j, hl);
+        memcpy(buf + 8 + hl, "\x00\x3c\x80\xbf", 4); /* f16 1.0, bf16 -1.0 */
+        ck_assert_int_eq(st_parse_header(buf, 8 + hl + 4, &f, err, sizeof(err)), ST_OK);
+        ck_assert_int_eq(st_n_tensors(f), 2);
+        ck_assert_ptr_null(st_find(f, "__metadata__"));
+        ck_assert_int_eq(st_to_f32(st_find(f, "x")->dtype, st_find(f, "x")->data, 1, &v), ST_OK);
+        ck_assert(v == 1.0f);
+        ck_assert_int_eq(st_to_f32(st_find(f, "y")->dtype, st_find(f, "y")->data, 1, &v), ST_OK);
+        ck_assert(v == -1.0f);
+        ck_assert_uint_eq(st_find(f, "y")->n_dims, 2);
+        ck_assert_ptr_null(st_tensor(f, 2));
+        st_close(f);
+        st_close(NULL);
+    }
+}
+END_TEST
+
 static void
 write_raw(const char *dir, const void *data, size_t len)
 {
@@ -601,6 +664,7 @@ loader_corrupt_suite(void)
     tcase_add_test(tc, test_st_offsets_reversed_or_fractional);
     tcase_add_test(tc, test_st_overlap);
     tcase_add_test(tc, test_st_bad_json_header);
+    tcase_add_test(tc, test_st_parse_in_memory);
     tcase_add_test(tc, test_st_header_length_overflow);
     tcase_add_test(tc, test_st_truncated);
     tcase_add_test(tc, test_config_unknown_architecture);
