@@ -4,6 +4,7 @@
  * For batch 1 and batch B (default 16) it times
  *   prefill: every sequence's P-token prompt in one step (B * P tokens),
  *   decode:  D steps of one new token per sequence,
+ * each the best of BF_REPS runs (a shared host disturbs some of them),
  * and relates decode to the memory roofline: a decode step must read every
  * weight once plus each sequence's K and V so far, so its time is at least
  * bytes / bandwidth, with bandwidth measured here by a large memcpy
@@ -26,6 +27,7 @@
 #include "server/cmds.h"
 
 #define BF_BLOCK 16
+#define BF_REPS 3
 #define BF_DEFAULT_MODEL "models/austen-2.7m"
 
 static void
@@ -144,9 +146,14 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
     if (st != ST_OK) {
         goto out;
     }
-    t0 = now_s();
-    st = mdl_forward(rt, &b, &lg);
-    r->prefill_tps = (double)T / (now_s() - t0);
+    /* Best of BF_REPS: the figure of an undisturbed run on a shared host. */
+    for (int rep = 0; rep < BF_REPS && st == ST_OK; rep++) {
+        t0 = now_s();
+        st = mdl_forward(rt, &b, &lg);
+        double tps = (double)T / (now_s() - t0);
+
+        r->prefill_tps = tps > r->prefill_tps ? tps : r->prefill_tps;
+    }
 
     /* Decode: one token per sequence per step. */
     b.n_tokens = batch;
@@ -155,25 +162,36 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
         rows[s] = s;
     }
     size_t kv_per_tok = mdl_kv_block_bytes(c, 1, MDL_KV_F32);
-    t0 = now_s();
-    for (int32_t k = 0; k < dec && st == ST_OK; k++) {
-        int32_t p = plen + k;
 
-        for (int32_t s = 0; s < batch; s++) {
-            tok[s] = (int32_t)((uint32_t)(s * 31 + k * 7) % (uint32_t)c->vocab_size);
-            pos[s] = p;
-            slot[s] = bt[s * mb + p / BF_BLOCK] * BF_BLOCK + p % BF_BLOCK;
-            ctx[s] = p + 1;
-        }
-        kv_bytes += (double)batch * (double)(p + 1) * (double)kv_per_tok;
-        st = mdl_forward(rt, &b, &lg);
+    for (int32_t k = 0; k < dec; k++) {
+        kv_bytes += (double)batch * (double)(plen + k + 1) * (double)kv_per_tok;
     }
-    double dt = now_s() - t0;
+    /* Each round decodes positions plen .. plen + dec - 1 again (the KV
+     * written by the previous round is simply overwritten). */
+    for (int rep = 0; rep < BF_REPS && st == ST_OK; rep++) {
+        t0 = now_s();
+        for (int32_t k = 0; k < dec && st == ST_OK; k++) {
+            int32_t p = plen + k;
 
-    r->decode_tps = (double)batch * dec / dt;
-    /* Lower bound on the decode time: weights once per step plus KV. */
-    double bytes = (double)mdl_model_weight_bytes(m) * dec + kv_bytes;
-    r->roofline_frac = bw > 0.0 ? (bytes / bw) / dt : 0.0;
+            for (int32_t s = 0; s < batch; s++) {
+                tok[s] = (int32_t)((uint32_t)(s * 31 + k * 7) % (uint32_t)c->vocab_size);
+                pos[s] = p;
+                slot[s] = bt[s * mb + p / BF_BLOCK] * BF_BLOCK + p % BF_BLOCK;
+                ctx[s] = p + 1;
+            }
+            st = mdl_forward(rt, &b, &lg);
+        }
+        double dt = now_s() - t0;
+        double tps = (double)batch * dec / dt;
+
+        if (tps > r->decode_tps) {
+            /* Lower bound on the decode time: weights once per step plus KV. */
+            double bytes = (double)mdl_model_weight_bytes(m) * dec + kv_bytes;
+
+            r->decode_tps = tps;
+            r->roofline_frac = bw > 0.0 ? (bytes / bw) / dt : 0.0;
+        }
+    }
 
 out:
     mdl_runtime_destroy(rt);
