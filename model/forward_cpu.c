@@ -42,26 +42,26 @@ typedef struct cpu_state {
     const mdl_model_t *m;
     mdl_config_t c;
     mdl_runtime_config_t rc;
-    size_t blk_floats;   /* one block of one layer and kind: n_kv * bs * hd */
-    float *kv;           /* [n_layers][2][num_blocks][blk_floats] */
-    size_t kv_len;       /* bytes mapped */
-    float *swap;         /* [n_layers][2][swap_blocks][blk_floats], NULL if none */
+    size_t blk_floats; /* one block of one layer and kind: n_kv * bs * hd */
+    float *kv;         /* [n_layers][2][num_blocks][blk_floats] */
+    size_t kv_len;     /* bytes mapped */
+    float *swap;       /* [n_layers][2][swap_blocks][blk_floats], NULL if none */
     size_t swap_len;
     /* Scratch, rows = max_num_batched_tokens (T). */
-    float *x;            /* (T, dim) residual stream */
-    float *h;            /* (T, dim) normed */
-    float *q;            /* (T, n_heads * hd) */
-    float *k;            /* (T, n_kv * hd) */
-    float *v;            /* (T, n_kv * hd) */
-    float *att;          /* (T, n_heads * hd) */
-    float *gate;         /* (T, ffn) */
-    float *up;           /* (T, ffn) */
-    float *cos_t;        /* (T, hd / 2) */
-    float *sin_t;        /* (T, hd / 2) */
-    float *inv_freq;     /* (hd / 2) */
-    float *hrows;        /* (max_num_seqs, dim) final hidden rows */
-    float *logits;       /* (max_num_seqs, vocab) */
-    void *scratch;       /* the one allocation behind every scratch pointer */
+    float *x;        /* (T, dim) residual stream */
+    float *h;        /* (T, dim) normed */
+    float *q;        /* (T, n_heads * hd) */
+    float *k;        /* (T, n_kv * hd) */
+    float *v;        /* (T, n_kv * hd) */
+    float *att;      /* (T, n_heads * hd) */
+    float *gate;     /* (T, ffn) */
+    float *up;       /* (T, ffn) */
+    float *cos_t;    /* (T, hd / 2) */
+    float *sin_t;    /* (T, hd / 2) */
+    float *inv_freq; /* (hd / 2) */
+    float *hrows;    /* (max_num_seqs, dim) final hidden rows */
+    float *logits;   /* (max_num_seqs, vocab) */
+    void *scratch;   /* the one allocation behind every scratch pointer */
 } cpu_state_t;
 
 static float *
@@ -142,12 +142,13 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
 
     /* Carve every scratch buffer out of one 64-byte aligned block. */
     size_t sizes[] = {
-        T * c->dim, T * c->dim, T * qd, T * kvd, T * kvd, T * qd, T * c->ffn_dim,
-        T * c->ffn_dim, T * half, T * half, half, S * c->dim, S * c->vocab_size,
+        T * c->dim,        T * c->dim,     T * qd,   T * kvd,  T * kvd, T * qd,
+        T * c->ffn_dim,    T * c->ffn_dim, T * half, T * half, half,    S * c->dim,
+        S * c->vocab_size,
     };
     float **ptrs[] = {
-        &s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->gate, &s->up, &s->cos_t, &s->sin_t,
-        &s->inv_freq, &s->hrows, &s->logits,
+        &s->x,  &s->h,     &s->q,     &s->k,        &s->v,     &s->att,    &s->gate,
+        &s->up, &s->cos_t, &s->sin_t, &s->inv_freq, &s->hrows, &s->logits,
     };
     size_t total = 0;
 
@@ -262,8 +263,8 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
         kn_cpu_rope(s->q, T, c->n_heads, hd, s->cos_t, s->sin_t);
         kn_cpu_rope(s->k, T, c->n_kv_heads, hd, s->cos_t, s->sin_t);
         /* All new K/V of this layer land before any attention reads. */
-        kn_cpu_kv_write(kc, vc, s->k, s->v, b->slot_mapping, T, c->n_kv_heads,
-                        s->rc.block_size, hd);
+        kn_cpu_kv_write(kc, vc, s->k, s->v, b->slot_mapping, T, c->n_kv_heads, s->rc.block_size,
+                        hd);
         aa.k_cache = kc;
         aa.v_cache = vc;
         kn_cpu_attention(&aa);

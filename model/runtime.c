@@ -33,8 +33,8 @@ static const mdl_backend_t *const rt_backends[] = {
 size_t
 mdl_kv_block_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype)
 {
-    size_t elems = 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)block_size *
-                   (size_t)c->head_dim;
+    size_t elems =
+        2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)block_size * (size_t)c->head_dim;
 
     switch (dtype) {
     case MDL_KV_F16:
@@ -96,8 +96,7 @@ mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_ru
         snprintf(err, errlen, "tensor parallel size %d: only 1 is supported", c.tp_size);
         return ST_EUNSUPPORTED;
     }
-    if (c.num_blocks < 2 || c.swap_blocks < 0 || c.max_blocks_per_seq <= 0 ||
-        c.block_size > 4096) {
+    if (c.num_blocks < 2 || c.swap_blocks < 0 || c.max_blocks_per_seq <= 0 || c.block_size > 4096) {
         snprintf(err, errlen, "bad KV pool shape: %d blocks of %d tokens, %d swap blocks",
                  c.num_blocks, c.block_size, c.swap_blocks);
         return ST_EINVAL;
@@ -118,8 +117,8 @@ mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_ru
         free(rt);
         return rc;
     }
-    LOG_DEBUG("runtime on %s: %d blocks x %d tokens, %d swap blocks, %d tokens/step",
-              be->name, c.num_blocks, c.block_size, c.swap_blocks, c.max_num_batched_tokens);
+    LOG_DEBUG("runtime on %s: %d blocks x %d tokens, %d swap blocks, %d tokens/step", be->name,
+              c.num_blocks, c.block_size, c.swap_blocks, c.max_num_batched_tokens);
     *out = rt;
     return ST_OK;
 }
@@ -150,10 +149,9 @@ mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops)
             ops[i].kind != KV_OP_SWAP_IN) {
             return ST_EINVAL;
         }
-        if (ops[i].src < 0 || ops[i].src >= src_max || ops[i].dst < 0 ||
-            ops[i].dst >= dst_max) {
-            LOG_ERROR("kv op %d (kind %d): block %d -> %d out of range", i, ops[i].kind,
-                      ops[i].src, ops[i].dst);
+        if (ops[i].src < 0 || ops[i].src >= src_max || ops[i].dst < 0 || ops[i].dst >= dst_max) {
+            LOG_ERROR("kv op %d (kind %d): block %d -> %d out of range", i, ops[i].kind, ops[i].src,
+                      ops[i].dst);
             return ST_EINVAL;
         }
     }

@@ -33,16 +33,15 @@
 static void
 bf_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvserve bench-forward [--model PATH] [--prompt-len P] [--decode D]\n"
-            "                             [--batch B] [--threads N]\n"
-            "\n"
-            "  --model PATH     Hugging Face directory or .gguf (default " BF_DEFAULT_MODEL ")\n"
-            "  --prompt-len P   prompt tokens per sequence (default 128)\n"
-            "  --decode D       decode steps (default 64)\n"
-            "  --batch B        the larger batch (default 16; batch 1 always runs)\n"
-            "  --threads N      CPU threads (default: every core)\n"
-            "  --help           this text\n");
+    fprintf(f, "usage: kvserve bench-forward [--model PATH] [--prompt-len P] [--decode D]\n"
+               "                             [--batch B] [--threads N]\n"
+               "\n"
+               "  --model PATH     Hugging Face directory or .gguf (default " BF_DEFAULT_MODEL ")\n"
+               "  --prompt-len P   prompt tokens per sequence (default 128)\n"
+               "  --decode D       decode steps (default 64)\n"
+               "  --batch B        the larger batch (default 16; batch 1 always runs)\n"
+               "  --threads N      CPU threads (default: every core)\n"
+               "  --help           this text\n");
 }
 
 /* Copy bandwidth in bytes/s: best of a few 128 MiB memcpys split over
@@ -138,9 +137,17 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
         rows[s] = (s + 1) * plen - 1;
     }
     mdl_batch_t b = {
-        .n_tokens = T, .tokens = tok, .positions = pos, .slot_mapping = slot, .n_seqs = batch,
-        .query_start = qs, .context_len = ctx, .block_tables = bt, .max_blocks = mb,
-        .logits_rows = rows, .n_logits = batch,
+        .n_tokens = T,
+        .tokens = tok,
+        .positions = pos,
+        .slot_mapping = slot,
+        .n_seqs = batch,
+        .query_start = qs,
+        .context_len = ctx,
+        .block_tables = bt,
+        .max_blocks = mb,
+        .logits_rows = rows,
+        .n_logits = batch,
     };
     st = mdl_forward(rt, &b, &lg); /* warm-up: page in weights and KV */
     if (st != ST_OK) {
@@ -209,9 +216,12 @@ int
 cmd_bench_forward(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"model", required_argument, NULL, 'm'},   {"prompt-len", required_argument, NULL, 'p'},
-        {"decode", required_argument, NULL, 'd'},  {"batch", required_argument, NULL, 'b'},
-        {"threads", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+        {"model", required_argument, NULL, 'm'},
+        {"prompt-len", required_argument, NULL, 'p'},
+        {"decode", required_argument, NULL, 'd'},
+        {"batch", required_argument, NULL, 'b'},
+        {"threads", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *model = NULL;
@@ -284,8 +294,8 @@ cmd_bench_forward(int argc, char **argv)
     double bw = bf_copy_bandwidth();
 
     printf("model %s: %d layers, dim %d, %d/%d heads, ffn %d, vocab %d, %.1f MB f32 weights\n",
-           model, mc->n_layers, mc->dim, mc->n_heads, mc->n_kv_heads, mc->ffn_dim,
-           mc->vocab_size, (double)mdl_model_weight_bytes(m) / 1e6);
+           model, mc->n_layers, mc->dim, mc->n_heads, mc->n_kv_heads, mc->ffn_dim, mc->vocab_size,
+           (double)mdl_model_weight_bytes(m) / 1e6);
     printf("cpu: %s kernels, %d threads; copy bandwidth %.2f GB/s\n", kn_isa_name(kn_cpu_isa()),
            kn_cpu_threads(), bw / 1e9);
     printf("prompt %d tokens, %d decode steps\n", plen, dec);

@@ -34,23 +34,22 @@
 static void
 gen_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvserve generate [--model PATH] --prompt TEXT [--max-tokens N]\n"
-            "                        [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
-            "                        [--json]\n"
-            "\n"
-            "  --model PATH       Hugging Face directory or .gguf file\n"
-            "                     (default " GEN_DEFAULT_MODEL ")\n"
-            "  --prompt TEXT      the prompt (a BOS token is added as the tokenizer says)\n"
-            "  --max-tokens N     tokens to generate at most (default 128; capped by the\n"
-            "                     model's context)\n"
-            "  --temperature T    0 = greedy (default 1.0)\n"
-            "  --top-p P          nucleus sampling, 0 < P <= 1 (default 1)\n"
-            "  --top-k K          keep the K most likely tokens, 0 = off (default 0)\n"
-            "  --seed S           RNG seed (default: from the clock)\n"
-            "  --json             print one JSON object: prompt_token_ids, token_ids, text,\n"
-            "                     finish_reason and per-step top_logprobs (5 ids)\n"
-            "  --help             this text\n");
+    fprintf(f, "usage: kvserve generate [--model PATH] --prompt TEXT [--max-tokens N]\n"
+               "                        [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
+               "                        [--json]\n"
+               "\n"
+               "  --model PATH       Hugging Face directory or .gguf file\n"
+               "                     (default " GEN_DEFAULT_MODEL ")\n"
+               "  --prompt TEXT      the prompt (a BOS token is added as the tokenizer says)\n"
+               "  --max-tokens N     tokens to generate at most (default 128; capped by the\n"
+               "                     model's context)\n"
+               "  --temperature T    0 = greedy (default 1.0)\n"
+               "  --top-p P          nucleus sampling, 0 < P <= 1 (default 1)\n"
+               "  --top-k K          keep the K most likely tokens, 0 = off (default 0)\n"
+               "  --seed S           RNG seed (default: from the clock)\n"
+               "  --json             print one JSON object: prompt_token_ids, token_ids, text,\n"
+               "                     finish_reason and per-step top_logprobs (5 ids)\n"
+               "  --help             this text\n");
 }
 
 /* The default model: under the source tree kvserve was built from, else
@@ -199,10 +198,10 @@ typedef struct gen {
     mdl_model_t *m;
     mdl_runtime_t *rt;
     smp_ctx_t *smp;
-    int32_t *hist;       /* prompt + generated ids */
+    int32_t *hist; /* prompt + generated ids */
     int32_t n_prompt;
     int32_t n_hist;
-    int32_t *table;      /* block table: block i+1 for logical block i */
+    int32_t *table; /* block table: block i+1 for logical block i */
     int32_t max_blocks;
     int32_t *pos, *slot; /* per step, max chunk */
     float *row;          /* a copy of the logits row the sampler may modify */

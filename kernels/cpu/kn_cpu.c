@@ -249,8 +249,8 @@ kn_rmsnorm_region(void *arg, int chunk, int n_chunks)
 
     kn_share((size_t)j->n_tok, 1, chunk, n_chunks, &lo, &hi);
     if (lo < hi) {
-        kn_impl->rmsnorm(j->x + lo * j->dim, j->w, j->y + lo * j->dim, (int32_t)(hi - lo),
-                         j->dim, j->eps);
+        kn_impl->rmsnorm(j->x + lo * j->dim, j->w, j->y + lo * j->dim, (int32_t)(hi - lo), j->dim,
+                         j->eps);
     }
 }
 
@@ -326,8 +326,12 @@ void
 kn_cpu_rope_table(const int32_t *pos, int32_t n_tok, const float *inv_freq, int32_t half,
                   float *cos_t, float *sin_t)
 {
-    kn_rope_job_t j = {.pos = pos, .inv_freq = inv_freq, .cos_t = cos_t, .sin_t = sin_t,
-                       .n_tok = n_tok, .half = half};
+    kn_rope_job_t j = {.pos = pos,
+                       .inv_freq = inv_freq,
+                       .cos_t = cos_t,
+                       .sin_t = sin_t,
+                       .n_tok = n_tok,
+                       .half = half};
 
     int nt = kn_team((long)n_tok * half * 16, KN_PAR_ELEM);
 
@@ -352,8 +356,12 @@ kn_cpu_rope(float *x, int32_t n_tok, int32_t n_heads, int32_t head_dim, const fl
             const float *sin_t)
 {
     int nt = kn_team((long)n_tok * n_heads * head_dim, KN_PAR_ELEM);
-    kn_rope_job_t j = {.x = x, .cos_t = (float *)cos_t, .sin_t = (float *)sin_t, .n_tok = n_tok,
-                       .n_heads = n_heads, .head_dim = head_dim};
+    kn_rope_job_t j = {.x = x,
+                       .cos_t = (float *)cos_t,
+                       .sin_t = (float *)sin_t,
+                       .n_tok = n_tok,
+                       .n_heads = n_heads,
+                       .head_dim = head_dim};
 
     if (nt <= 1 || n_tok < 2) {
         kn_impl->rope(x, n_tok, n_heads, head_dim, cos_t, sin_t);
@@ -363,9 +371,8 @@ kn_cpu_rope(float *x, int32_t n_tok, int32_t n_heads, int32_t head_dim, const fl
 }
 
 void
-kn_cpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
-                const int32_t *slot, int32_t n_tok, int32_t n_kv_heads, int32_t block_size,
-                int32_t head_dim)
+kn_cpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v, const int32_t *slot,
+                int32_t n_tok, int32_t n_kv_heads, int32_t block_size, int32_t head_dim)
 {
     size_t hb = sizeof(float) * (size_t)head_dim;
 

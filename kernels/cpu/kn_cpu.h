@@ -102,8 +102,8 @@ void kn_cpu_rope_table(const int32_t *pos, int32_t n_tok, const float *inv_freq,
 void kn_cpu_rope(float *x, int32_t n_tok, int32_t n_heads, int32_t head_dim, const float *cos_t,
                  const float *sin_t);
 /* Reference: computes the angles from pos and inv_freq itself (double). */
-void kn_cpu_rope_ref(float *x, const int32_t *pos, int32_t n_tok, int32_t n_heads,
-                     int32_t head_dim, const float *inv_freq);
+void kn_cpu_rope_ref(float *x, const int32_t *pos, int32_t n_tok, int32_t n_heads, int32_t head_dim,
+                     const float *inv_freq);
 
 /* Writes each new token's K and V into its cache slot.
  *   k, v:        (n_tok, n_kv_heads * head_dim)
@@ -113,8 +113,8 @@ void kn_cpu_kv_write(float *k_cache, float *v_cache, const float *k, const float
                      const int32_t *slot, int32_t n_tok, int32_t n_kv_heads, int32_t block_size,
                      int32_t head_dim);
 void kn_cpu_kv_write_ref(float *k_cache, float *v_cache, const float *k, const float *v,
-                         const int32_t *slot, int32_t n_tok, int32_t n_kv_heads,
-                         int32_t block_size, int32_t head_dim);
+                         const int32_t *slot, int32_t n_tok, int32_t n_kv_heads, int32_t block_size,
+                         int32_t head_dim);
 
 /* Paged causal attention over a varlen batch.
  * Sequence s owns tokens [query_start[s], query_start[s+1]); after this
@@ -125,9 +125,9 @@ void kn_cpu_kv_write_ref(float *k_cache, float *v_cache, const float *k, const f
  * h / (n_heads / n_kv_heads) (GQA/MQA). Softmax in f32 with the running
  * maximum (online), scores scaled by scale. */
 typedef struct kn_attn_args {
-    float *out;                  /* (n_tok, n_heads * head_dim) */
-    const float *q;              /* (n_tok, n_heads * head_dim), RoPE applied */
-    const float *k_cache;        /* one layer, layout above */
+    float *out;           /* (n_tok, n_heads * head_dim) */
+    const float *q;       /* (n_tok, n_heads * head_dim), RoPE applied */
+    const float *k_cache; /* one layer, layout above */
     const float *v_cache;
     const int32_t *query_start;  /* (n_seqs + 1) */
     const int32_t *context_len;  /* (n_seqs) */
@@ -137,7 +137,7 @@ typedef struct kn_attn_args {
     int32_t n_tok;
     int32_t n_heads;
     int32_t n_kv_heads;
-    int32_t head_dim;   /* <= KN_ATTN_MAX_HEAD_DIM */
+    int32_t head_dim; /* <= KN_ATTN_MAX_HEAD_DIM */
     int32_t block_size;
     int32_t sliding_window; /* 0: full */
     float scale;

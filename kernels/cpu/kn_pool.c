@@ -43,14 +43,14 @@
 #define KN_SPIN_MASTER 200000 /* before the caller sleeps on claimed chunks */
 
 static struct {
-    pthread_mutex_t run_mu;      /* one region at a time; guards spawning too */
+    pthread_mutex_t run_mu; /* one region at a time; guards spawning too */
     int n_workers;
-    _Atomic uint32_t gen;        /* futex word: bumped when a region opens */
-    _Atomic uint64_t next;       /* gen << 32 | next unclaimed chunk */
-    _Atomic uint32_t done;       /* futex word: chunks finished */
-    _Atomic int sleepers;        /* workers in (or entering) futex wait */
+    _Atomic uint32_t gen;  /* futex word: bumped when a region opens */
+    _Atomic uint64_t next; /* gen << 32 | next unclaimed chunk */
+    _Atomic uint32_t done; /* futex word: chunks finished */
+    _Atomic int sleepers;  /* workers in (or entering) futex wait */
     _Atomic int master_waiting;
-    kn_chunk_fn fn;              /* valid while a chunk of the region is claimed */
+    kn_chunk_fn fn; /* valid while a chunk of the region is claimed */
     void *arg;
     _Atomic uint32_t n_chunks;
 } kn_pool = {
@@ -103,8 +103,7 @@ kn_pool_work(uint32_t g)
 
         kn_pool.fn(kn_pool.arg, (int)c, (int)n);
         ran++;
-        if (atomic_fetch_add(&kn_pool.done, 1) + 1 == n &&
-            atomic_load(&kn_pool.master_waiting)) {
+        if (atomic_fetch_add(&kn_pool.done, 1) + 1 == n && atomic_load(&kn_pool.master_waiting)) {
             kn_futex_wake((void *)&kn_pool.done);
         }
         v = atomic_load(&kn_pool.next);

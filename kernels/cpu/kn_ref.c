@@ -178,8 +178,7 @@ kn_cpu_silu_mul_ref(const float *gate, const float *up, float *out, size_t n)
 }
 
 void
-kn_cpu_embed_ref(const float *table, const int32_t *tokens, int32_t n_tok, int32_t dim,
-                 float *out)
+kn_cpu_embed_ref(const float *table, const int32_t *tokens, int32_t n_tok, int32_t dim, float *out)
 {
     for (int32_t t = 0; t < n_tok; t++) {
         for (int32_t i = 0; i < dim; i++) {

@@ -49,17 +49,17 @@ rel_err(const float *a, const float *b, size_t n)
 }
 
 /* Runs body once per supported ISA and thread count (1 and 2). */
-#define FOR_EACH_ISA(body)                                                                 \
-    do {                                                                                   \
-        kn_cpu_init(0);                                                                    \
-        for (int isa_ = 0; isa_ <= (int)kn_cpu_isa_best(); isa_++) {                       \
-            ck_assert_int_eq(kn_cpu_set_isa((kn_isa_t)isa_), ST_OK);                       \
-            for (int nt_ = 1; nt_ <= 2; nt_++) {                                           \
-                kn_cpu_init(nt_);                                                          \
-                body;                                                                      \
-            }                                                                              \
-        }                                                                                  \
-        kn_cpu_set_isa(kn_cpu_isa_best());                                                 \
+#define FOR_EACH_ISA(body)                                                                         \
+    do {                                                                                           \
+        kn_cpu_init(0);                                                                            \
+        for (int isa_ = 0; isa_ <= (int)kn_cpu_isa_best(); isa_++) {                               \
+            ck_assert_int_eq(kn_cpu_set_isa((kn_isa_t)isa_), ST_OK);                               \
+            for (int nt_ = 1; nt_ <= 2; nt_++) {                                                   \
+                kn_cpu_init(nt_);                                                                  \
+                body;                                                                              \
+            }                                                                                      \
+        }                                                                                          \
+        kn_cpu_set_isa(kn_cpu_isa_best());                                                         \
     } while (0)
 
 START_TEST(test_isa_detect)
@@ -108,8 +108,8 @@ START_TEST(test_matmul)
     check_matmul(1, 192, 1024, 1, 0);
     check_matmul(3, 37, 29, 1, 1);
     check_matmul(16, 192, 512, 0, 1);
-    check_matmul(1, 576, 1536, 1, 1);    /* above the parallel threshold, gemv */
-    check_matmul(40, 256, 300, 1, 0);    /* parallel gemm, ragged rows */
+    check_matmul(1, 576, 1536, 1, 1); /* above the parallel threshold, gemv */
+    check_matmul(40, 256, 300, 1, 0); /* parallel gemm, ragged rows */
     /* The few-row GEMM (2..8 rows): odd tokens, ragged row tiles, parallel. */
     check_matmul(2, 576, 1536, 1, 1);
     check_matmul(5, 64, 37, 0, 0);
@@ -125,7 +125,8 @@ START_TEST(test_rmsnorm)
     for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
         int32_t n = shapes[k][0], d = shapes[k][1];
         float *x = rand_buf((size_t)n * d, 3.0f), *w = rand_buf((size_t)d, 1.0f);
-        float *y1 = malloc(sizeof(float) * (size_t)n * d), *y2 = malloc(sizeof(float) * (size_t)n * d);
+        float *y1 = malloc(sizeof(float) * (size_t)n * d),
+              *y2 = malloc(sizeof(float) * (size_t)n * d);
 
         kn_cpu_rmsnorm_ref(x, w, y1, n, d, 1e-5f);
         FOR_EACH_ISA({
@@ -154,7 +155,8 @@ START_TEST(test_rope)
         size_t len = (size_t)n * nh * hd;
         float *x = rand_buf(len, 1.0f), *x1 = malloc(sizeof(float) * len);
         float *x2 = malloc(sizeof(float) * len), *inv = malloc(sizeof(float) * (size_t)half);
-        float *c = malloc(sizeof(float) * (size_t)n * half), *s = malloc(sizeof(float) * (size_t)n * half);
+        float *c = malloc(sizeof(float) * (size_t)n * half),
+              *s = malloc(sizeof(float) * (size_t)n * half);
         int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
 
         p.head_dim = hd;
@@ -207,11 +209,11 @@ START_TEST(test_rope_scaling)
         double wl = 2.0 * 3.14159265358979323846 / base[i];
 
         if (wl < 8192.0 / 4.0) {
-            ck_assert(l3[i] == base[i]);                                 /* high frequency */
+            ck_assert(l3[i] == base[i]); /* high frequency */
         } else if (wl > 8192.0) {
             ck_assert(fabsf(l3[i] - base[i] / 8.0f) <= 1e-6f * base[i]); /* low frequency */
         } else {
-            ck_assert(l3[i] < base[i] && l3[i] > base[i] / 8.0f);        /* smoothed band */
+            ck_assert(l3[i] < base[i] && l3[i] > base[i] / 8.0f); /* smoothed band */
         }
     }
 }
@@ -277,10 +279,21 @@ check_attention(int32_t n_seqs, const int32_t *n_new, const int32_t *ctx, int32_
     float *kc = rand_buf(csz, 1.0f), *vc = rand_buf(csz, 1.0f), *q = rand_buf(qsz, 1.0f);
     float *o1 = malloc(sizeof(float) * qsz), *o2 = malloc(sizeof(float) * qsz);
     kn_attn_args_t a = {
-        .q = q, .k_cache = kc, .v_cache = vc, .query_start = qs, .context_len = ctx,
-        .block_tables = bt, .max_blocks = max_blocks, .n_seqs = n_seqs, .n_tok = n_tok,
-        .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .block_size = bs,
-        .sliding_window = window, .scale = 1.0f / sqrtf((float)hd),
+        .q = q,
+        .k_cache = kc,
+        .v_cache = vc,
+        .query_start = qs,
+        .context_len = ctx,
+        .block_tables = bt,
+        .max_blocks = max_blocks,
+        .n_seqs = n_seqs,
+        .n_tok = n_tok,
+        .n_heads = nh,
+        .n_kv_heads = nkv,
+        .head_dim = hd,
+        .block_size = bs,
+        .sliding_window = window,
+        .scale = 1.0f / sqrtf((float)hd),
     };
 
     a.out = o1;
@@ -306,8 +319,8 @@ START_TEST(test_attention_decode)
     int32_t n_new[] = {1}, ctx[] = {77};
 
     check_attention(1, n_new, ctx, 6, 2, 32, 16, 0);
-    check_attention(1, n_new, ctx, 8, 1, 64, 16, 0);   /* MQA */
-    check_attention(1, n_new, ctx, 4, 4, 128, 7, 0);   /* MHA, odd block size */
+    check_attention(1, n_new, ctx, 8, 1, 64, 16, 0); /* MQA */
+    check_attention(1, n_new, ctx, 4, 4, 128, 7, 0); /* MHA, odd block size */
 }
 END_TEST
 
@@ -317,7 +330,7 @@ START_TEST(test_attention_mixed_batch)
     int32_t n_new[] = {20, 1, 13, 1, 1}, ctx[] = {20, 50, 45, 3, 200};
 
     check_attention(5, n_new, ctx, 9, 3, 64, 16, 0);
-    check_attention(5, n_new, ctx, 32, 2, 32, 5, 0); /* group of 16 query heads */
+    check_attention(5, n_new, ctx, 32, 2, 32, 5, 0);  /* group of 16 query heads */
     check_attention(5, n_new, ctx, 6, 2, 32, 16, 17); /* sliding window */
 }
 END_TEST

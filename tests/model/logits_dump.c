@@ -79,9 +79,16 @@ main(int argc, char **argv)
             rows[i] = i;
         }
         mdl_batch_t b = {
-            .n_tokens = len, .tokens = ids + at, .positions = pos + at,
-            .slot_mapping = slot + at, .n_seqs = 1, .query_start = qs, .context_len = &ctx,
-            .block_tables = table, .max_blocks = n_blocks, .logits_rows = rows,
+            .n_tokens = len,
+            .tokens = ids + at,
+            .positions = pos + at,
+            .slot_mapping = slot + at,
+            .n_seqs = 1,
+            .query_start = qs,
+            .context_len = &ctx,
+            .block_tables = table,
+            .max_blocks = n_blocks,
+            .logits_rows = rows,
             .n_logits = len,
         };
         rc = mdl_forward(rt, &b, &lg);

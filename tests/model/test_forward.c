@@ -138,9 +138,17 @@ step(tseq_t **seqs, const int32_t *n_new, int32_t n, float *out)
         memcpy(bt + (size_t)i * MAXB, s->table, sizeof(s->table));
     }
     mdl_batch_t b = {
-        .n_tokens = T, .tokens = tok, .positions = pos, .slot_mapping = slot, .n_seqs = n,
-        .query_start = qs, .context_len = ctx, .block_tables = bt, .max_blocks = MAXB,
-        .logits_rows = rows, .n_logits = T,
+        .n_tokens = T,
+        .tokens = tok,
+        .positions = pos,
+        .slot_mapping = slot,
+        .n_seqs = n,
+        .query_start = qs,
+        .context_len = ctx,
+        .block_tables = bt,
+        .max_blocks = MAXB,
+        .logits_rows = rows,
+        .n_logits = T,
     };
     ck_assert_int_eq(mdl_forward(rt, &b, &lg), ST_OK);
     if (out != NULL) {
@@ -365,7 +373,9 @@ START_TEST(test_kv_copy_and_swap)
     ck_assert_double_lt(max_rel(out_b, ref + (size_t)39 * vocab, (size_t)vocab), 1e-5);
 
     /* Out-of-range ops change nothing and fail. */
-    kv_op_t bad[] = {{KV_OP_COPY, 0, NBLK}, {KV_OP_SWAP_OUT, 1, SWAPB}, {KV_OP_SWAP_IN, -1, 2},
+    kv_op_t bad[] = {{KV_OP_COPY, 0, NBLK},
+                     {KV_OP_SWAP_OUT, 1, SWAPB},
+                     {KV_OP_SWAP_IN, -1, 2},
                      {(kv_op_kind_t)7, 1, 2}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ck_assert_int_eq(mdl_runtime_kv_ops(rt, &bad[i], 1), ST_EINVAL);
@@ -379,9 +389,17 @@ START_TEST(test_bad_batches)
     int32_t tok[2] = {1, 5}, pos[2] = {0, 1}, slot[2] = {16, 17}, qs[2] = {0, 2}, ctx[1] = {2};
     int32_t bt[MAXB] = {1}, rows[1] = {1};
     mdl_batch_t good = {
-        .n_tokens = 2, .tokens = tok, .positions = pos, .slot_mapping = slot, .n_seqs = 1,
-        .query_start = qs, .context_len = ctx, .block_tables = bt, .max_blocks = MAXB,
-        .logits_rows = rows, .n_logits = 1,
+        .n_tokens = 2,
+        .tokens = tok,
+        .positions = pos,
+        .slot_mapping = slot,
+        .n_seqs = 1,
+        .query_start = qs,
+        .context_len = ctx,
+        .block_tables = bt,
+        .max_blocks = MAXB,
+        .logits_rows = rows,
+        .n_logits = 1,
     };
     mdl_batch_t b;
     const float *lg;
