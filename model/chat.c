@@ -162,6 +162,7 @@ typedef struct cnode cnode_t;
 
 struct val {
     int t;
+    bool safe; /* V_STR: jinja2 Markup (from |safe or |escape) */
     union {
         int64_t i; /* V_BOOL, V_INT, V_FUNC id */
         double f;
@@ -181,6 +182,7 @@ struct vlist {
     size_t n, cap;
     val_t *v;
     bool tuple;
+    bool gen; /* a jinja2 generator (map / select ...): always true, no len */
 };
 
 struct vdict {
@@ -256,6 +258,7 @@ list_new(cx_t *cx, size_t cap)
     l->n = 0;
     l->cap = cap;
     l->tuple = false;
+    l->gen = false;
     l->v = cap ? ar_alloc(cx, cap * sizeof(val_t)) : NULL;
     return l;
 }
@@ -2067,6 +2070,9 @@ type_name(val_t v)
     if (v.t == V_LIST && v.u.l->tuple) {
         return "tuple";
     }
+    if (v.t == V_LIST && v.u.l->gen) {
+        return "generator";
+    }
     return names[v.t];
 }
 
@@ -2109,7 +2115,7 @@ truthy(val_t v)
     case V_STR:
         return v.u.s.n > 0;
     case V_LIST:
-        return v.u.l->n > 0;
+        return v.u.l->gen || v.u.l->n > 0;
     case V_DICT:
         return v.u.d->n > 0;
     default:
@@ -2241,6 +2247,10 @@ put_repr(rstate_t *rs, sbuf_t *b, val_t v)
         put_repr_str(cx, b, v.u.s.p, v.u.s.n);
         break;
     case V_LIST:
+        if (v.u.l->gen) {
+            sb_puts(cx, b, "<generator object>");
+            break;
+        }
         sb_putc(cx, b, v.u.l->tuple ? '(' : '[');
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i) {
@@ -2492,6 +2502,9 @@ py_len(rstate_t *rs, val_t v)
     case V_STR:
         return (int64_t)u8_len(v.u.s.p, v.u.s.n);
     case V_LIST:
+        if (v.u.l->gen) {
+            r_fail(rs, "object of type 'generator' has no len()");
+        }
         return (int64_t)v.u.l->n;
     case V_DICT:
         return (int64_t)v.u.d->n;
@@ -2769,6 +2782,9 @@ get_item(rstate_t *rs, val_t obj, val_t key)
     }
     case V_LIST:
     case V_STR:
+        if (obj.t == V_LIST && obj.u.l->gen) {
+            return v_undef_named(NULL); /* generators are not subscriptable */
+        }
         if (key.t == V_INT || key.t == V_BOOL) {
             int64_t n = py_len(rs, obj), i = key.u.i;
 
@@ -2938,6 +2954,9 @@ json_dump(rstate_t *rs, sbuf_t *b, val_t v, const jopts_t *o, int level)
         json_str(cx, b, v.u.s.p, v.u.s.n, o->ensure_ascii);
         break;
     case V_LIST:
+        if (v.u.l->gen) {
+            r_fail(rs, "Object of type generator is not JSON serializable");
+        }
         if (v.u.l->n == 0) {
             sb_puts(cx, b, "[]");
             break;
@@ -4001,6 +4020,7 @@ filter_select(rstate_t *rs, val_t v, const cargs_t *a, bool by_attr, bool keep)
             list_push(rs->cx, out, in->v[i]);
         }
     }
+    out->gen = true;
     return v_list(out);
 }
 
@@ -4068,6 +4088,8 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
         return to_str(rs, v);
     }
     if (strcmp(name, "safe") == 0) {
+        v = to_str(rs, v);
+        v.safe = true;
         return v;
     }
     if (strcmp(name, "tojson") == 0) {
@@ -4108,11 +4130,15 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
     if (strcmp(name, "trim") == 0) {
         val_t ch = arg(a, 0, "chars", v_none);
 
+        val_t r;
+
         v = to_str(rs, v);
         if (ch.t != V_NONE) {
             need_str(rs, ch, "trim chars");
         }
-        return str_strip(v, ch.t == V_NONE ? NULL : &ch, true, true);
+        r = str_strip(v, ch.t == V_NONE ? NULL : &ch, true, true);
+        r.safe = v.safe;
+        return r;
     }
     if (strcmp(name, "upper") == 0 || strcmp(name, "lower") == 0 ||
         strcmp(name, "capitalize") == 0 || strcmp(name, "title") == 0) {
@@ -4143,6 +4169,9 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
     if (strcmp(name, "first") == 0 || strcmp(name, "last") == 0) {
         vlist_t *items = as_items(rs, v, true);
 
+        if (name[0] == 'l' && v.t == V_LIST && v.u.l->gen) {
+            r_fail(rs, "'generator' object is not reversible");
+        }
         if (items->n == 0) {
             return v_undef_named(NULL);
         }
@@ -4161,6 +4190,7 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
             for (size_t i = in->n; i-- > 0;) {
                 list_push(cx, out, in->v[i]);
             }
+            out->gen = true; /* reversed(): an iterator */
             return v_list(out);
         }
     }
@@ -4231,7 +4261,12 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
         if (v.t != V_DICT) {
             r_fail(rs, "items filter needs a mapping");
         }
-        return dict_items(rs, v.u.d, 'i');
+        {
+            val_t r = dict_items(rs, v.u.d, 'i');
+
+            r.u.l->gen = true; /* jinja2's items filter is a generator */
+            return r;
+        }
     }
     if (strcmp(name, "dictsort") == 0) {
         bool cs = truthy(arg(a, 0, "case_sensitive", v_bool(false)));
@@ -4285,6 +4320,7 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
                 list_push(cx, out, in->v[i]);
             }
         }
+        out->gen = true;
         return v_list(out);
     }
     if (strcmp(name, "min") == 0 || strcmp(name, "max") == 0) {
@@ -4367,6 +4403,7 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
                 list_push(cx, out, apply_filter(rs, fn, in->v[i], &fa));
             }
         }
+        out->gen = true;
         return v_list(out);
     }
     if (strcmp(name, "select") == 0 || strcmp(name, "reject") == 0) {
@@ -4379,7 +4416,12 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
         return filter_indent(rs, to_str(rs, v), a);
     }
     if (strcmp(name, "escape") == 0 || strcmp(name, "e") == 0 || strcmp(name, "forceescape") == 0) {
-        return html_escape(rs, to_str(rs, v));
+        if (v.t == V_STR && v.safe && name[0] != 'f') {
+            return v;
+        }
+        v = html_escape(rs, to_str(rs, v));
+        v.safe = true;
+        return v;
     }
     if (strcmp(name, "attr") == 0) {
         val_t at = need_str(rs, arg(a, 0, NULL, v_undef), "attribute name");
@@ -4439,7 +4481,7 @@ apply_test(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
         return v.t == V_STR || v.t == V_LIST || v.t == V_DICT || v.t == V_UNDEF;
     }
     if (strcmp(name, "sequence") == 0) {
-        return v.t == V_STR || v.t == V_LIST || v.t == V_DICT || v.t == V_UNDEF;
+        return v.t == V_STR || (v.t == V_LIST && !v.u.l->gen) || v.t == V_DICT || v.t == V_UNDEF;
     }
     if (strcmp(name, "boolean") == 0) {
         return v.t == V_BOOL;
@@ -4543,10 +4585,21 @@ arith(rstate_t *rs, int op, val_t a, val_t b)
     }
     if (op == '+' && a.t == V_STR && b.t == V_STR) {
         sbuf_t s = {0};
+        val_t r;
+        bool safe = a.safe || b.safe;
 
+        /* Markup + str escapes the str (markupsafe), the result is Markup */
+        if (safe && !a.safe) {
+            a = html_escape(rs, a);
+        }
+        if (safe && !b.safe) {
+            b = html_escape(rs, b);
+        }
         sb_add(cx, &s, a.u.s.p, a.u.s.n);
         sb_add(cx, &s, b.u.s.p, b.u.s.n);
-        return sb_val(&s);
+        r = sb_val(&s);
+        r.safe = safe;
+        return r;
     }
     if (op == '+' && a.t == V_LIST && b.t == V_LIST) {
         vlist_t *l = list_new(cx, a.u.l->n + b.u.l->n);

@@ -123,6 +123,11 @@ START_TEST(test_python_semantics)
     expect("{{ 'a' ~ 1 ~ none }}{{ 'x' if false else 'y' }}{{ 1 < 2 < 3 }}", "a1NoneyTrue");
     expect("{% filter upper %}abc{% endfilter %}", "ABC");
     expect("{{ 'l1\nl2' | indent(2, first=true) }}", "  l1\n  l2");
+    /* Markup: |safe + str escapes the str; map / select are generators
+     * (always true, no length, not JSON) as in jinja2 */
+    expect("{{ '<b>'|safe + '<i>' }}|{{ '<b>' + '<i>' }}", "<b>&lt;i&gt;|<b><i>");
+    expect("{{ 'yes' if [] | select else 'no' }}{{ [1, 2] | map('string') | list }}",
+           "yes['1', '2']");
 }
 END_TEST
 
@@ -140,6 +145,8 @@ START_TEST(test_errors)
     expect_error("{{ x | nosuchfilter }}", ST_EFORMAT, "nosuchfilter");
     expect_error("{{ 1 // 0 }}", ST_EFORMAT, NULL);
     expect_error("{% break %}", ST_EFORMAT, "outside");
+    expect_error("{{ [1] | map('string') | tojson }}", ST_EFORMAT, "generator");
+    expect_error("{{ [1] | select | length }}", ST_EFORMAT, "generator");
 }
 END_TEST
 
