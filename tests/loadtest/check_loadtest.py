@@ -3,6 +3,7 @@
 
 usage: check_loadtest.py mock LOADTEST MOCK_SERVER_PY
        check_loadtest.py kvserve LOADTEST KVSERVE SOURCE_ROOT
+       check_loadtest.py compare LOADTEST KVSERVE SOURCE_ROOT MOCK_SERVER_PY
 
 mock: runs kvs-loadtest against tests/loadtest/mock_openai.py (closed and
 open loop, streaming and not, completions and chat, a prompts file, 429s
@@ -14,9 +15,14 @@ bounded load (a few hundred requests, streaming and not), and checks the
 loadtest's request and token counts against the deltas of the server's
 /metrics, and that nothing is left running. Exits 77 (skip) while
 `kvserve serve --help` does not work yet.
+
+compare: loadtest/compare end to end on tiny loads, with kvserve and the
+mock standing in for llama-server: both columns, every level, JSON, PNG.
 """
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -186,9 +192,20 @@ def kvserve(lt, kvs, src):
     s.close()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
+    # When the daemon links the sd_notify wrappers, it must say READY=1 once
+    # it serves and STOPPING=1 when it drains: listen as systemd would.
+    with open(kvs, "rb") as f:
+        notifies = b"READY=1\nMAINPID=" in f.read()
+    env = dict(os.environ)
+    nsock = None
+    if notifies:
+        npath = os.path.join(tempfile.mkdtemp(), "notify")
+        nsock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        nsock.bind(npath)
+        env["NOTIFY_SOCKET"] = npath
     srv = subprocess.Popen([kvs, "serve", "--model", os.path.join(src, "models", "austen-2.7m"),
                             "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
-                            "--served-model-name", "austen"], stdout=log, stderr=log)
+                            "--served-model-name", "austen"], stdout=log, stderr=log, env=env)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -249,15 +266,74 @@ def kvserve(lt, kvs, src):
         check(m1.get("kvserve:num_requests_waiting", 0) == 0, "nothing left waiting")
         srv.send_signal(signal.SIGTERM)
         check(srv.wait(timeout=60) == 0, "kvserve exits 0 on SIGTERM")
+        if nsock is not None:
+            nsock.setblocking(False)
+            msgs = []
+            while True:
+                try:
+                    msgs.append(nsock.recv(4096).decode())
+                except BlockingIOError:
+                    break
+            print("sd_notify:", [m.replace("\n", " ") for m in msgs])
+            ready = [i for i, m in enumerate(msgs) if m.startswith("READY=1")]
+            stopping = [i for i, m in enumerate(msgs) if m == "STOPPING=1"]
+            check(len(ready) == 1 and f"MAINPID={srv.pid}" in msgs[ready[0]],
+                  "READY=1 with MAINPID once")
+            check(len(stopping) == 1 and stopping[0] > ready[0], "STOPPING=1 after READY=1")
     finally:
         if srv.poll() is None:
             srv.kill()
             srv.wait()
 
 
+def compare(lt, kvs, src, mock_py):
+    """loadtest/compare end to end on small loads: kvserve on the default
+    model's GGUF and, as "llama-server", a wrapper that starts the mock
+    server on the port compare chooses."""
+    if subprocess.run([kvs, "serve", "--help"], capture_output=True).returncode != 0:
+        print("kvserve serve is not available yet: skip")
+        sys.exit(77)
+    tmp = tempfile.mkdtemp()
+    fake = os.path.join(tmp, "llama-server")
+    with open(fake, "w") as f:
+        f.write("#!/bin/sh\n# a stand-in for llama-server: the mock on the requested port\n"
+                "while [ $# -gt 0 ]; do [ \"$1\" = --port ] && port=$2; shift; done\n"
+                f"exec /usr/bin/python3 {shlex.quote(mock_py)} {shlex.quote(tmp)}/port "
+                "--listen-port \"$port\"\n")
+    os.chmod(fake, 0o755)
+    out = os.path.join(tmp, "out")
+    p = subprocess.run([os.path.join(src, "loadtest", "compare"), "--llama-server", fake,
+                        "--gguf", os.path.join(src, "models", "austen-2.7m", "model-f32.gguf"),
+                        "--kvserve", kvs, "--loadtest", lt, "--threads", "1",
+                        "--concurrency", "1,3", "--input-len", "8", "--output-len", "6",
+                        "--requests-per-level", "4", "--out", out],
+                       capture_output=True, text=True, timeout=600)
+    print(p.stdout[-3000:], p.stderr[-2000:])
+    check(p.returncode == 0, f"compare exit status {p.returncode}")
+    with open(os.path.join(out, "compare.json")) as f:
+        res = json.load(f)
+    for name in ("kvserve", "llama-server"):
+        check(sorted(res.get(name, {})) == ["1", "3"], f"{name}: levels 1 and 3 measured")
+        for c, rep in res.get(name, {}).items():
+            check(rep["requests"]["ok"] == max(4, 2 * int(c)) and rep["requests"]["failed"] == 0,
+                  f"{name} c={c}: {rep['requests']}")
+            check(rep["tokens"]["output"] == 6 * rep["requests"]["ok"], f"{name}: ignore_eos")
+            check(rep["peak_rss_mib"] > 0, f"{name}: peak RSS read")
+    with open(os.path.join(out, "compare.txt")) as f:
+        txt = f.read()
+    check("kvserve" in txt and "llama-server" in txt and "TTFT50" in txt, "side-by-side table")
+    rows = [l for l in txt.splitlines() if l.strip().startswith(("1 |", "3 |"))]
+    check(len(rows) == 2 and all(l.count("|") == 2 for l in rows), f"one row per level: {rows}")
+    if shutil.which("gnuplot"):
+        with open(os.path.join(out, "compare.png"), "rb") as f:
+            check(f.read(8) == b"\x89PNG\r\n\x1a\n", "compare.png is a PNG")
+
+
 mode = sys.argv[1]
 if mode == "mock":
     mock(sys.argv[2], sys.argv[3])
+elif mode == "compare":
+    compare(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
 else:
     kvserve(sys.argv[2], sys.argv[3], sys.argv[4])
 if failures:

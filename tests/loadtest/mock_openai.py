@@ -4,8 +4,8 @@
 usage: mock_openai.py PORT_FILE [--fail-every K] [--close-every K] [--drop-every K]
                       [--delay-ms D]
 
-Listens on 127.0.0.1 on an ephemeral port (written to PORT_FILE once
-listening). /v1/completions and /v1/chat/completions generate max_tokens
+Listens on 127.0.0.1 on an ephemeral port or --listen-port (written to
+PORT_FILE once listening). /v1/completions and /v1/chat/completions generate max_tokens
 tokens ("t0 t1 ..."), streamed as SSE over chunked encoding, one token per
 event, usage in the last chunk when stream_options.include_usage is set.
 Every K-th request fails with 429 (--fail-every); every K-th response
@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 ap = argparse.ArgumentParser()
 ap.add_argument("port_file")
+ap.add_argument("--listen-port", type=int, default=0)
 ap.add_argument("--fail-every", type=int, default=0)
 ap.add_argument("--close-every", type=int, default=0)
 ap.add_argument("--drop-every", type=int, default=0)
@@ -59,7 +60,9 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
-        if self.path == "/v1/models":
+        if self.path == "/health":
+            self.send_json(200, {"status": "ok"})
+        elif self.path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [{"id": "mock-model", "object": "model"}]})
         elif self.path == "/stats":
             with lock:
@@ -140,7 +143,7 @@ class Server(socketserver.ThreadingMixIn, HTTPServer):
     daemon_threads = True
 
 
-srv = Server(("127.0.0.1", 0), Handler)
+srv = Server(("127.0.0.1", args.listen_port), Handler)
 with open(args.port_file + ".tmp", "w") as f:
     f.write(str(srv.server_address[1]))
 import os  # noqa: E402
