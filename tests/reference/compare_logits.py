@@ -34,38 +34,45 @@ def prompts(vocab):
     return out
 
 
+def check_model(dump, model, label=None):
+    """Compares every prompt at chunk sizes 0 and 7; returns the failures."""
+    hp, w = llama_ref.load(model)
+    vocab = w["lm_head"].shape[0]
+    label = label or os.path.basename(model.rstrip("/")) or model
+    failed = 0
+    for ids in prompts(vocab):
+        ref = llama_ref.forward(hp, w, ids)
+        for chunk in (0, 7):
+            res = subprocess.run([dump, model, str(chunk)] + [str(i) for i in ids],
+                                 stdout=subprocess.PIPE, check=False)
+            if res.returncode != 0:
+                print("FAIL %s: logits_dump exited %d" % (label, res.returncode))
+                failed += 1
+                continue
+            got = np.frombuffer(res.stdout, dtype="<f4").astype(np.float64)
+            if got.size != ref.size:
+                print("FAIL %s: %d logits, expected %d" % (label, got.size, ref.size))
+                failed += 1
+                continue
+            got = got.reshape(ref.shape)
+            err = np.abs(got - ref).max(axis=1) / np.abs(ref).max(axis=1)
+            worst = float(err.max())
+            same = int((got.argmax(axis=1) == ref.argmax(axis=1)).sum())
+            status = "ok" if worst <= TOL else "FAIL"
+            print("%s %s: %d ids, chunk %d: max rel err %.2e, argmax agree %d/%d"
+                  % (status, label, len(ids), chunk, worst, same, len(ids)))
+            if worst > TOL:
+                failed += 1
+    return failed
+
+
 def main(argv):
     if len(argv) < 3:
         sys.stderr.write(__doc__)
         return 2
-    dump, failed = argv[1], 0
+    failed = 0
     for model in argv[2:]:
-        hp, w = llama_ref.load(model)
-        vocab = w["lm_head"].shape[0]
-        for ids in prompts(vocab):
-            ref = llama_ref.forward(hp, w, ids)
-            for chunk in (0, 7):
-                res = subprocess.run([dump, model, str(chunk)] + [str(i) for i in ids],
-                                     stdout=subprocess.PIPE, check=False)
-                if res.returncode != 0:
-                    print("FAIL %s: logits_dump exited %d" % (model, res.returncode))
-                    failed += 1
-                    continue
-                got = np.frombuffer(res.stdout, dtype="<f4").astype(np.float64)
-                if got.size != ref.size:
-                    print("FAIL %s: %d logits, expected %d" % (model, got.size, ref.size))
-                    failed += 1
-                    continue
-                got = got.reshape(ref.shape)
-                err = np.abs(got - ref).max(axis=1) / np.abs(ref).max(axis=1)
-                worst = float(err.max())
-                same = int((got.argmax(axis=1) == ref.argmax(axis=1)).sum())
-                status = "ok" if worst <= TOL else "FAIL"
-                print("%s %s: %d ids, chunk %d: max rel err %.2e, argmax agree %d/%d"
-                      % (status, os.path.basename(model.rstrip("/")) or model, len(ids), chunk,
-                         worst, same, len(ids)))
-                if worst > TOL:
-                    failed += 1
+        failed += check_model(argv[1], model)
     return 1 if failed else 0
 
 

@@ -76,6 +76,8 @@ def _load_hf(path):
         "eps": cfg.get("rms_norm_eps", 1e-6),
         "theta": cfg.get("rope_theta", 10000.0),
         "rope_scaling": cfg.get("rope_scaling"),
+        "sliding_window": (cfg.get("sliding_window") or 0)
+        if cfg.get("use_sliding_window", True) else 0,
     }
     t = tensors
     w = {
@@ -255,6 +257,10 @@ def forward(hp, w, ids):
     pos = np.arange(T, dtype=np.float64)
     freq = inv_freq(hp)
     mask = np.triu(np.full((T, T), -np.inf), 1)
+    sw = hp.get("sliding_window") or 0
+    if sw > 0:
+        # Each position sees itself and the sw - 1 before it (HF Mistral).
+        mask = mask + np.tril(np.full((T, T), -np.inf), -sw)
     x = w["embed"][ids]
     for L in w["layers"]:
         h = _rms(x, L["attn_norm"], hp["eps"])
