@@ -24,7 +24,7 @@
 /* Largest config JSON we read: real ones are a few KB. */
 #define CONFIG_MAX_BYTES (4u << 20)
 
-static const char *const known_archs[] = { "llama", "mistral", "qwen2" };
+static const char *const known_archs[] = {"llama", "mistral", "qwen2"};
 
 static int
 arch_known(const char *a)
@@ -132,7 +132,8 @@ parse_eos(const cJSON *obj, const char *file, mdl_config_t *cfg, char *err, size
         mdl__seterr(err, errlen, "%s: eos_token_id must be an integer or a list", file);
         return ST_EFORMAT;
     }
-    cJSON_ArrayForEach(e, j) {
+    cJSON_ArrayForEach(e, j)
+    {
         if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) ||
             e->valuedouble > 2147483647.0) {
             mdl__seterr(err, errlen, "%s: bad entry in eos_token_id", file);
@@ -183,17 +184,19 @@ parse_rope_scaling(const cJSON *root, mdl_config_t *cfg, char *err, size_t errle
     if (cfg->rope_scaling == MDL_ROPE_LLAMA3) {
         if (get_f32(rs, "low_freq_factor", &cfg->rope_low_freq_factor, err, errlen) != 1 ||
             get_f32(rs, "high_freq_factor", &cfg->rope_high_freq_factor, err, errlen) != 1 ||
-            get_i32(rs, "original_max_position_embeddings", &cfg->rope_orig_max_pos, err,
-                    errlen) != 1) {
-            mdl__seterr(err, errlen, "config.json: llama3 rope_scaling needs factor, "
-                                     "low_freq_factor, high_freq_factor and "
-                                     "original_max_position_embeddings");
+            get_i32(rs, "original_max_position_embeddings", &cfg->rope_orig_max_pos, err, errlen) !=
+                1) {
+            mdl__seterr(err, errlen,
+                        "config.json: llama3 rope_scaling needs factor, "
+                        "low_freq_factor, high_freq_factor and "
+                        "original_max_position_embeddings");
             return ST_EFORMAT;
         }
         if (!(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
             cfg->rope_orig_max_pos <= 0) {
-            mdl__seterr(err, errlen, "config.json: llama3 rope_scaling needs high_freq_factor "
-                                     "> low_freq_factor and a positive original length");
+            mdl__seterr(err, errlen,
+                        "config.json: llama3 rope_scaling needs high_freq_factor "
+                        "> low_freq_factor and a positive original length");
             return ST_EFORMAT;
         }
     }
@@ -307,8 +310,10 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
         } else if (strcmp(name, "Qwen2ForCausalLM") == 0) {
             snprintf(cfg.arch, sizeof(cfg.arch), "qwen2");
         } else {
-            mdl__seterr(err, errlen, "config.json: no model_type and unknown architectures "
-                                     "'%.40s'", name);
+            mdl__seterr(err, errlen,
+                        "config.json: no model_type and unknown architectures "
+                        "'%.40s'",
+                        name);
             rc = ST_EUNSUPPORTED;
             goto fail;
         }
@@ -325,8 +330,9 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
         get_i32(root, "num_hidden_layers", &cfg.n_layers, err, errlen) != 1 ||
         get_i32(root, "num_attention_heads", &cfg.n_heads, err, errlen) != 1 ||
         get_i32(root, "intermediate_size", &cfg.ffn_dim, err, errlen) != 1) {
-        mdl__seterr(err, errlen, "config.json: needs integer vocab_size, hidden_size, "
-                                 "num_hidden_layers, num_attention_heads, intermediate_size");
+        mdl__seterr(err, errlen,
+                    "config.json: needs integer vocab_size, hidden_size, "
+                    "num_hidden_layers, num_attention_heads, intermediate_size");
         goto fail;
     }
     cfg.n_kv_heads = cfg.n_heads;
@@ -346,7 +352,7 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
         goto fail;
     }
     if (strcmp(cfg.arch, "qwen2") == 0) {
-        cfg.qkv_bias = 1;   /* hard-wired in Qwen2 */
+        cfg.qkv_bias = 1; /* hard-wired in Qwen2 */
     } else {
         cfg.qkv_bias = bias;
     }
@@ -435,8 +441,8 @@ mdl__config_load_hf(const char *dir, mdl_config_t *cfg, char *err, size_t errlen
 
 /* <arch>.<suffix> as an int32: 1 found, 0 absent, -1 bad. */
 static int
-gguf_arch_i32(const gguf_file_t *g, const char *arch, const char *suffix, int32_t *out,
-              char *err, size_t errlen)
+gguf_arch_i32(const gguf_file_t *g, const char *arch, const char *suffix, int32_t *out, char *err,
+              size_t errlen)
 {
     char key[128];
     int64_t v;
@@ -504,7 +510,7 @@ llama3_from_rope_freqs(const gguf_tensor_t *t, mdl_config_t *cfg, char *err, siz
         factor = fmax(factor, (double)f);
     }
     if (factor <= 1.0 + 1e-6) {
-        return ST_OK;   /* all ones: no scaling */
+        return ST_OK; /* all ones: no scaling */
     }
     for (int32_t i = 0; i < half; i++) {
         double fi, s, inv_wl;
@@ -523,16 +529,17 @@ llama3_from_rope_freqs(const gguf_tensor_t *t, mdl_config_t *cfg, char *err, siz
         }
     }
     if (n_mid < 2 || x0 == x1) {
-        mdl__seterr(err, errlen, "rope_freqs.weight has %d in-between factors; 2 are needed to "
-                                 "recover the llama3 rope parameters", n_mid);
+        mdl__seterr(err, errlen,
+                    "rope_freqs.weight has %d in-between factors; 2 are needed to "
+                    "recover the llama3 rope parameters",
+                    n_mid);
         return ST_EUNSUPPORTED;
     }
     /* s = A * inv_wl - B */
     a = (s1 - s0) / (x1 - x0);
     b = a * x0 - s0;
     if (!(a > 0) || !(b > 0) || !isfinite(a) || !isfinite(b) || a * 3.0 > 2147483647.0) {
-        mdl__seterr(err, errlen, "rope_freqs.weight is not a llama3 factor curve (%d, %d)", i0,
-                    i1);
+        mdl__seterr(err, errlen, "rope_freqs.weight is not a llama3 factor curve (%d, %d)", i0, i1);
         return ST_EUNSUPPORTED;
     }
     cfg->rope_orig_max_pos = (int32_t)llround(a * 3.0);
@@ -580,8 +587,10 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
         gguf_arch_i32(g, cfg.arch, "block_count", &cfg.n_layers, err, errlen) != 1 ||
         gguf_arch_i32(g, cfg.arch, "feed_forward_length", &cfg.ffn_dim, err, errlen) != 1 ||
         gguf_arch_i32(g, cfg.arch, "attention.head_count", &cfg.n_heads, err, errlen) != 1) {
-        mdl__seterr(err, errlen, "needs %s.embedding_length, block_count, feed_forward_length "
-                                 "and attention.head_count", cfg.arch);
+        mdl__seterr(err, errlen,
+                    "needs %s.embedding_length, block_count, feed_forward_length "
+                    "and attention.head_count",
+                    cfg.arch);
         return ST_EFORMAT;
     }
     cfg.n_kv_heads = cfg.n_heads;
@@ -590,10 +599,10 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
         gguf_arch_i32(g, cfg.arch, "context_length", &cfg.max_pos, err, errlen) < 0 ||
         gguf_arch_i32(g, cfg.arch, "attention.key_length", &cfg.head_dim, err, errlen) < 0 ||
         gguf_arch_i32(g, cfg.arch, "rope.dimension_count", &rope_dims, err, errlen) < 0 ||
-        gguf_arch_i32(g, cfg.arch, "attention.sliding_window", &cfg.sliding_window, err,
-                      errlen) < 0 ||
-        gguf_arch_f32(g, cfg.arch, "attention.layer_norm_rms_epsilon", &cfg.norm_eps, err,
-                      errlen) < 0 ||
+        gguf_arch_i32(g, cfg.arch, "attention.sliding_window", &cfg.sliding_window, err, errlen) <
+            0 ||
+        gguf_arch_f32(g, cfg.arch, "attention.layer_norm_rms_epsilon", &cfg.norm_eps, err, errlen) <
+            0 ||
         gguf_arch_f32(g, cfg.arch, "rope.freq_base", &cfg.rope_theta, err, errlen) < 0) {
         return ST_EFORMAT;
     }
@@ -606,20 +615,21 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
     if (gguf_get_str(g, key, &s, &n) == ST_OK && !(n == 4 && memcmp(s, "none", 4) == 0)) {
         if (n == 6 && memcmp(s, "linear", 6) == 0) {
             cfg.rope_scaling = MDL_ROPE_LINEAR;
-            if (gguf_arch_f32(g, cfg.arch, "rope.scaling.factor", &cfg.rope_factor, err,
-                              errlen) != 1 || !(cfg.rope_factor > 0)) {
+            if (gguf_arch_f32(g, cfg.arch, "rope.scaling.factor", &cfg.rope_factor, err, errlen) !=
+                    1 ||
+                !(cfg.rope_factor > 0)) {
                 mdl__seterr(err, errlen, "linear rope scaling needs rope.scaling.factor");
                 return ST_EFORMAT;
             }
         } else {
-            mdl__seterr(err, errlen, "unsupported rope scaling type '%.*s'",
-                        (int)(n > 32 ? 32 : n), s);
+            mdl__seterr(err, errlen, "unsupported rope scaling type '%.*s'", (int)(n > 32 ? 32 : n),
+                        s);
             return ST_EUNSUPPORTED;
         }
     }
     if (gguf_find_tensor(g, "rope_freqs.weight") != NULL) {
-        int rc = llama3_from_rope_freqs(gguf_find_tensor(g, "rope_freqs.weight"), &cfg, err,
-                                        errlen);
+        int rc =
+            llama3_from_rope_freqs(gguf_find_tensor(g, "rope_freqs.weight"), &cfg, err, errlen);
 
         if (rc != ST_OK) {
             return rc;
@@ -639,14 +649,13 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
     }
     cfg.tie_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     cfg.qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
-    if (gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &v) == ST_OK && v >= 0 &&
-        v <= INT32_MAX) {
+    if (gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &v) == ST_OK && v >= 0 && v <= INT32_MAX) {
         cfg.bos_id = (int32_t)v;
     }
     {
-        static const char *const eos_keys[] = { "tokenizer.ggml.eos_token_id",
-                                                "tokenizer.ggml.eot_token_id",
-                                                "tokenizer.ggml.eom_token_id" };
+        static const char *const eos_keys[] = {"tokenizer.ggml.eos_token_id",
+                                               "tokenizer.ggml.eot_token_id",
+                                               "tokenizer.ggml.eom_token_id"};
         for (size_t i = 0; i < sizeof(eos_keys) / sizeof(eos_keys[0]); i++) {
             if (gguf_get_i64(g, eos_keys[i], &v) == ST_OK && v >= 0 && v <= INT32_MAX) {
                 id = (int32_t)v;

@@ -31,9 +31,9 @@
 typedef struct gguf_kv {
     char *key;
     gguf_type_t type;
-    const unsigned char *val;  /* scalar bytes, string bytes or array elements */
-    uint64_t len;              /* string length, or array element count */
-    gguf_type_t elem_type;     /* arrays */
+    const unsigned char *val;   /* scalar bytes, string bytes or array elements */
+    uint64_t len;               /* string length, or array element count */
+    gguf_type_t elem_type;      /* arrays */
     const unsigned char **strs; /* string arrays: each element's length field */
 } gguf_kv_t;
 
@@ -89,13 +89,13 @@ ggml_type_info(uint32_t t, uint64_t *blk, uint64_t *bytes, const char **name)
         uint32_t blk, bytes;
         const char *name;
     } tab[] = {
-        { 0, 1, 4, "F32" },       { 1, 1, 2, "F16" },       { 2, 32, 18, "Q4_0" },
-        { 3, 32, 20, "Q4_1" },    { 6, 32, 22, "Q5_0" },    { 7, 32, 24, "Q5_1" },
-        { 8, 32, 34, "Q8_0" },    { 9, 32, 36, "Q8_1" },    { 10, 256, 84, "Q2_K" },
-        { 11, 256, 110, "Q3_K" }, { 12, 256, 144, "Q4_K" }, { 13, 256, 176, "Q5_K" },
-        { 14, 256, 210, "Q6_K" }, { 15, 256, 292, "Q8_K" }, { 24, 1, 1, "I8" },
-        { 25, 1, 2, "I16" },      { 26, 1, 4, "I32" },      { 27, 1, 8, "I64" },
-        { 28, 1, 8, "F64" },      { 30, 1, 2, "BF16" },
+        {0, 1, 4, "F32"},       {1, 1, 2, "F16"},       {2, 32, 18, "Q4_0"},
+        {3, 32, 20, "Q4_1"},    {6, 32, 22, "Q5_0"},    {7, 32, 24, "Q5_1"},
+        {8, 32, 34, "Q8_0"},    {9, 32, 36, "Q8_1"},    {10, 256, 84, "Q2_K"},
+        {11, 256, 110, "Q3_K"}, {12, 256, 144, "Q4_K"}, {13, 256, 176, "Q5_K"},
+        {14, 256, 210, "Q6_K"}, {15, 256, 292, "Q8_K"}, {24, 1, 1, "I8"},
+        {25, 1, 2, "I16"},      {26, 1, 4, "I32"},      {27, 1, 8, "I64"},
+        {28, 1, 8, "F64"},      {30, 1, 2, "BF16"},
     };
     for (size_t i = 0; i < sizeof(tab) / sizeof(tab[0]); i++) {
         if (tab[i].type == t) {
@@ -312,7 +312,7 @@ int
 gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t errlen)
 {
     gguf_file_t *g;
-    cursor_t c = { data, len };
+    cursor_t c = {data, len};
     uint64_t n_tensors, n_kv, *offsets = NULL, data_off;
     const char *dup;
     int64_t ai;
@@ -342,9 +342,10 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
     }
     /* A key/value takes at least 13 bytes, a tensor info at least 24. */
     if (n_kv > c.left / 13 || n_tensors > c.left / 24) {
-        mdl__seterr(err, errlen, "header claims %llu keys and %llu tensors, more than the file "
-                                 "holds", (unsigned long long)n_kv,
-                    (unsigned long long)n_tensors);
+        mdl__seterr(err, errlen,
+                    "header claims %llu keys and %llu tensors, more than the file "
+                    "holds",
+                    (unsigned long long)n_kv, (unsigned long long)n_tensors);
         goto fail;
     }
 
@@ -419,9 +420,10 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
         }
         if (data_off > len || offsets[i] > len - data_off ||
             t->nbytes > len - data_off - offsets[i]) {
-            mdl__seterr(err, errlen, "tensor '%s': data [%llu, +%llu) outside the file "
-                                     "(%zu bytes)", t->name,
-                        (unsigned long long)(data_off + offsets[i]),
+            mdl__seterr(err, errlen,
+                        "tensor '%s': data [%llu, +%llu) outside the file "
+                        "(%zu bytes)",
+                        t->name, (unsigned long long)(data_off + offsets[i]),
                         (unsigned long long)t->nbytes, len);
             goto fail;
         }

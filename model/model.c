@@ -38,14 +38,14 @@
 /* Where weights come from while loading. */
 typedef struct wsrc {
     mdl_model_t *m;
-    const char *path;        /* for messages */
-    st_file_t **shards;      /* HF */
+    const char *path;   /* for messages */
+    st_file_t **shards; /* HF */
     char **shard_names;
-    int *shard_map;          /* shard -> index in m->maps */
+    int *shard_map; /* shard -> index in m->maps */
     int n_shards;
-    gguf_file_t *g;          /* GGUF */
+    gguf_file_t *g; /* GGUF */
     int permute_qk;
-    int *map_used;           /* per m->maps entry: a weight points into it */
+    int *map_used; /* per m->maps entry: a weight points into it */
 } wsrc_t;
 
 void
@@ -104,8 +104,8 @@ shape_str(char *buf, size_t cap, const uint64_t *dims, uint32_t n, int reverse)
     off += (size_t)snprintf(buf, cap, "[");
     for (uint32_t i = 0; i < n && off < cap; i++) {
         uint64_t d = reverse ? dims[n - 1 - i] : dims[i];
-        off += (size_t)snprintf(buf + off, cap - off, "%s%llu", i ? ", " : "",
-                                (unsigned long long)d);
+        off +=
+            (size_t)snprintf(buf + off, cap - off, "%s%llu", i ? ", " : "", (unsigned long long)d);
     }
     if (off < cap) {
         snprintf(buf + off, cap - off, "]");
@@ -121,7 +121,7 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
 {
     uint64_t n = (uint64_t)rows * (uint64_t)(cols > 0 ? cols : 1);
     char got[96], want[96];
-    uint64_t wd[2] = { (uint64_t)rows, (uint64_t)cols };
+    uint64_t wd[2] = {(uint64_t)rows, (uint64_t)cols};
     float *dst;
     int rc;
 
@@ -175,15 +175,16 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
             (cols > 0 ? (t->dims[0] != (uint64_t)cols || t->dims[1] != (uint64_t)rows)
                       : t->dims[0] != (uint64_t)rows)) {
             shape_str(got, sizeof(got), t->dims, t->n_dims, 1);
-            mdl__seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path,
-                        gg_name, got, want);
+            mdl__seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
+                        got, want);
             return ST_EFORMAT;
         }
         if (t->type != GGUF_TENSOR_F32 && t->type != GGUF_TENSOR_F16 &&
             t->type != GGUF_TENSOR_BF16 && t->type != GGUF_TENSOR_Q8_0) {
-            mdl__seterr(err, errlen, "%s: tensor '%s' has type %s; F32, F16, BF16 or Q8_0 "
-                                     "expected", ws->path, gg_name,
-                        gguf_tensor_type_name(t->type));
+            mdl__seterr(err, errlen,
+                        "%s: tensor '%s' has type %s; F32, F16, BF16 or Q8_0 "
+                        "expected",
+                        ws->path, gg_name, gguf_tensor_type_name(t->type));
             return ST_EFORMAT;
         }
         if (t->type == GGUF_TENSOR_F32 && permute_heads == 0 &&
@@ -219,12 +220,12 @@ load_weights(wsrc_t *ws, char *err, size_t errlen)
     size_t per_layer;
     int rc;
 
-#define W(field, hf, gg, rows, cols, perm)                                                   \
-    do {                                                                                 \
-        rc = load_weight(ws, (hf), (gg), (rows), (cols), (perm), &(field), err, errlen); \
-        if (rc != ST_OK) {                                                               \
-            return rc == ST_ENOENT ? ST_EFORMAT : rc;                                    \
-        }                                                                                \
+#define W(field, hf, gg, rows, cols, perm)                                                         \
+    do {                                                                                           \
+        rc = load_weight(ws, (hf), (gg), (rows), (cols), (perm), &(field), err, errlen);           \
+        if (rc != ST_OK) {                                                                         \
+            return rc == ST_ENOENT ? ST_EFORMAT : rc;                                              \
+        }                                                                                          \
     } while (0)
 
     W(m->tok_embd, "model.embed_tokens.weight", "token_embd.weight", c->vocab_size, c->dim, 0);
@@ -238,11 +239,11 @@ load_weights(wsrc_t *ws, char *err, size_t errlen)
     for (int32_t l = 0; l < c->n_layers; l++) {
         mdl_layer_t *L = &m->layers[l];
 
-#define LW(field, hsuf, gsuf, rows, cols, perm)                                          \
-    do {                                                                                 \
-        snprintf(hn, sizeof(hn), "model.layers.%d.%s", (int)l, (hsuf));                  \
-        snprintf(gn, sizeof(gn), "blk.%d.%s", (int)l, (gsuf));                           \
-        W(field, hn, gn, rows, cols, perm);                                              \
+#define LW(field, hsuf, gsuf, rows, cols, perm)                                                    \
+    do {                                                                                           \
+        snprintf(hn, sizeof(hn), "model.layers.%d.%s", (int)l, (hsuf));                            \
+        snprintf(gn, sizeof(gn), "blk.%d.%s", (int)l, (gsuf));                                     \
+        W(field, hn, gn, rows, cols, perm);                                                        \
     } while (0)
 
         LW(L->attn_norm, "input_layernorm.weight", "attn_norm.weight", c->dim, 0, 0);
@@ -312,7 +313,8 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
         rc = ST_EFORMAT;
         goto fail;
     }
-    cJSON_ArrayForEach(e, wm) {
+    cJSON_ArrayForEach(e, wm)
+    {
         const char *f;
         size_t fl;
         int seen = 0;
@@ -391,7 +393,8 @@ hf_chat_template(const char *dir)
         if (cJSON_IsString(ct)) {
             out = xstrdup(ct->valuestring);
         } else if (cJSON_IsArray(ct)) {
-            cJSON_ArrayForEach(e, ct) {
+            cJSON_ArrayForEach(e, ct)
+            {
                 const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
                 const cJSON *tp = cJSON_GetObjectItemCaseSensitive(e, "template");
                 int is_default = cJSON_IsString(nm) && strcmp(nm->valuestring, "default") == 0;
@@ -438,7 +441,7 @@ check_tokenizer(mdl_model_t *m, char *err, size_t errlen)
 static int
 load_hf(mdl_model_t *m, const char *dir, char *err, size_t errlen)
 {
-    wsrc_t ws = { .m = m, .path = dir };
+    wsrc_t ws = {.m = m, .path = dir};
     char path[4096], cfgpath[4096];
     char **names = NULL;
     int n_names = 0, rc;
@@ -525,7 +528,7 @@ out:
 static int
 load_gguf(mdl_model_t *m, const char *file, char *err, size_t errlen)
 {
-    wsrc_t ws = { .m = m, .path = file };
+    wsrc_t ws = {.m = m, .path = file};
     int used = 0;
     void *data;
     size_t len;
@@ -594,12 +597,14 @@ mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen)
     if (S_ISDIR(sb.st_mode)) {
         rc = load_hf(m, path, err, errlen);
     } else if (S_ISREG(sb.st_mode)) {
-        char magic[4] = { 0 };
+        char magic[4] = {0};
         FILE *fp = fopen(path, "rb");
 
         if (fp == NULL || fread(magic, 1, 4, fp) != 4 || memcmp(magic, "GGUF", 4) != 0) {
-            mdl__seterr(err, errlen, "%s: not a Hugging Face directory or a GGUF file (bad "
-                                     "magic)", path);
+            mdl__seterr(err, errlen,
+                        "%s: not a Hugging Face directory or a GGUF file (bad "
+                        "magic)",
+                        path);
             rc = ST_EFORMAT;
         } else {
             rc = load_gguf(m, path, err, errlen);
@@ -616,9 +621,9 @@ mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen)
         return rc;
     }
     LOG_INFO("loaded %s: %s, %d layers, dim %d, %d/%d heads, vocab %d, %.1f MB f32 weights "
-             "in %.2f s", path, m->cfg.arch, m->cfg.n_layers, m->cfg.dim, m->cfg.n_heads,
-             m->cfg.n_kv_heads, m->cfg.vocab_size, (double)m->weight_bytes / 1e6,
-             (double)(now_ns() - t0) / 1e9);
+             "in %.2f s",
+             path, m->cfg.arch, m->cfg.n_layers, m->cfg.dim, m->cfg.n_heads, m->cfg.n_kv_heads,
+             m->cfg.vocab_size, (double)m->weight_bytes / 1e6, (double)(now_ns() - t0) / 1e9);
     *out = m;
     return ST_OK;
 }

@@ -40,10 +40,10 @@ static const struct {
     st_dtype_t dt;
     size_t size;
 } st_dtypes[] = {
-    { "F32", ST_DTYPE_F32, 4 },   { "F16", ST_DTYPE_F16, 2 },   { "BF16", ST_DTYPE_BF16, 2 },
-    { "F64", ST_DTYPE_F64, 8 },   { "I8", ST_DTYPE_I8, 1 },     { "U8", ST_DTYPE_U8, 1 },
-    { "I16", ST_DTYPE_I16, 2 },   { "I32", ST_DTYPE_I32, 4 },   { "I64", ST_DTYPE_I64, 8 },
-    { "BOOL", ST_DTYPE_BOOL, 1 },
+    {"F32", ST_DTYPE_F32, 4},   {"F16", ST_DTYPE_F16, 2}, {"BF16", ST_DTYPE_BF16, 2},
+    {"F64", ST_DTYPE_F64, 8},   {"I8", ST_DTYPE_I8, 1},   {"U8", ST_DTYPE_U8, 1},
+    {"I16", ST_DTYPE_I16, 2},   {"I32", ST_DTYPE_I32, 4}, {"I64", ST_DTYPE_I64, 8},
+    {"BOOL", ST_DTYPE_BOOL, 1},
 };
 
 void
@@ -324,8 +324,7 @@ parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len
         }
     }
     if (!found) {
-        mdl__seterr(err, errlen, "tensor '%s': unknown dtype '%.16s'", t->name,
-                    dtype->valuestring);
+        mdl__seterr(err, errlen, "tensor '%s': unknown dtype '%.16s'", t->name, dtype->valuestring);
         return ST_EFORMAT;
     }
     esz = st_dtypes[k].size;
@@ -334,7 +333,8 @@ parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len
         return ST_EFORMAT;
     }
     t->n_dims = 0;
-    cJSON_ArrayForEach(dim, shape) {
+    cJSON_ArrayForEach(dim, shape)
+    {
         if (!json_u64(dim, &d)) {
             mdl__seterr(err, errlen, "tensor '%s': bad shape entry", t->name);
             return ST_EFORMAT;
@@ -359,8 +359,8 @@ parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len
         return ST_EFORMAT;
     }
     if (n > UINT64_MAX / esz || n * esz != end - begin) {
-        mdl__seterr(err, errlen, "tensor '%s': shape does not match its %llu bytes of %s",
-                    t->name, (unsigned long long)(end - begin), st_dtypes[k].name);
+        mdl__seterr(err, errlen, "tensor '%s': shape does not match its %llu bytes of %s", t->name,
+                    (unsigned long long)(end - begin), st_dtypes[k].name);
         return ST_EFORMAT;
     }
     t->n_elems = n;
@@ -411,11 +411,13 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
 
     f = xcalloc(1, sizeof(*f));
     n = 0;
-    cJSON_ArrayForEach(item, root) {
+    cJSON_ArrayForEach(item, root)
+    {
         n++;
     }
     f->tensors = xcalloc((size_t)(n > 0 ? n : 1), sizeof(*f->tensors));
-    cJSON_ArrayForEach(item, root) {
+    cJSON_ArrayForEach(item, root)
+    {
         st_tensor_t *t;
 
         if (item->string == NULL) {
@@ -450,8 +452,8 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
     }
     qsort(sorted, (size_t)f->n_tensors, sizeof(*sorted), cmp_range);
     for (i = 1; i < f->n_tensors; i++) {
-        const unsigned char *prev_end = (const unsigned char *)sorted[i - 1]->data +
-                                        sorted[i - 1]->nbytes;
+        const unsigned char *prev_end =
+            (const unsigned char *)sorted[i - 1]->data + sorted[i - 1]->nbytes;
         if (sorted[i]->nbytes > 0 && (const unsigned char *)sorted[i]->data < prev_end) {
             mdl__seterr(err, errlen, "tensors '%s' and '%s' overlap", sorted[i - 1]->name,
                         sorted[i]->name);

@@ -35,12 +35,12 @@ typedef enum st_dtype {
 #define ST_MAX_HEADER (100u * 1024u * 1024u)
 
 typedef struct st_tensor {
-    char *name;             /* NUL-terminated, owned by the file */
+    char *name; /* NUL-terminated, owned by the file */
     st_dtype_t dtype;
     uint32_t n_dims;
     uint64_t dims[ST_MAX_DIMS]; /* row-major: dims[0] is the slowest */
     uint64_t n_elems;
-    const void *data;       /* into the buffer; possibly unaligned */
+    const void *data; /* into the buffer; possibly unaligned */
     uint64_t nbytes;
 } st_tensor_t;
 

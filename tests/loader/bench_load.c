@@ -37,8 +37,8 @@ bench(const char *path)
     }
     t2 = now_s();
     printf("%-48s load %7.3f s  first FFN read %6.3f s  %8.1f MB f32 weights  "
-           "%d owned buffers (check %.3g)\n", path, t1 - t0, t2 - t1,
-           (double)mdl_model_weight_bytes(m) / 1e6, m->n_owned, sum);
+           "%d owned buffers (check %.3g)\n",
+           path, t1 - t0, t2 - t1, (double)mdl_model_weight_bytes(m) / 1e6, m->n_owned, sum);
     mdl_model_destroy(m);
     return 0;
 }

@@ -23,16 +23,15 @@ int lt_make_model(const char *args);
 
 typedef enum lt_tol {
     LT_EXACT = 0,
-    LT_BF16,  /* bf16 rounding of the reference */
-    LT_F16,   /* f16 rounding */
-    LT_Q8_0,  /* Q8_0: half a quantization step of each 32-block */
+    LT_BF16, /* bf16 rounding of the reference */
+    LT_F16,  /* f16 rounding */
+    LT_Q8_0, /* Q8_0: half a quantization step of each 32-block */
 } lt_tol_t;
 
 /* Compares every weight of b against a (the f32 reference) with tol for
  * matrices; vectors (norms, biases) use vec_tol. Fails the test with the
  * tensor name on the first mismatch. */
-void lt_compare_models(const mdl_model_t *a, const mdl_model_t *b, lt_tol_t tol,
-                       lt_tol_t vec_tol);
+void lt_compare_models(const mdl_model_t *a, const mdl_model_t *b, lt_tol_t tol, lt_tol_t vec_tol);
 
 /* Loads path and asserts failure: status negative, err mentions each
  * non-NULL needle. Returns the status. */

@@ -126,8 +126,8 @@ cmp_arr(const char *what, int layer, const float *a, const float *b, size_t n, l
 
         /* ck_assert marks a point per call (a pipe write): test first. */
         if (!(d <= tol_of(tol, a, i, n))) {
-            ck_abort_msg("%s (layer %d) element %zu: %.9g vs %.9g", what, layer, i,
-                         (double)a[i], (double)b[i]);
+            ck_abort_msg("%s (layer %d) element %zu: %.9g vs %.9g", what, layer, i, (double)a[i],
+                         (double)b[i]);
         }
     }
 }
@@ -187,10 +187,10 @@ lt_expect_load_error(const char *path, const char *needle1, const char *needle2)
     rc = mdl_model_load(path, &m, err, sizeof(err));
     ck_assert_msg(rc < 0, "%s loaded but should have failed", path);
     ck_assert_ptr_null(m);
-    ck_assert_msg(needle1 == NULL || strstr(err, needle1) != NULL,
-                  "error for %s lacks '%s': %s", path, needle1, err);
-    ck_assert_msg(needle2 == NULL || strstr(err, needle2) != NULL,
-                  "error for %s lacks '%s': %s", path, needle2, err);
+    ck_assert_msg(needle1 == NULL || strstr(err, needle1) != NULL, "error for %s lacks '%s': %s",
+                  path, needle1, err);
+    ck_assert_msg(needle2 == NULL || strstr(err, needle2) != NULL, "error for %s lacks '%s': %s",
+                  path, needle2, err);
     return rc;
 }
 

@@ -10,8 +10,8 @@
 #include "loader_test.h"
 #include "model/loader_int.h"
 
-#define BASE                                                                             \
-    "\"vocab_size\": 1000, \"hidden_size\": 256, \"num_hidden_layers\": 2, "             \
+#define BASE                                                                                       \
+    "\"vocab_size\": 1000, \"hidden_size\": 256, \"num_hidden_layers\": 2, "                       \
     "\"num_attention_heads\": 8, \"intermediate_size\": 512"
 
 static int
@@ -86,7 +86,8 @@ START_TEST(test_rope_scaling)
 
     ck_assert_int_eq(parse("{\"model_type\": \"llama\", " BASE
                            ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}}",
-                           NULL, &c, err, sizeof(err)), ST_OK);
+                           NULL, &c, err, sizeof(err)),
+                     ST_OK);
     ck_assert_int_eq(c.rope_scaling, MDL_ROPE_LINEAR);
     ck_assert(c.rope_factor == 4.0f);
 
@@ -94,7 +95,8 @@ START_TEST(test_rope_scaling)
                            ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
                            " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
                            " \"original_max_position_embeddings\": 8192}}",
-                           NULL, &c, err, sizeof(err)), ST_OK);
+                           NULL, &c, err, sizeof(err)),
+                     ST_OK);
     ck_assert_int_eq(c.rope_scaling, MDL_ROPE_LLAMA3);
     ck_assert(c.rope_factor == 8.0f);
     ck_assert(c.rope_low_freq_factor == 1.0f);
@@ -103,20 +105,24 @@ START_TEST(test_rope_scaling)
 
     ck_assert_int_eq(parse("{\"model_type\": \"llama\", " BASE
                            ", \"rope_scaling\": {\"rope_type\": \"default\"}}",
-                           NULL, &c, err, sizeof(err)), ST_OK);
+                           NULL, &c, err, sizeof(err)),
+                     ST_OK);
     ck_assert_int_eq(c.rope_scaling, MDL_ROPE_NONE);
 
     ck_assert_int_eq(parse("{\"model_type\": \"llama\", " BASE
                            ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}}",
-                           NULL, &c, err, sizeof(err)), ST_EUNSUPPORTED);
+                           NULL, &c, err, sizeof(err)),
+                     ST_EUNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(err, "yarn"));
     ck_assert_int_eq(parse("{\"model_type\": \"llama\", " BASE
                            ", \"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8.0}}",
-                           NULL, &c, err, sizeof(err)), ST_EFORMAT);
+                           NULL, &c, err, sizeof(err)),
+                     ST_EFORMAT);
     ck_assert_ptr_nonnull(strstr(err, "low_freq_factor"));
     ck_assert_int_eq(parse("{\"model_type\": \"llama\", " BASE
                            ", \"rope_scaling\": {\"type\": \"linear\"}}",
-                           NULL, &c, err, sizeof(err)), ST_EFORMAT);
+                           NULL, &c, err, sizeof(err)),
+                     ST_EFORMAT);
     ck_assert_ptr_nonnull(strstr(err, "factor"));
 }
 END_TEST
@@ -128,16 +134,19 @@ START_TEST(test_qwen2_and_mistral)
 
     ck_assert_int_eq(parse("{\"model_type\": \"qwen2\", " BASE
                            ", \"use_sliding_window\": false, \"sliding_window\": 4096}",
-                           NULL, &c, err, sizeof(err)), ST_OK);
+                           NULL, &c, err, sizeof(err)),
+                     ST_OK);
     ck_assert_int_eq(c.qkv_bias, 1);
     ck_assert_int_eq(c.sliding_window, 0);
     ck_assert_int_eq(parse("{\"model_type\": \"mistral\", " BASE ", \"sliding_window\": 4096}",
-                           NULL, &c, err, sizeof(err)), ST_OK);
+                           NULL, &c, err, sizeof(err)),
+                     ST_OK);
     ck_assert_str_eq(c.arch, "mistral");
     ck_assert_int_eq(c.qkv_bias, 0);
     ck_assert_int_eq(c.sliding_window, 4096);
     ck_assert_int_eq(parse("{\"model_type\": \"mistral\", " BASE ", \"sliding_window\": null}",
-                           NULL, &c, err, sizeof(err)), ST_OK);
+                           NULL, &c, err, sizeof(err)),
+                     ST_OK);
     ck_assert_int_eq(c.sliding_window, 0);
 }
 END_TEST
@@ -149,35 +158,34 @@ START_TEST(test_bad_configs)
         int rc;
         const char *needle;
     } cases[] = {
-        { "{\"model_type\": \"gpt2\", " BASE "}", ST_EUNSUPPORTED, "unknown architecture 'gpt2'" },
-        { "{\"architectures\": [\"GPT2LMHeadModel\"], " BASE "}", ST_EUNSUPPORTED,
-          "GPT2LMHeadModel" },
-        { "{\"model_type\": \"llama\", " BASE, ST_EFORMAT, "not valid JSON" },
-        { "[1, 2]", ST_EFORMAT, "not valid JSON" },
-        { "", ST_EFORMAT, "not valid JSON" },
-        { "{\"model_type\": \"llama\", \"vocab_size\": 1000}", ST_EFORMAT, "hidden_size" },
-        { "{\"model_type\": \"llama\", " BASE ", \"num_key_value_heads\": 3}", ST_EFORMAT,
-          "must divide" },
-        { "{\"model_type\": \"llama\", " BASE ", \"head_dim\": 33}", ST_EFORMAT, "head_dim" },
-        { "{\"model_type\": \"llama\", " BASE ", \"rms_norm_eps\": \"x\"}", ST_EFORMAT,
-          "rms_norm_eps" },
-        { "{\"model_type\": \"llama\", " BASE ", \"tie_word_embeddings\": 1}", ST_EFORMAT,
-          "tie_word_embeddings" },
-        { "{\"model_type\": \"llama\", " BASE ", \"eos_token_id\": \"x\"}", ST_EFORMAT,
-          "eos_token_id" },
-        { "{\"model_type\": \"llama\", " BASE ", \"eos_token_id\": 5000}", ST_EFORMAT,
-          "outside the vocabulary" },
-        { "{\"model_type\": \"llama\", \"vocab_size\": 1e12, \"hidden_size\": 256, "
-          "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"intermediate_size\": 512}",
-          ST_EFORMAT, "vocab_size" },
-        { "{\"model_type\": \"llama\", \"vocab_size\": -5, \"hidden_size\": 256, "
-          "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"intermediate_size\": 512}",
-          ST_EFORMAT, "vocab_size" },
-        { "{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": 256, "
-          "\"num_hidden_layers\": 2, \"num_attention_heads\": 0, \"intermediate_size\": 512}",
-          ST_EFORMAT, "num_attention_heads" },
-        { "{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": 3}", ST_EFORMAT,
-          "rope_scaling" },
+        {"{\"model_type\": \"gpt2\", " BASE "}", ST_EUNSUPPORTED, "unknown architecture 'gpt2'"},
+        {"{\"architectures\": [\"GPT2LMHeadModel\"], " BASE "}", ST_EUNSUPPORTED,
+         "GPT2LMHeadModel"},
+        {"{\"model_type\": \"llama\", " BASE, ST_EFORMAT, "not valid JSON"},
+        {"[1, 2]", ST_EFORMAT, "not valid JSON"},
+        {"", ST_EFORMAT, "not valid JSON"},
+        {"{\"model_type\": \"llama\", \"vocab_size\": 1000}", ST_EFORMAT, "hidden_size"},
+        {"{\"model_type\": \"llama\", " BASE ", \"num_key_value_heads\": 3}", ST_EFORMAT,
+         "must divide"},
+        {"{\"model_type\": \"llama\", " BASE ", \"head_dim\": 33}", ST_EFORMAT, "head_dim"},
+        {"{\"model_type\": \"llama\", " BASE ", \"rms_norm_eps\": \"x\"}", ST_EFORMAT,
+         "rms_norm_eps"},
+        {"{\"model_type\": \"llama\", " BASE ", \"tie_word_embeddings\": 1}", ST_EFORMAT,
+         "tie_word_embeddings"},
+        {"{\"model_type\": \"llama\", " BASE ", \"eos_token_id\": \"x\"}", ST_EFORMAT,
+         "eos_token_id"},
+        {"{\"model_type\": \"llama\", " BASE ", \"eos_token_id\": 5000}", ST_EFORMAT,
+         "outside the vocabulary"},
+        {"{\"model_type\": \"llama\", \"vocab_size\": 1e12, \"hidden_size\": 256, "
+         "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"intermediate_size\": 512}",
+         ST_EFORMAT, "vocab_size"},
+        {"{\"model_type\": \"llama\", \"vocab_size\": -5, \"hidden_size\": 256, "
+         "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"intermediate_size\": 512}",
+         ST_EFORMAT, "vocab_size"},
+        {"{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": 256, "
+         "\"num_hidden_layers\": 2, \"num_attention_heads\": 0, \"intermediate_size\": 512}",
+         ST_EFORMAT, "num_attention_heads"},
+        {"{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": 3}", ST_EFORMAT, "rope_scaling"},
     };
     mdl_config_t c;
     char err[256];
@@ -185,13 +193,12 @@ START_TEST(test_bad_configs)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int rc = parse(cases[i].json, NULL, &c, err, sizeof(err));
 
-        ck_assert_msg(rc == cases[i].rc, "case %zu: rc %d, want %d (%s)", i, rc, cases[i].rc,
-                      err);
+        ck_assert_msg(rc == cases[i].rc, "case %zu: rc %d, want %d (%s)", i, rc, cases[i].rc, err);
         ck_assert_msg(strstr(err, cases[i].needle) != NULL, "case %zu: '%s' lacks '%s'", i, err,
                       cases[i].needle);
     }
-    ck_assert_int_eq(parse("{\"model_type\": \"llama\", " BASE "}", "{oops", &c, err,
-                           sizeof(err)), ST_EFORMAT);
+    ck_assert_int_eq(parse("{\"model_type\": \"llama\", " BASE "}", "{oops", &c, err, sizeof(err)),
+                     ST_EFORMAT);
     ck_assert_ptr_nonnull(strstr(err, "generation_config.json"));
 }
 END_TEST

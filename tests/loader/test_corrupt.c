@@ -16,7 +16,7 @@
 #include "model/safetensors.h"
 
 static char *tmp;
-static unsigned char *st_bytes;   /* the default model's model.safetensors */
+static unsigned char *st_bytes; /* the default model's model.safetensors */
 static size_t st_len;
 static uint64_t st_hlen;
 
@@ -42,8 +42,8 @@ static const char *
 variant_dir(const char *name, int link_config)
 {
     static char dir[4096];
-    static const char *const files[] = { "tokenizer.json", "tokenizer_config.json",
-                                         "generation_config.json", "config.json" };
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json",
+                                        "generation_config.json", "config.json"};
     char dst[4200], src[4096];
 
     snprintf(dir, sizeof(dir), "%s/%s", tmp, name);
@@ -109,7 +109,7 @@ static void
 set_shape(cJSON *h, const char *tensor, int a, int b)
 {
     cJSON *t = cJSON_GetObjectItemCaseSensitive(h, tensor);
-    int dims[2] = { a, b };
+    int dims[2] = {a, b};
 
     cJSON_ReplaceItemInObjectCaseSensitive(t, "shape", cJSON_CreateIntArray(dims, 2));
 }
@@ -118,7 +118,7 @@ static void
 set_offsets(cJSON *h, const char *tensor, double a, double b)
 {
     cJSON *t = cJSON_GetObjectItemCaseSensitive(h, tensor);
-    double o[2] = { a, b };
+    double o[2] = {a, b};
 
     cJSON_ReplaceItemInObjectCaseSensitive(t, "data_offsets", cJSON_CreateDoubleArray(o, 2));
 }
@@ -144,7 +144,7 @@ START_TEST(test_st_wrong_dtype)
     const char *d = variant_dir("dtype", 1);
     cJSON *h = st_header();
 
-    set_dtype(h, QP, "I32");   /* same size, wrong kind */
+    set_dtype(h, QP, "I32"); /* same size, wrong kind */
     write_header_json(d, h);
     ck_assert_int_eq(lt_expect_load_error(d, "dtype I32", QP), ST_EFORMAT);
 }
@@ -167,7 +167,7 @@ START_TEST(test_st_wrong_shape)
     const char *d = variant_dir("shape", 1);
     cJSON *h = st_header();
 
-    set_shape(h, QP, 96, 384);  /* same bytes, wrong shape */
+    set_shape(h, QP, 96, 384); /* same bytes, wrong shape */
     write_header_json(d, h);
     ck_assert_int_eq(lt_expect_load_error(d, "shape [96, 384], expected [192, 192]", QP),
                      ST_EFORMAT);
@@ -226,8 +226,7 @@ START_TEST(test_st_offsets_reversed_or_fractional)
     h = st_header();
     set_offsets(h, KP, a + 0.5, b + 0.5);
     write_header_json(d2, h);
-    ck_assert_int_eq(lt_expect_load_error(d2, "data_offsets must be two integers", KP),
-                     ST_EFORMAT);
+    ck_assert_int_eq(lt_expect_load_error(d2, "data_offsets must be two integers", KP), ST_EFORMAT);
 }
 END_TEST
 
@@ -238,7 +237,7 @@ START_TEST(test_st_overlap)
     double a, b;
 
     offsets_of(h, KP, &a, &b);
-    set_offsets(h, VP, a, b);  /* v_proj and k_proj have the same size */
+    set_offsets(h, VP, a, b); /* v_proj and k_proj have the same size */
     write_header_json(d, h);
     ck_assert_int_eq(lt_expect_load_error(d, "overlap", NULL), ST_EFORMAT);
 }
@@ -249,8 +248,7 @@ START_TEST(test_st_bad_json_header)
     const char *d = variant_dir("badjson", 1);
 
     write_st_header(d, "model.safetensors", "{\"a\": [1, 2,");
-    ck_assert_int_eq(lt_expect_load_error(d, "not valid JSON", "model.safetensors"),
-                     ST_EFORMAT);
+    ck_assert_int_eq(lt_expect_load_error(d, "not valid JSON", "model.safetensors"), ST_EFORMAT);
 }
 END_TEST
 
@@ -258,21 +256,22 @@ END_TEST
 START_TEST(test_st_parse_in_memory)
 {
     static const char *const cases[][2] = {
-        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-          "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-          "duplicate tensor 'a'" },
-        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-          "\"b\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[2,6]}}", "overlap" },
-        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
-          "more than 8 dimensions" },
-        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", "bad shape" },
-        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],"
-          "\"data_offsets\":[0,4]}}", "shape" },
-        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", "needs dtype, shape and data_offsets" },
-        { "{\"a\":[1]}", "not an object" },
-        { "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}",
-          "two integers" },
-        { "[]", "not a JSON object" },
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         "duplicate tensor 'a'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[2,6]}}",
+         "overlap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
+         "more than 8 dimensions"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", "bad shape"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],"
+         "\"data_offsets\":[0,4]}}",
+         "shape"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", "needs dtype, shape and data_offsets"},
+        {"{\"a\":[1]}", "not an object"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", "two integers"},
+        {"[]", "not a JSON object"},
     };
     unsigned char buf[512];
 
@@ -329,7 +328,7 @@ write_raw(const char *dir, const void *data, size_t len)
 
 START_TEST(test_st_header_length_overflow)
 {
-    static const uint64_t lens[] = { UINT64_MAX, UINT64_MAX - 7, 1ull << 40, 1ull << 62 };
+    static const uint64_t lens[] = {UINT64_MAX, UINT64_MAX - 7, 1ull << 40, 1ull << 62};
     unsigned char *buf = malloc(st_len);
     char name[64];
 
@@ -341,8 +340,7 @@ START_TEST(test_st_header_length_overflow)
         memcpy(buf, st_bytes, st_len);
         memcpy(buf, &lens[i], 8);
         write_raw(d, buf, st_len);
-        ck_assert_int_eq(lt_expect_load_error(d, "header length", "model.safetensors"),
-                         ST_EFORMAT);
+        ck_assert_int_eq(lt_expect_load_error(d, "header length", "model.safetensors"), ST_EFORMAT);
     }
     free(buf);
 }
@@ -351,11 +349,16 @@ END_TEST
 START_TEST(test_st_truncated)
 {
     const char *d;
-    size_t cuts[] = { 0, 4, 8, 100, 8 + (size_t)st_hlen - 1, 8 + (size_t)st_hlen,
-                      st_len / 2, st_len - 1 };
-    const char *needles[] = { "empty file", "truncated", "truncated", "truncated", "truncated",
-                              "outside the data section", "outside the data section",
-                              "outside the data section" };
+    size_t cuts[] = {0,          4,         8, 100, 8 + (size_t)st_hlen - 1, 8 + (size_t)st_hlen,
+                     st_len / 2, st_len - 1};
+    const char *needles[] = {"empty file",
+                             "truncated",
+                             "truncated",
+                             "truncated",
+                             "truncated",
+                             "outside the data section",
+                             "outside the data section",
+                             "outside the data section"};
     char name[64];
 
     for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
@@ -436,8 +439,7 @@ START_TEST(test_no_weights_and_bad_index)
     snprintf(path, sizeof(path), "%s/model.safetensors.index.json", d);
     idx = "{\"weight_map\": {\"lm_head.weight\": \"model-00001-of-00002.safetensors\"}}";
     lt_write(path, idx, strlen(idx));
-    ck_assert_int_eq(lt_expect_load_error(d, "model-00001-of-00002.safetensors", NULL),
-                     ST_ENOENT);
+    ck_assert_int_eq(lt_expect_load_error(d, "model-00001-of-00002.safetensors", NULL), ST_ENOENT);
 
     d = variant_dir("indexjson", 1);
     snprintf(path, sizeof(path), "%s/model.safetensors.index.json", d);
@@ -532,7 +534,8 @@ START_TEST(test_gguf_bad_magic_and_version)
     v = 1;
     memcpy(b + 4, &v, 4);
     ck_assert_int_eq(lt_expect_load_error(write_gguf_variant("version1", b, n),
-                                          "unsupported GGUF version 1", NULL), ST_EFORMAT);
+                                          "unsupported GGUF version 1", NULL),
+                     ST_EFORMAT);
     free(b);
 }
 END_TEST
@@ -580,22 +583,25 @@ START_TEST(test_gguf_wrong_shape_and_type)
     size_t n;
     unsigned char *b = gguf_bytes(&n);
     unsigned char *p = tensor_info(b, n, "blk.0.attn_q.weight");
-    uint64_t dims[2] = { 384, 96 }, orig[2];
+    uint64_t dims[2] = {384, 96}, orig[2];
     uint32_t type = 26; /* I32: same size as F32 */
 
     memcpy(orig, p + 4, 16);
     memcpy(p + 4, dims, 16);
     ck_assert_int_eq(lt_expect_load_error(write_gguf_variant("shape", b, n),
                                           "shape [96, 384], expected [192, 192]",
-                                          "blk.0.attn_q.weight"), ST_EFORMAT);
+                                          "blk.0.attn_q.weight"),
+                     ST_EFORMAT);
     memcpy(p + 4, orig, 16);
     memcpy(p + 20, &type, 4);
-    ck_assert_int_eq(lt_expect_load_error(write_gguf_variant("type", b, n), "type I32",
-                                          "blk.0.attn_q.weight"), ST_EFORMAT);
+    ck_assert_int_eq(
+        lt_expect_load_error(write_gguf_variant("type", b, n), "type I32", "blk.0.attn_q.weight"),
+        ST_EFORMAT);
     type = 77;
     memcpy(p + 20, &type, 4);
-    ck_assert_int_eq(lt_expect_load_error(write_gguf_variant("type2", b, n),
-                                          "unknown ggml type 77", NULL), ST_EFORMAT);
+    ck_assert_int_eq(
+        lt_expect_load_error(write_gguf_variant("type2", b, n), "unknown ggml type 77", NULL),
+        ST_EFORMAT);
     free(b);
 }
 END_TEST
@@ -610,10 +616,12 @@ START_TEST(test_gguf_tensor_data_out_of_bounds)
     off = (off + 31) / 32 * 32;
     memcpy(p + 4 + 16 + 4, &off, 8);
     ck_assert_int_eq(lt_expect_load_error(write_gguf_variant("oob", b, n), "outside the file",
-                                          "blk.5.ffn_down.weight"), ST_EFORMAT);
+                                          "blk.5.ffn_down.weight"),
+                     ST_EFORMAT);
     memcpy(p + 4 + 16 + 4, &huge, 8);
-    ck_assert_int_eq(lt_expect_load_error(write_gguf_variant("oob2", b, n), "outside the file",
-                                          NULL), ST_EFORMAT);
+    ck_assert_int_eq(
+        lt_expect_load_error(write_gguf_variant("oob2", b, n), "outside the file", NULL),
+        ST_EFORMAT);
     free(b);
 }
 END_TEST
@@ -641,8 +649,9 @@ START_TEST(test_gguf_truncations)
     }
     ck_assert_int_eq(gguf_parse(b, n, &g, err, sizeof(err)), ST_OK);
     gguf_close(g);
-    ck_assert_int_eq(lt_expect_load_error(write_gguf_variant("trunc", b, n - 1),
-                                          "outside the file", NULL), ST_EFORMAT);
+    ck_assert_int_eq(
+        lt_expect_load_error(write_gguf_variant("trunc", b, n - 1), "outside the file", NULL),
+        ST_EFORMAT);
     free(b);
 }
 END_TEST

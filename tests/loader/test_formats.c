@@ -119,10 +119,10 @@ START_TEST(test_austen_gguf_rows_are_permuted)
     const float *gr, *sr;
     const int hd = 32, dim = 192;
 
-    ck_assert_int_eq(gguf_open(lt_src("models/austen-2.7m/model-f32.gguf"), &g, err,
-                               sizeof(err)), ST_OK);
-    ck_assert_int_eq(st_open(lt_src("models/austen-2.7m/model.safetensors"), &s, err,
-                             sizeof(err)), ST_OK);
+    ck_assert_int_eq(gguf_open(lt_src("models/austen-2.7m/model-f32.gguf"), &g, err, sizeof(err)),
+                     ST_OK);
+    ck_assert_int_eq(st_open(lt_src("models/austen-2.7m/model.safetensors"), &s, err, sizeof(err)),
+                     ST_OK);
     gq = gguf_find_tensor(g, "blk.0.attn_q.weight");
     sq = st_find(s, "model.layers.0.self_attn.q_proj.weight");
     ck_assert_ptr_nonnull(gq);
@@ -132,8 +132,8 @@ START_TEST(test_austen_gguf_rows_are_permuted)
     sr = sq->data;
     for (int h = 0; h < 6; h++) {
         for (int j = 0; j < hd / 2; j++) {
-            if (memcmp(gr + (h * hd + 2 * j) * dim, sr + (h * hd + j) * dim,
-                       dim * sizeof(float)) != 0 ||
+            if (memcmp(gr + (h * hd + 2 * j) * dim, sr + (h * hd + j) * dim, dim * sizeof(float)) !=
+                    0 ||
                 memcmp(gr + (h * hd + 2 * j + 1) * dim, sr + (h * hd + hd / 2 + j) * dim,
                        dim * sizeof(float)) != 0) {
                 ck_abort_msg("head %d pair %d is not permuted as llama.cpp does", h, j);
@@ -152,8 +152,8 @@ END_TEST
 static char *
 template_dir(const char *tokcfg, const char *jinja)
 {
-    static const char *const files[] = { "config.json", "generation_config.json",
-                                         "model.safetensors", "tokenizer.json" };
+    static const char *const files[] = {"config.json", "generation_config.json",
+                                        "model.safetensors", "tokenizer.json"};
     char *dir = lt_mkdtemp("loader-tpl");
     char src[4096], dst[4200];
 
@@ -174,7 +174,8 @@ template_dir(const char *tokcfg, const char *jinja)
 START_TEST(test_chat_template_sources)
 {
     char *d1 = template_dir("{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
-                            " {\"name\": \"default\", \"template\": \"D{{x}}\"}]}", NULL);
+                            " {\"name\": \"default\", \"template\": \"D{{x}}\"}]}",
+                            NULL);
     char *d2 = template_dir("{\"add_bos_token\": true}", "J{{ messages }}\n");
     char *d3 = template_dir("{\"chat_template\": \"S\"}", "J");
     mdl_model_t *m;
@@ -346,7 +347,7 @@ START_TEST(test_gen_qwen2_tied_bias_bpe)
     ck_assert_ptr_nonnull(strstr(mdl_model_chat_template(a), "<|im_start|>"));
     ck_assert_ptr_nonnull(mdl_model_chat_template(b));
     ck_assert_str_eq(mdl_model_chat_template(a), mdl_model_chat_template(b));
-    lt_compare_models(a, b, LT_Q8_0, LT_EXACT);  /* qwen2 q/k are not permuted */
+    lt_compare_models(a, b, LT_Q8_0, LT_EXACT); /* qwen2 q/k are not permuted */
     mdl_model_destroy(a);
     mdl_model_destroy(b);
 }
@@ -418,7 +419,7 @@ START_TEST(test_gen_rope_llama3_from_rope_freqs)
         ck_assert_msg(fabs(fa[i] - fb[i]) <= 1e-5 * fa[i], "freq %d: %g vs %g", i, fa[i], fb[i]);
         n_scaled += fa[i] < base * 0.999;
     }
-    ck_assert_int_ge(n_scaled, 3);   /* the test model does exercise the scaling */
+    ck_assert_int_ge(n_scaled, 3); /* the test model does exercise the scaling */
     lt_compare_models(a, b, LT_EXACT, LT_EXACT);
     mdl_model_destroy(a);
     mdl_model_destroy(b);

@@ -83,13 +83,13 @@ enum fault {
 static unsigned char *
 build(enum fault f, size_t *len)
 {
-    buf_t b = { 0 };
+    buf_t b = {0};
     uint64_t n_kv = 13;
     uint64_t data_start, offs[3];
-    const char *names[3] = { "a", "b", f == F_DUP_TENSOR ? "a" : "c" };
+    const char *names[3] = {"a", "b", f == F_DUP_TENSOR ? "a" : "c"};
     float a[8];
     unsigned char q8[34];
-    uint16_t f16[3] = { 0x3c00, 0xc000, 0x3800 };
+    uint16_t f16[3] = {0x3c00, 0xc000, 0x3800};
     uint16_t half = 0x3800;
     int8_t i8v = -5;
     int16_t i16v = -300;
@@ -239,7 +239,7 @@ START_TEST(test_synthetic_metadata)
     ck_assert_int_eq(gguf_get_i64(g, "t.u64", &i64), ST_EFORMAT); /* 2^63 does not fit */
     ck_assert_int_eq(gguf_get_u32(g, "t.u8", &u32), ST_OK);
     ck_assert_uint_eq(u32, 250);
-    ck_assert_int_eq(gguf_get_u32(g, "t.i8", &u32), ST_EFORMAT);  /* negative */
+    ck_assert_int_eq(gguf_get_u32(g, "t.i8", &u32), ST_EFORMAT); /* negative */
     ck_assert_int_eq(gguf_get_u32(g, "t.i64", &u32), ST_EFORMAT);
     ck_assert_int_eq(gguf_get_u32(g, "general.alignment", &u32), ST_OK);
     ck_assert_uint_eq(u32, 64);
@@ -339,23 +339,23 @@ START_TEST(test_synthetic_faults)
         enum fault f;
         const char *needle;
     } cases[] = {
-        { F_KV_COUNT_HUGE, "more than the file holds" },
-        { F_KEY_LEN_HUGE, "truncated key/value 0" },
-        { F_EMPTY_KEY, "bad key" },
-        { F_VALUE_TYPE_UNKNOWN, "unknown value type 13" },
-        { F_NESTED_ARRAY, "unsupported array element type 9" },
-        { F_ARRAY_COUNT_HUGE, "runs past the end" },
-        { F_STRING_ARRAY_COUNT_HUGE, "do not fit" },
-        { F_DUP_KEY, "duplicate key 't.i32'" },
-        { F_DUP_TENSOR, "duplicate tensor 'a'" },
-        { F_ALIGNMENT_3, "power of two" },
-        { F_N_DIMS_5, "5 dimensions" },
-        { F_DIM_ZERO, "bad dimension 0" },
-        { F_DIM_HUGE, "bad dimension" },
-        { F_Q8_ROW_32X, "not a multiple of the Q8_0 block" },
-        { F_MISALIGNED_OFFSET, "not aligned" },
-        { F_OFFSET_PAST_END, "outside the file" },
-        { F_TYPE_UNKNOWN, "unknown ggml type 99" },
+        {F_KV_COUNT_HUGE, "more than the file holds"},
+        {F_KEY_LEN_HUGE, "truncated key/value 0"},
+        {F_EMPTY_KEY, "bad key"},
+        {F_VALUE_TYPE_UNKNOWN, "unknown value type 13"},
+        {F_NESTED_ARRAY, "unsupported array element type 9"},
+        {F_ARRAY_COUNT_HUGE, "runs past the end"},
+        {F_STRING_ARRAY_COUNT_HUGE, "do not fit"},
+        {F_DUP_KEY, "duplicate key 't.i32'"},
+        {F_DUP_TENSOR, "duplicate tensor 'a'"},
+        {F_ALIGNMENT_3, "power of two"},
+        {F_N_DIMS_5, "5 dimensions"},
+        {F_DIM_ZERO, "bad dimension 0"},
+        {F_DIM_HUGE, "bad dimension"},
+        {F_Q8_ROW_32X, "not a multiple of the Q8_0 block"},
+        {F_MISALIGNED_OFFSET, "not aligned"},
+        {F_OFFSET_PAST_END, "outside the file"},
+        {F_TYPE_UNKNOWN, "unknown ggml type 99"},
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
