@@ -709,11 +709,8 @@ on_handle_closed(uv_handle_t *h)
 static void
 maybe_shutdown(lt_t *lt)
 {
+    /* Arrivals still waiting for a slot once issuing has ended are dropped. */
     if (lt->shut || lt->inflight > 0 || can_issue(lt)) {
-        return;
-    }
-    if (lt->o.rate > 0 && lt->pending_arrivals > 0 && !lt->stopping &&
-        (lt->o.max_requests == 0 || lt->issued < lt->o.max_requests)) {
         return;
     }
     lt->shut = 1;

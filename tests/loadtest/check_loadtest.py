@@ -131,6 +131,14 @@ def mock(lt, mock_py):
         d = delta()
         check(rep["requests"]["completed"] == d["requests"] > 0, "duration bound")
 
+        # Open loop faster than one slot can serve, bounded by time: the
+        # arrivals still waiting when the time is up are dropped and the run ends.
+        rc, rep = run_lt(lt, url, "--rate", "2000", "--concurrency", "1", "--duration", "0.3",
+                         "--model", "m", "--output-len", "20", "--input-len", "4")
+        d = delta()
+        check(rep["requests"]["completed"] == rep["requests"]["issued"] == d["requests"] > 0 and
+              rep["requests"]["peak_in_flight"] == 1, f"rate over capacity: {rep['requests']}")
+
         # Connections the server drops without answering: a request sent on a
         # pooled connection is retried once on a fresh one; on a fresh
         # connection it counts as an error.
