@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
@@ -1043,6 +1044,13 @@ report(lt_t *lt)
     double otps = dur > 0 ? (double)lt->output_tokens / dur : 0;
     double ttps = dur > 0 ? (double)(lt->output_tokens + lt->prompt_tokens) / dur : 0;
 
+    struct rusage ru;
+    double cpu_s;
+
+    /* The generator's own CPU time: it shares the cores with the server. */
+    getrusage(RUSAGE_SELF, &ru);
+    cpu_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+            ru.ru_stime.tv_usec / 1e6;
     if (lt->o.json) {
         cJSON *root = cJSON_CreateObject();
         cJSON *req, *errs, *tok, *thr;
@@ -1075,6 +1083,7 @@ report(lt_t *lt)
         cJSON_AddNumberToObject(thr, "requests_per_s", rps);
         cJSON_AddNumberToObject(thr, "output_tokens_per_s", otps);
         cJSON_AddNumberToObject(thr, "total_tokens_per_s", ttps);
+        cJSON_AddNumberToObject(root, "client_cpu_s", cpu_s);
         json_summary(root, "ttft_ms", &lt->ttft);
         json_summary(root, "tpot_ms", &lt->tpot);
         json_summary(root, "itl_ms", &lt->itl);
@@ -1105,6 +1114,7 @@ report(lt_t *lt)
     printf("tokens      %lld prompt, %lld output\n", (long long)lt->prompt_tokens,
            (long long)lt->output_tokens);
     printf("throughput  %.2f req/s, %.1f output tok/s, %.1f total tok/s\n", rps, otps, ttps);
+    printf("client CPU  %.2f s (%.1f%% of one core)\n", cpu_s, dur > 0 ? 100.0 * cpu_s / dur : 0);
     printf("latency ms  %9s %9s %9s %9s %9s\n", "mean", "p50", "p90", "p99", "max");
     text_summary("TTFT", &lt->ttft);
     text_summary("TPOT", &lt->tpot);
