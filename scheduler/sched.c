@@ -523,6 +523,9 @@ sched_submit(sched_t *s, eng_request_t *req)
         return ST_EINVAL;
     }
     t = &s->tenants[req->tenant];
+    if (t->cfg.max_running > 0 && req->n > t->cfg.max_running) {
+        return ST_EINVAL; /* its choices could never run together */
+    }
     /* The prompt plus its first sampled token must fit the context, the
      * pool and the tenant's KV share, or the request could never run. */
     need = ((uint32_t)req->n_prompt + 1 + bs - 1) / bs;

@@ -290,6 +290,15 @@ fake_run(fake_env_t *env, int64_t max_steps)
         fake_step(env, NULL);
         n++;
     }
-    ck_assert_msg(sched_idle(env->sched), "not idle after %lld steps", (long long)n);
+    if (!sched_idle(env->sched)) {
+        sched_stats_t st;
+        bm_stats_t bs;
+        sched_get_stats(env->sched, &st);
+        bm_pool_stats(env->pool, &bs);
+        ck_abort_msg("not idle after %lld steps: running %u waiting %u swapped %u; device "
+                     "free %u cached %u used %u of %u; cpu free %u used %u",
+                     (long long)n, st.running, st.waiting, st.swapped, bs.dev_free, bs.dev_cached,
+                     bs.dev_used, bs.dev_total, bs.cpu_free, bs.cpu_used);
+    }
     return n;
 }

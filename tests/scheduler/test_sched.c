@@ -809,6 +809,125 @@ START_TEST(test_abort_all)
 }
 END_TEST
 
+/* ---- randomized ---------------------------------------------------------- */
+
+static uint64_t rnd_state;
+
+static uint32_t
+rnd(uint32_t n)
+{
+    rnd_state ^= rnd_state << 13;
+    rnd_state ^= rnd_state >> 7;
+    rnd_state ^= rnd_state << 17;
+    return (uint32_t)(rnd_state % n);
+}
+
+/* What the fake model generates greedily for a prompt, computed without
+ * any scheduler, block table or KV cache. */
+static void
+reference(const int32_t *prompt, int32_t n_prompt, int32_t n_out, int32_t *out)
+{
+    int32_t ctx[512];
+
+    memcpy(ctx, prompt, (size_t)n_prompt * sizeof(int32_t));
+    for (int32_t i = 0; i < n_out; i++) {
+        uint64_t h = 1469598103934665603ull;
+        for (int32_t p = 0; p < n_prompt + i; p++) {
+            h = (h ^ (uint64_t)ctx[p]) * 1099511628211ull;
+        }
+        out[i] = 3 + (int32_t)(h % (FAKE_VOCAB - 3));
+        ctx[n_prompt + i] = out[i];
+    }
+}
+
+/* Random configurations and random submit / cancel / step sequences:
+ * invariants after every step (fake_step), and every token any choice
+ * produced equals the unscheduled greedy reference, whatever preemption,
+ * swapping, prefix sharing, forking and cancelling happened. */
+START_TEST(test_random_schedules_match_reference)
+{
+    static const int32_t sizes[] = {1, 2, 4, 16};
+
+    rnd_state = 0x9E3779B97F4A7C15ull * (uint64_t)(_i + 1);
+    for (int round = 0; round < 12; round++) {
+        fake_cfg_t c = fake_cfg_default();
+        static eng_request_t kept[FAKE_MAX_REQ];
+        uint64_t next_id = 1;
+        sched_stats_t st;
+
+        c.block_size = sizes[rnd(4)];
+        c.max_model_len = 64;
+        c.num_blocks = 2 + (int32_t)rnd((uint32_t)(3 * 64 / c.block_size + 1)) +
+                       (64 + c.block_size - 1) / c.block_size;
+        c.swap_blocks = rnd(2) ? (int32_t)rnd(200) : 0;
+        c.max_num_seqs = 3 + (int32_t)rnd(8);
+        c.max_num_batched_tokens = 1 + (int32_t)rnd(80);
+        c.prefix_caching = (int)rnd(2);
+        c.watermark = rnd(2) ? 0.05f : 0.0f;
+        c.n_tenants = 1 + (int32_t)rnd(3);
+        for (int32_t t = 0; t < c.n_tenants; t++) {
+            c.tenants[t].weight = 1.0 + rnd(3);
+            c.tenants[t].max_running = rnd(3) == 0 ? 2 : 0;
+            c.tenants[t].max_kv_share = rnd(3) == 0 ? 0.5 : 1.0;
+        }
+        fake_env_init(&env, &c);
+        for (int op = 0; op < 300; op++) {
+            uint32_t what = rnd(10);
+            if (what < 3 && next_id < FAKE_MAX_REQ) {
+                eng_request_t r;
+                fake_req_fill(&r, next_id, rnd((uint32_t)c.n_tenants), 1 + (int32_t)rnd(40),
+                              rnd(6), 1 + (int32_t)rnd(30));
+                r.n = 1 + (int32_t)rnd(3);
+                r.priority = (int32_t)rnd(3);
+                kept[next_id] = r;
+                kept[next_id].prompt = malloc((size_t)r.n_prompt * sizeof(int32_t));
+                memcpy(kept[next_id].prompt, r.prompt, (size_t)r.n_prompt * sizeof(int32_t));
+                int rc = fake_submit_req(&env, &r);
+                ck_assert(rc == ST_OK || rc == ST_ETOOLONG || rc == ST_EINVAL);
+                if (rc != ST_OK) {
+                    free(kept[next_id].prompt);
+                    kept[next_id].prompt = NULL;
+                }
+                next_id++;
+            } else if (what == 3 && next_id > 1) {
+                uint64_t id = 1 + rnd((uint32_t)(next_id - 1));
+                (void)sched_cancel(env.sched, id, (int32_t)rnd(4) - 1, (int)rnd(2));
+                sched_check(env.sched);
+                bm_pool_check(env.pool);
+            } else {
+                fake_step(&env, NULL);
+            }
+        }
+        fake_run(&env, 100000);
+        sched_get_stats(env.sched, &st);
+        for (uint64_t id = 1; id < next_id; id++) {
+            int32_t ref[FAKE_MAX_OUT];
+            if (kept[id].prompt == NULL) {
+                continue;
+            }
+            reference(kept[id].prompt, kept[id].n_prompt, kept[id].max_tokens, ref);
+            for (int32_t k = 0; k < kept[id].n; k++) {
+                const fake_out_t *o = &env.out[id][k];
+                ck_assert_msg(o->finished, "round %d req %llu choice %d never finished", round,
+                              (unsigned long long)id, k);
+                ck_assert_int_le(o->n_tokens, kept[id].max_tokens);
+                ck_assert_msg(memcmp(o->tokens, ref, (size_t)o->n_tokens * sizeof(int32_t)) == 0,
+                              "round %d req %llu choice %d differs from the reference", round,
+                              (unsigned long long)id, k);
+                if (o->reason == ENG_FINISH_LENGTH) {
+                    ck_assert(o->n_tokens == kept[id].max_tokens ||
+                              kept[id].n_prompt + o->n_tokens >= c.max_model_len ||
+                              o->n_tokens < kept[id].max_tokens); /* outgrew the pool */
+                }
+            }
+            free(kept[id].prompt);
+            kept[id].prompt = NULL;
+        }
+        fake_env_fini(&env);
+    }
+}
+END_TEST
+
 Suite *
 scheduler_sched_suite(void)
 {
@@ -854,6 +973,11 @@ scheduler_sched_suite(void)
     tcase_add_test(tc, test_quota_kv_share);
     tcase_add_test(tc, test_quota_tokens_per_minute);
     tcase_add_test(tc, test_priority_within_tenant);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("random");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_random_schedules_match_reference, 0, 4);
     suite_add_tcase(s, tc);
     return s;
 }
