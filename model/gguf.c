@@ -552,7 +552,10 @@ kv_int(const gguf_kv_t *kv, int *neg, uint64_t *mag)
     } v;
     int64_t s;
 
-    memcpy(&v, kv->val, scalar_size(kv->type) ? scalar_size(kv->type) : 1);
+    if (kv->type == GGUF_TYPE_STRING || kv->type == GGUF_TYPE_ARRAY || scalar_size(kv->type) == 0) {
+        return 0; /* val may sit at the very end of the buffer: read nothing */
+    }
+    memcpy(&v, kv->val, scalar_size(kv->type));
     switch (kv->type) {
     case GGUF_TYPE_UINT8:
         *neg = 0, *mag = v.u8;

@@ -435,6 +435,48 @@ START_TEST(test_synthetic_truncations_and_mutations)
 }
 END_TEST
 
+/* Values that end exactly at the end of the buffer (no tensors): an empty
+ * string and an empty array, asked for as the wrong types. Under ASan this
+ * catches any read past the end. */
+START_TEST(test_values_at_buffer_end)
+{
+    buf_t b = {0};
+    unsigned char *exact;
+    gguf_file_t *g = NULL;
+    char err[256];
+    int64_t i64;
+    uint32_t u32;
+    float f;
+    int bl;
+    gguf_type_t et;
+    uint64_t n;
+    const void *arr;
+
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 2);
+    put_key(&b, "e.arr", GGUF_TYPE_ARRAY);
+    put_u32(&b, GGUF_TYPE_UINT8);
+    put_u64(&b, 0);
+    put_key(&b, "e.str", GGUF_TYPE_STRING);
+    put_u64(&b, 0);
+    exact = malloc(b.n);
+    memcpy(exact, b.p, b.n);
+    ck_assert_int_eq(gguf_parse(exact, b.n, &g, err, sizeof(err)), ST_OK);
+    ck_assert_int_eq(gguf_n_tensors(g), 0);
+    ck_assert_int_eq(gguf_get_i64(g, "e.str", &i64), ST_EFORMAT);
+    ck_assert_int_eq(gguf_get_u32(g, "e.arr", &u32), ST_EFORMAT);
+    ck_assert_int_eq(gguf_get_f32(g, "e.str", &f), ST_EFORMAT);
+    ck_assert_int_eq(gguf_get_bool(g, "e.arr", &bl), ST_EFORMAT);
+    ck_assert_int_eq(gguf_get_arr(g, "e.arr", &et, &n, &arr), ST_OK);
+    ck_assert_uint_eq(n, 0);
+    gguf_close(g);
+    free(exact);
+    free(b.p);
+}
+END_TEST
+
 /* Every llama.cpp vocabulary fixture parses, with a token list that
  * matches its declared count and a tokenizer model name. */
 START_TEST(test_vocab_fixtures_parse)
@@ -498,6 +540,7 @@ loader_gguf_suite(void)
     tcase_add_test(tc, test_synthetic_tensors);
     tcase_add_test(tc, test_synthetic_faults);
     tcase_add_test(tc, test_synthetic_truncations_and_mutations);
+    tcase_add_test(tc, test_values_at_buffer_end);
     tcase_add_test(tc, test_vocab_fixtures_parse);
     tcase_add_test(tc, test_open_errors);
     suite_add_tcase(s, tc);
