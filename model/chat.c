@@ -182,7 +182,8 @@ struct vlist {
     size_t n, cap;
     val_t *v;
     bool tuple;
-    bool gen; /* a jinja2 generator (map / select ...): always true, no len */
+    bool gen;        /* a jinja2 generator (map / select ...): always true, no len */
+    const char *err; /* a generator whose input was bad: fails when iterated */
 };
 
 struct vdict {
@@ -259,6 +260,7 @@ list_new(cx_t *cx, size_t cap)
     l->cap = cap;
     l->tuple = false;
     l->gen = false;
+    l->err = NULL;
     l->v = cap ? ar_alloc(cx, cap * sizeof(val_t)) : NULL;
     return l;
 }
@@ -2243,6 +2245,9 @@ put_repr(rstate_t *rs, sbuf_t *b, val_t v)
         r_fail(rs, "value nested too deeply");
     }
     switch (v.t) {
+    case V_UNDEF:
+        sb_puts(cx, b, "Undefined");
+        break;
     case V_STR:
         put_repr_str(cx, b, v.u.s.p, v.u.s.n);
         break;
@@ -2461,6 +2466,9 @@ as_items(rstate_t *rs, val_t v, bool undef_ok)
 
     switch (v.t) {
     case V_LIST:
+        if (v.u.l->err != NULL) {
+            r_fail(rs, "%s", v.u.l->err);
+        }
         return v.u.l;
     case V_DICT: {
         vlist_t *l = list_new(cx, v.u.d->n);
@@ -2493,6 +2501,31 @@ as_items(rstate_t *rs, val_t v, bool undef_ok)
     default:
         r_fail(rs, "'%s' object is not iterable", type_name(v));
     }
+}
+
+/* Input of a filter that jinja2 runs as a generator: a value that cannot be
+ * iterated only fails when the generator is consumed, so the error is
+ * deferred into a poisoned generator (*poison set, NULL returned). */
+static vlist_t *
+gen_input(rstate_t *rs, val_t v, val_t *poison)
+{
+    vlist_t *l;
+    char *msg;
+
+    if (v.t == V_STR || v.t == V_LIST || v.t == V_DICT || v.t == V_UNDEF) {
+        if (v.t == V_LIST && v.u.l->err != NULL) {
+            *poison = v;
+            return NULL;
+        }
+        return as_items(rs, v, true);
+    }
+    l = list_new(rs->cx, 0);
+    msg = ar_alloc(rs->cx, 64);
+    snprintf(msg, 64, "'%s' object is not iterable", type_name(v));
+    l->gen = true;
+    l->err = msg;
+    *poison = v_list(l);
+    return NULL;
 }
 
 static int64_t
@@ -3866,6 +3899,7 @@ eval_args(rstate_t *rs, const cnode_t *n, cargs_t *a, int skip)
 }
 
 static bool apply_test(rstate_t *rs, const char *name, val_t v, const cargs_t *a);
+static val_t arith(rstate_t *rs, int op, val_t a, val_t b);
 
 /* attribute path "a.b.0" of a value, jinja's make_attrgetter */
 static val_t
@@ -3998,9 +4032,15 @@ static val_t
 filter_select(rstate_t *rs, val_t v, const cargs_t *a, bool by_attr, bool keep)
 {
     /* jinja2 yields nothing for a falsy input (none included) */
-    vlist_t *in = truthy(v) ? as_items(rs, v, true) : list_new(rs->cx, 0);
-    vlist_t *out = list_new(rs->cx, in->n);
+    val_t poison;
+    vlist_t *in = truthy(v) ? gen_input(rs, v, &poison) : list_new(rs->cx, 0);
+    vlist_t *out;
     int first = by_attr ? 1 : 0;
+
+    if (in == NULL) {
+        return poison;
+    }
+    out = list_new(rs->cx, in->n);
     cargs_t ta = *a;
     val_t tname = arg(a, first, NULL, v_none);
 
@@ -4185,7 +4225,7 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
             val_t sl[3] = {v_none, v_none, v_int(-1)};
             return do_slice(rs, v, sl);
         } else {
-            vlist_t *in = as_items(rs, v, false), *out = list_new(cx, in->n);
+            vlist_t *in = as_items(rs, v, true), *out = list_new(cx, in->n);
 
             for (size_t i = in->n; i-- > 0;) {
                 list_push(cx, out, in->v[i]);
@@ -4256,10 +4296,17 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
     }
     if (strcmp(name, "items") == 0) {
         if (v.t == V_UNDEF) {
-            return v_list(list_new(cx, 0));
+            vlist_t *e = list_new(cx, 0);
+
+            e->gen = true;
+            return v_list(e);
         }
         if (v.t != V_DICT) {
-            r_fail(rs, "items filter needs a mapping");
+            vlist_t *e = list_new(cx, 0);
+
+            e->gen = true;
+            e->err = "items filter needs a mapping";
+            return v_list(e);
         }
         {
             val_t r = dict_items(rs, v.u.d, 'i');
@@ -4291,7 +4338,7 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
         bool rev = truthy(arg(a, 0, "reverse", v_bool(false)));
         bool cs = truthy(arg(a, 1, "case_sensitive", v_bool(false)));
         val_t at = arg(a, 2, "attribute", v_none);
-        val_t out = list_copy(rs, as_items(rs, v, false));
+        val_t out = list_copy(rs, as_items(rs, v, true));
         val_t *keys = ar_alloc(cx, (out.u.l->n + 1) * sizeof(val_t));
 
         for (size_t i = 0; i < out.u.l->n; i++) {
@@ -4303,7 +4350,14 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
     if (strcmp(name, "unique") == 0) {
         bool cs = truthy(arg(a, 0, "case_sensitive", v_bool(false)));
         val_t at = arg(a, 1, "attribute", v_none);
-        vlist_t *in = as_items(rs, v, true), *out = list_new(cx, in->n), *seen = list_new(cx, 8);
+        val_t poison;
+        vlist_t *in = gen_input(rs, v, &poison), *out, *seen;
+
+        if (in == NULL) {
+            return poison;
+        }
+        out = list_new(cx, in->n);
+        seen = list_new(cx, 8);
 
         for (size_t i = 0; i < in->n; i++) {
             val_t k = at.t == V_NONE ? in->v[i] : attr_path(rs, in->v[i], at);
@@ -4326,7 +4380,7 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
     if (strcmp(name, "min") == 0 || strcmp(name, "max") == 0) {
         bool cs = truthy(arg(a, 0, "case_sensitive", v_bool(false)));
         val_t at = arg(a, 1, "attribute", v_none);
-        vlist_t *in = as_items(rs, v, false);
+        vlist_t *in = as_items(rs, v, true);
         size_t best = 0;
 
         if (in->n == 0) {
@@ -4345,7 +4399,7 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
     }
     if (strcmp(name, "sum") == 0) {
         val_t at = arg(a, 0, "attribute", v_none), acc = arg(a, 1, "start", v_int(0));
-        vlist_t *in = as_items(rs, v, false);
+        vlist_t *in = as_items(rs, v, true);
 
         for (size_t i = 0; i < in->n; i++) {
             val_t x = at.t == V_NONE ? in->v[i] : attr_path(rs, in->v[i], at);
@@ -4381,9 +4435,15 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
         return v_float(round(f * m) / m);
     }
     if (strcmp(name, "map") == 0) {
-        vlist_t *in = truthy(v) ? as_items(rs, v, true) : list_new(cx, 0);
-        vlist_t *out = list_new(cx, in->n);
+        val_t poison;
+        vlist_t *in = truthy(v) ? gen_input(rs, v, &poison) : list_new(cx, 0);
+        vlist_t *out;
         val_t at = arg(a, -1, "attribute", v_none);
+
+        if (in == NULL) {
+            return poison;
+        }
+        out = list_new(cx, in->n);
 
         if (at.t != V_NONE) {
             val_t def = arg(a, -1, "default", v_undef);
@@ -4413,7 +4473,7 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
         return filter_select(rs, v, a, true, name[0] == 's');
     }
     if (strcmp(name, "indent") == 0) {
-        return filter_indent(rs, to_str(rs, v), a);
+        return filter_indent(rs, need_str(rs, v, "indent input"), a); /* s += "\n" in jinja2 */
     }
     if (strcmp(name, "escape") == 0 || strcmp(name, "e") == 0 || strcmp(name, "forceescape") == 0) {
         if (v.t == V_STR && v.safe && name[0] != 'f') {
@@ -4428,9 +4488,19 @@ apply_filter(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
         return get_attr(rs, v, ar_strndup(cx, at.u.s.p, at.u.s.n));
     }
     if (strcmp(name, "wordcount") == 0) {
-        cargs_t none = {0};
-        return v_int((int64_t)str_split(rs, to_str(rs, v), v_none, -1, false).u.l->n +
-                     0 * none.npos);
+        /* runs of \w (letters, digits, _; any non-ASCII byte counts as one) */
+        val_t s = to_str(rs, v);
+        int64_t words = 0;
+        bool in_word = false;
+
+        for (size_t i = 0; i < s.u.s.n; i++) {
+            unsigned char c = (unsigned char)s.u.s.p[i];
+            bool w = isalnum(c) || c == '_' || c >= 0x80;
+
+            words += w && !in_word;
+            in_word = w;
+        }
+        return v_int(words);
     }
     if (strcmp(name, "center") == 0) {
         val_t w = arg(a, 0, "width", v_int(80));
@@ -4547,16 +4617,11 @@ apply_test(rstate_t *rs, const char *name, val_t v, const cargs_t *a)
         r_fail(rs, "'in' test needs a container");
     }
     if (strcmp(name, "odd") == 0 || strcmp(name, "even") == 0) {
-        if (v.t != V_INT && v.t != V_BOOL) {
-            r_fail(rs, "odd/even need an integer");
-        }
-        return ((v.u.i % 2) != 0) == (name[0] == 'o');
+        /* value % 2 == 1 (or 0), Python modulo, floats included */
+        return val_eq(arith(rs, '%', v, v_int(2)), v_int(name[0] == 'o' ? 1 : 0));
     }
     if (strcmp(name, "divisibleby") == 0) {
-        if ((v.t != V_INT && v.t != V_BOOL) || (x.t != V_INT && x.t != V_BOOL) || x.u.i == 0) {
-            r_fail(rs, "divisibleby needs non-zero integers");
-        }
-        return v.u.i % x.u.i == 0;
+        return val_eq(arith(rs, '%', v, x), v_int(0));
     }
     if (strcmp(name, "lower") == 0 || strcmp(name, "upper") == 0) {
         val_t s = to_str(rs, v);
@@ -4754,6 +4819,9 @@ contains(rstate_t *rs, val_t needle, val_t hay)
         }
         return false;
     case V_DICT:
+        if ((needle.t == V_LIST && !needle.u.l->tuple) || needle.t == V_DICT || needle.t == V_NS) {
+            r_fail(rs, "unhashable type: '%s'", type_name(needle));
+        }
         return dict_find(hay.u.d, needle) != NULL;
     case V_UNDEF:
         return false;
