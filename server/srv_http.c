@@ -30,6 +30,7 @@
 #include "common/util.h"
 #include "common/xmalloc.h"
 #include "kvserve_config.h"
+#include "model/chat.h"
 #include "server/srv_loop.h"
 
 #define CT_JSON "application/json"
@@ -572,27 +573,64 @@ do_detokenize(srv_req_t *r)
 int
 srv_http_chat_init(srv_t *s)
 {
+    char err[256] = "";
+    chat_template_t *t = NULL;
+    int rc;
+
     s->chat = NULL;
-    if (s->chat_template != NULL) {
-        LOG_WARN("the chat template engine is not built in; using the plain template");
+    if (s->chat_template == NULL) {
+        LOG_INFO("the model has no chat template: using the plain one");
+        return ST_OK;
     }
+    rc = chat_template_compile(s->chat_template, &t, err, sizeof(err));
+    if (rc != ST_OK) {
+        LOG_ERROR("chat template: %s", err[0] ? err : st_str(rc));
+        return rc;
+    }
+    s->chat = t;
     return ST_OK;
 }
 
 void
 srv_http_chat_fini(srv_t *s)
 {
+    chat_template_destroy(s->chat);
     s->chat = NULL;
 }
 
+/* Renders the conversation; NULL with err (400) when the template refuses
+ * it (raise_exception) or exceeds its limits. The result is malloc'd. */
 static char *
 render_chat(srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp, srv_error_t *err)
 {
-    int32_t bos = tok_bos_id(s->tok);
+    int32_t bos = tok_bos_id(s->tok), eos = tok_eos_id(s->tok);
     const char *bos_s = bos >= 0 ? tok_token_str(s->tok, bos) : NULL;
+    chat_render_opts_t opts;
+    chat_message_t *cm;
+    char *out = NULL, msg[256] = "";
+    int rc;
 
-    (void)err;
-    return srv_chat_render_plain(msgs, n, agp, bos_s);
+    if (s->chat == NULL) {
+        return srv_chat_render_plain(msgs, n, agp, bos_s);
+    }
+    memset(&opts, 0, sizeof(opts));
+    opts.bos_token = bos_s;
+    opts.eos_token = eos >= 0 ? tok_token_str(s->tok, eos) : NULL;
+    opts.add_generation_prompt = agp;
+    opts.max_output = 4u << 20;
+    cm = xcalloc((size_t)n + 1, sizeof(*cm));
+    for (int32_t i = 0; i < n; i++) {
+        cm[i].role = msgs[i].role;
+        cm[i].content = msgs[i].content;
+    }
+    rc = chat_template_render(s->chat, cm, (size_t)n, &opts, &out, msg, sizeof(msg));
+    free(cm);
+    if (rc != ST_OK) {
+        srv_err_set(err, 400, "messages", "the chat template rejected the conversation: %s",
+                    msg[0] ? msg : st_str(rc));
+        return NULL;
+    }
+    return out;
 }
 
 /* ---- generation: JSON pieces ----------------------------------------------------------- */
@@ -975,6 +1013,19 @@ job_done(srv_req_t *r, srv_job_t *job)
 
 /* ---- generation: outbox messages -------------------------------------------------------------- */
 
+/* A token of stop_token_ids ends its choice and, as in vLLM, is not part of
+ * the text (EOS is special and skipped by the detokenizer anyway). */
+static int
+is_stop_id(const srv_params_t *p, int32_t token)
+{
+    for (int32_t i = 0; i < p->n_stop_ids; i++) {
+        if (p->stop_ids[i] == token) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static void
 on_delta(srv_req_t *r, srv_job_t *job, const eng_msg_delta_t *d)
 {
@@ -1009,7 +1060,7 @@ on_delta(srv_req_t *r, srv_job_t *job, const eng_msg_delta_t *d)
     }
     for (int32_t i = 0; i < d->n_tokens && i < ENG_DELTA_MAX; i++) {
         const smp_result_t *t = &d->tok[i];
-        int n = tok_stream_push(&ch->ds, t->token, tb, sizeof(tb));
+        int n = is_stop_id(&r->p, t->token) ? 0 : tok_stream_push(&ch->ds, t->token, tb, sizeof(tb));
         ch->n_tokens++;
         tm->generation_tokens++;
         if (lp != NULL) {
@@ -1142,6 +1193,11 @@ srv_http_on_msg(srv_t *s, msg_t *m)
     case ENG_MSG_STATS_REPLY: {
         const eng_msg_stats_t *st = (const eng_msg_stats_t *)m;
         list_node_t *it;
+        s->last_stats = st->stats;
+        s->have_stats = 1;
+        if (st->cookie == 0) {
+            break;
+        }
         LIST_FOREACH(it, &s->reqs)
         {
             srv_req_t *r = LIST_ENTRY(it, srv_req_t, node);
@@ -1256,6 +1312,13 @@ start_generation(srv_req_t *r)
     }
     if (s->engine == NULL || !engine_alive(s->engine)) {
         return queue_error_msg(r, 503, NULL, "the engine is not running");
+    }
+    if ((int64_t)s->n_gen >= (int64_t)s->cfg->max_num_seqs + s->cfg->max_waiting_requests) {
+        srv_error_t e429;
+        srv_err_set(&e429, 429, NULL, "the server has %u requests in flight; retry later",
+                    s->n_gen);
+        s->metrics.rejected_429++;
+        return queue_error(r, &e429);
     }
     r->n_jobs = r->p.n_prompts;
     r->jobs = xcalloc((size_t)r->n_jobs, sizeof(srv_job_t));

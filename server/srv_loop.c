@@ -39,6 +39,10 @@
 #include "common/xmalloc.h"
 #include "server/srv_loop.h"
 
+#define SRV_SOCKET_SNDBUF (64 * 1024)
+/* After the drain timeout: time for the final error events to reach clients. */
+#define SRV_DRAIN_GRACE_MS 5000
+
 static void
 on_mhd_timer(uv_timer_t *t)
 {
@@ -189,6 +193,13 @@ on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
         c->s = s;
         c->mc = mc;
         c->fd = ci ? ci->connect_fd : -1;
+        if (c->fd >= 0) {
+            /* Bound the kernel's share of what a slow reader can make us
+             * buffer (autotuning on loopback grows it to megabytes); the
+             * rest is capped by --max-sse-buffer-bytes. */
+            int sndbuf = SRV_SOCKET_SNDBUF;
+            setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+        }
         c->phase_start_ns = now_ns();
         list_push_back(&s->conns, &c->node);
         *socket_context = c;
@@ -240,6 +251,7 @@ stop_everything(srv_t *s)
     uv_close((uv_handle_t *)&s->drain_timer, close_cb_noop);
     uv_close((uv_handle_t *)&s->sig_term, close_cb_noop);
     uv_close((uv_handle_t *)&s->sig_int, close_cb_noop);
+    sdn_watchdog_stop(&s->watchdog);
     /* The outbox async stays open until the engine has stopped. */
     uv_stop(&s->loop);
 }
@@ -274,7 +286,7 @@ on_drain_timeout(uv_timer_t *t)
         srv_http_abort_all(s, "the server is shutting down");
         srv_loop_run_mhd(s);
         /* Give the error events a moment to be written, then stop. */
-        uv_timer_start(&s->drain_timer, on_drain_timeout, 2000, 0);
+        uv_timer_start(&s->drain_timer, on_drain_timeout, SRV_DRAIN_GRACE_MS, 0);
         srv_loop_check_drained(s);
     } else {
         LOG_WARN("drain grace over: closing %u requests", s->n_reqs);
@@ -298,6 +310,7 @@ on_signal(uv_signal_t *h, int signum)
     s->draining = 1;
     LOG_INFO("signal %d: draining %u requests (timeout %.1f s)", signum, s->n_reqs,
              s->cfg->drain_timeout_s);
+    sdn_stopping();
     if (s->mhd != NULL) {
         MHD_socket lfd = MHD_quiesce_daemon(s->mhd);
         if (lfd != MHD_INVALID_SOCKET) {
@@ -315,7 +328,36 @@ on_sweep(uv_timer_t *t)
     srv_t *s = t->data;
 
     srv_http_sweep(s, now_ns());
+    if (s->engine != NULL && engine_alive(s->engine)) {
+        eng_msg_stats_t *m = xcalloc(1, sizeof(*m));
+        m->hdr.type = ENG_MSG_STATS;
+        m->cookie = 0; /* periodic: kept as last_stats */
+        chan_send(engine_inbox(s->engine), &m->hdr);
+    }
     srv_loop_run_mhd(s);
+}
+
+/* ---- systemd --------------------------------------------------------------- */
+
+static int
+wd_healthy(void *arg)
+{
+    srv_t *s = arg;
+
+    return s->engine != NULL && engine_alive(s->engine);
+}
+
+static void
+wd_status(void *arg, char *buf, size_t len)
+{
+    srv_t *s = arg;
+    const eng_stats_t *st = &s->last_stats;
+
+    if (s->draining) {
+        snprintf(buf, len, "draining %u requests", s->n_reqs);
+        return;
+    }
+    sdn_format_status(buf, len, st->running, st->waiting, st->swapped, st->kv_used, st->kv_total);
 }
 
 /* ---- start-up ------------------------------------------------------------- */
@@ -505,6 +547,10 @@ srv_run(const srv_setup_t *setup)
     LOG_INFO("listening on http://%s:%u model=%s max_model_len=%d kv_blocks=%d tenants=%d",
              s->cfg->host, s->port, s->model_name, s->max_model_len, s->kv_blocks,
              s->cfg->n_tenants);
+    sdn_ready();
+    if (sdn_watchdog_start(&s->loop, &s->watchdog, wd_healthy, wd_status, s, 2000) != ST_OK) {
+        LOG_WARN("systemd watchdog timer not started");
+    }
     srv_loop_run_mhd(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     rc = ST_OK;

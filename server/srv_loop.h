@@ -29,6 +29,7 @@
 #include "common/chan.h"
 #include "common/list.h"
 #include "model/tokenizer.h"
+#include "server/sdnotify.h"
 #include "server/srv.h"
 #include "server/srv_int.h"
 
@@ -126,7 +127,7 @@ struct srv {
     const mdl_model_t *model;
     const tok_tokenizer_t *tok;
     const char *chat_template;
-    void *chat;               /* compiled chat template, or NULL */
+    struct chat_template *chat; /* compiled chat template, or NULL: plain */
     engine_t *engine;
     int32_t max_model_len;
     int32_t block_size;
@@ -158,6 +159,9 @@ struct srv {
     int stopping;
     int stop_queued;
     srv_metrics_t metrics;
+    sdn_watchdog_t watchdog;
+    eng_stats_t last_stats;   /* from the latest periodic STATS reply */
+    int have_stats;
 };
 
 /* srv_http.c */
