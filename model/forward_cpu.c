@@ -12,6 +12,7 @@
  *     a = paged_attention(q, cache, block_tables)        (T, n_heads*hd)
  *     x += a Wo^T                                        (fused: GEMM beta 1)
  *     h = rmsnorm(x);  x += (silu(h Wg^T) * h Wu^T) Wd^T
+ *   (the last layer past its K/V write runs only on the logits rows)
  *   logits = rmsnorm(x[logits_rows]) lm_head^T           (n_logits, vocab)
  *
  * KV pool (device tier here is host memory), one region per layer and
@@ -48,20 +49,26 @@ typedef struct cpu_state {
     float *swap;       /* [n_layers][2][swap_blocks][blk_floats], NULL if none */
     size_t swap_len;
     /* Scratch, rows = max_num_batched_tokens (T). */
-    float *x;        /* (T, dim) residual stream */
-    float *h;        /* (T, dim) normed */
-    float *q;        /* (T, n_heads * hd) */
-    float *k;        /* (T, n_kv * hd) */
-    float *v;        /* (T, n_kv * hd) */
-    float *att;      /* (T, n_heads * hd) */
-    float *gate;     /* (T, ffn) */
-    float *up;       /* (T, ffn) */
-    float *cos_t;    /* (T, hd / 2) */
-    float *sin_t;    /* (T, hd / 2) */
-    float *inv_freq; /* (hd / 2) */
-    float *hrows;    /* (max_num_seqs, dim) final hidden rows */
-    float *logits;   /* (max_num_seqs, vocab) */
-    void *scratch;   /* the one allocation behind every scratch pointer */
+    float *x;         /* (T, dim) residual stream */
+    float *h;         /* (T, dim) normed */
+    float *q;         /* (T, n_heads * hd) */
+    float *k;         /* (T, n_kv * hd) */
+    float *v;         /* (T, n_kv * hd) */
+    float *att;       /* (T, n_heads * hd) */
+    float *gate;      /* (T, ffn) */
+    float *up;        /* (T, ffn) */
+    float *cos_t;     /* (T, hd / 2) */
+    float *sin_t;     /* (T, hd / 2) */
+    float *inv_freq;  /* (hd / 2) */
+    float *hrows;     /* (max_num_seqs, dim) residual rows that need logits */
+    float *sub_h;     /* (max_num_seqs, dim) their normed rows, last layer */
+    float *sub_q;     /* (max_num_seqs, n_heads * hd) */
+    float *sub_att;   /* (max_num_seqs, n_heads * hd) */
+    int32_t *sub_qs;  /* (max_num_seqs + 1) the last layer's sub-batch */
+    int32_t *sub_ctx; /* (max_num_seqs) */
+    int32_t *sub_bt;  /* (max_num_seqs, max_blocks_per_seq) */
+    float *logits;    /* (max_num_seqs, vocab) */
+    void *scratch;    /* the one allocation behind every scratch pointer */
 } cpu_state_t;
 
 static float *
@@ -93,6 +100,9 @@ cpu_destroy(void *state)
         munmap(s->swap, s->swap_len);
     }
     free(s->scratch);
+    free(s->sub_qs);
+    free(s->sub_ctx);
+    free(s->sub_bt);
     free(s);
 }
 
@@ -144,11 +154,12 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     size_t sizes[] = {
         T * c->dim,        T * c->dim,     T * qd,   T * kvd,  T * kvd, T * qd,
         T * c->ffn_dim,    T * c->ffn_dim, T * half, T * half, half,    S * c->dim,
-        S * c->vocab_size,
+        S * c->vocab_size, S * c->dim,     S * qd,   S * qd,
     };
     float **ptrs[] = {
-        &s->x,  &s->h,     &s->q,     &s->k,        &s->v,     &s->att,    &s->gate,
-        &s->up, &s->cos_t, &s->sin_t, &s->inv_freq, &s->hrows, &s->logits,
+        &s->x,      &s->h,     &s->q,     &s->k,       &s->v,        &s->att,
+        &s->gate,   &s->up,    &s->cos_t, &s->sin_t,   &s->inv_freq, &s->hrows,
+        &s->logits, &s->sub_h, &s->sub_q, &s->sub_att,
     };
     size_t total = 0;
 
@@ -163,6 +174,9 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
         goto fail;
     }
     memset(s->scratch, 0, total * sizeof(float));
+    s->sub_qs = xcalloc(S + 1, sizeof(int32_t));
+    s->sub_ctx = xcalloc(S, sizeof(int32_t));
+    s->sub_bt = xcalloc(S * (size_t)rc->max_blocks_per_seq, sizeof(int32_t));
     float *p = s->scratch;
 
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
@@ -223,6 +237,81 @@ cpu_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
     return ST_OK;
 }
 
+/* The rest of the last layer for the n_logits rows that need logits, after
+ * every row's K/V is in the cache. Each such row becomes a one-token
+ * sequence of a sub-batch with its own sequence's block table:
+ *
+ *   rows  r0 .. r(n-1)  ->  sub_q (n, qd), sub_qs = 0, 1, .., n,
+ *                           sub_ctx[i] = context index of r_i + 1
+ *
+ * Leaves the residual rows in s->hrows. A prefill chunk of T tokens thus
+ * skips (T - n) / T of the last layer's attention, output projection and
+ * MLP. */
+static void
+cpu_last_layer(cpu_state_t *s, const mdl_batch_t *b, const mdl_layer_t *L, const float *kc,
+               const float *vc)
+{
+    const mdl_config_t *c = &s->c;
+    const int32_t dim = c->dim, hd = c->head_dim, qd = c->n_heads * hd, half = hd / 2;
+    const int32_t n = b->n_logits, mb = b->max_blocks;
+    int32_t seq = 0;
+
+    if (n == 0) {
+        return;
+    }
+    s->sub_qs[0] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t r = b->logits_rows[i];
+
+        /* logits_rows need not be sorted: find r's sequence. */
+        seq = 0;
+        while (b->query_start[seq + 1] <= r) {
+            seq++;
+        }
+        int32_t n_new = b->query_start[seq + 1] - b->query_start[seq];
+
+        s->sub_qs[i + 1] = i + 1;
+        s->sub_ctx[i] = b->context_len[seq] - n_new + (r - b->query_start[seq]) + 1;
+        memcpy(s->sub_bt + (size_t)i * mb, b->block_tables + (size_t)seq * mb,
+               sizeof(int32_t) * (size_t)mb);
+        memcpy(s->hrows + (size_t)i * dim, s->x + (size_t)r * dim, sizeof(float) * (size_t)dim);
+        memcpy(s->sub_h + (size_t)i * dim, s->h + (size_t)r * dim, sizeof(float) * (size_t)dim);
+    }
+    kn_cpu_matmul(s->sub_h, L->wq, L->bq, s->sub_q, n, dim, qd, 0);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t r = b->logits_rows[i];
+
+        kn_cpu_rope(s->sub_q + (size_t)i * qd, 1, c->n_heads, hd, s->cos_t + (size_t)r * half,
+                    s->sin_t + (size_t)r * half);
+    }
+    kn_attn_args_t aa = {
+        .out = s->sub_att,
+        .q = s->sub_q,
+        .k_cache = kc,
+        .v_cache = vc,
+        .query_start = s->sub_qs,
+        .context_len = s->sub_ctx,
+        .block_tables = s->sub_bt,
+        .max_blocks = mb,
+        .n_seqs = n,
+        .n_tok = n,
+        .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv_heads,
+        .head_dim = hd,
+        .block_size = s->rc.block_size,
+        .sliding_window = c->sliding_window,
+        .scale = 1.0f / sqrtf((float)hd),
+    };
+    kn_cpu_attention(&aa);
+    kn_cpu_matmul(s->sub_att, L->wo, NULL, s->hrows, n, qd, dim, 1);
+
+    kn_cpu_rmsnorm(s->hrows, L->ffn_norm, s->sub_h, n, dim, c->norm_eps);
+    kn_cpu_matmul(s->sub_h, L->w_gate, NULL, s->gate, n, dim, c->ffn_dim, 0);
+    kn_cpu_matmul(s->sub_h, L->w_up, NULL, s->up, n, dim, c->ffn_dim, 0);
+    kn_cpu_silu_mul(s->gate, s->up, s->gate, (size_t)n * c->ffn_dim);
+    kn_cpu_matmul(s->gate, L->w_down, NULL, s->hrows, n, c->ffn_dim, dim, 1);
+}
+
 static int
 cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
 {
@@ -251,20 +340,31 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
     kn_cpu_embed(m->tok_embd, b->tokens, T, dim, s->x);
     kn_cpu_rope_table(b->positions, T, s->inv_freq, hd / 2, s->cos_t, s->sin_t);
 
+    /* The last layer only needs K/V for every row; the rest of it runs on
+     * the rows that want logits (cpu_last_layer), unless that is all of them. */
+    int sub = b->n_logits < T;
+
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mdl_layer_t *L = &m->layers[l];
         float *kc = cpu_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 0);
         float *vc = cpu_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 1);
+        int last = l == c->n_layers - 1 && sub;
 
         kn_cpu_rmsnorm(s->x, L->attn_norm, s->h, T, dim, c->norm_eps);
-        kn_cpu_matmul(s->h, L->wq, L->bq, s->q, T, dim, qd, 0);
+        if (!last) {
+            kn_cpu_matmul(s->h, L->wq, L->bq, s->q, T, dim, qd, 0);
+        }
         kn_cpu_matmul(s->h, L->wk, L->bk, s->k, T, dim, kvd, 0);
         kn_cpu_matmul(s->h, L->wv, L->bv, s->v, T, dim, kvd, 0);
-        kn_cpu_rope(s->q, T, c->n_heads, hd, s->cos_t, s->sin_t);
         kn_cpu_rope(s->k, T, c->n_kv_heads, hd, s->cos_t, s->sin_t);
         /* All new K/V of this layer land before any attention reads. */
         kn_cpu_kv_write(kc, vc, s->k, s->v, b->slot_mapping, T, c->n_kv_heads, s->rc.block_size,
                         hd);
+        if (last) {
+            cpu_last_layer(s, b, L, kc, vc);
+            break;
+        }
+        kn_cpu_rope(s->q, T, c->n_heads, hd, s->cos_t, s->sin_t);
         aa.k_cache = kc;
         aa.v_cache = vc;
         kn_cpu_attention(&aa);
@@ -277,9 +377,11 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
         kn_cpu_matmul(s->gate, L->w_down, NULL, s->x, T, c->ffn_dim, dim, 1);
     }
 
-    for (int32_t i = 0; i < b->n_logits; i++) {
-        memcpy(s->hrows + (size_t)i * dim, s->x + (size_t)b->logits_rows[i] * dim,
-               sizeof(float) * (size_t)dim);
+    if (!sub) {
+        for (int32_t i = 0; i < b->n_logits; i++) {
+            memcpy(s->hrows + (size_t)i * dim, s->x + (size_t)b->logits_rows[i] * dim,
+                   sizeof(float) * (size_t)dim);
+        }
     }
     if (b->n_logits > 0) {
         kn_cpu_rmsnorm(s->hrows, m->out_norm, s->hrows, b->n_logits, dim, c->norm_eps);

@@ -105,8 +105,13 @@ teardown(void)
     mdl_model_destroy(model);
 }
 
+/* When set, the next step() asks for logits of these rows only. */
+static const int32_t *step_rows;
+static int32_t step_n_rows;
+
 /* One step: seqs[i] feeds its next n_new[i] tokens. Every token row gets
- * logits; they are copied to out[row][vocab] when out is not NULL. */
+ * logits (or step_rows, when set); they are copied to out[row][vocab]
+ * when out is not NULL. */
 static void
 step(tseq_t **seqs, const int32_t *n_new, int32_t n, float *out)
 {
@@ -150,9 +155,13 @@ step(tseq_t **seqs, const int32_t *n_new, int32_t n, float *out)
         .logits_rows = rows,
         .n_logits = T,
     };
+    if (step_rows != NULL) {
+        b.logits_rows = step_rows;
+        b.n_logits = step_n_rows;
+    }
     ck_assert_int_eq(mdl_forward(rt, &b, &lg), ST_OK);
     if (out != NULL) {
-        memcpy(out, lg, sizeof(float) * (size_t)T * vocab);
+        memcpy(out, lg, sizeof(float) * (size_t)b.n_logits * vocab);
     }
 }
 
@@ -312,6 +321,36 @@ START_TEST(test_batch_vs_alone)
 }
 END_TEST
 
+/* Logits for a few rows (unsorted, not only last tokens) equal those rows
+ * of an all-rows run: the last layer's row-subset path. */
+START_TEST(test_logits_subset)
+{
+    int32_t len[3] = {30, 9, 17}, n_new[3] = {30, 9, 17};
+    int32_t rows[4] = {55, 29, 33, 0}; /* seq 2 last, seq 0 last, seq 1 middle, first */
+    tseq_t seqs[3], *sp[3] = {&seqs[0], &seqs[1], &seqs[2]};
+    float *all = malloc(sizeof(float) * 56 * (size_t)vocab);
+    float *few = malloc(sizeof(float) * 4 * (size_t)vocab);
+
+    for (int variant = 0; variant < 2; variant++) {
+        blocks_reset(1);
+        for (int i = 0; i < 3; i++) {
+            seq_init(&seqs[i], 20 + (uint32_t)i, len[i]);
+        }
+        step_rows = variant ? rows : NULL;
+        step_n_rows = variant ? 4 : 0;
+        step(sp, n_new, 3, variant ? few : all);
+        step_rows = NULL;
+    }
+    for (int i = 0; i < 4; i++) {
+        double e = max_rel(few + (size_t)i * vocab, all + (size_t)rows[i] * vocab, (size_t)vocab);
+
+        ck_assert_msg(e < 1e-5, "row %d: %g", rows[i], e);
+    }
+    free(all);
+    free(few);
+}
+END_TEST
+
 START_TEST(test_kv_copy_and_swap)
 {
     tseq_t s, fork;
@@ -452,7 +491,7 @@ START_TEST(test_runtime_config_errors)
     rc.device = "tpu";
     ck_assert_int_eq(mdl_runtime_create(model, &rc, &r2, err, sizeof(err)), ST_EINVAL);
     rc.device = NULL;
-    rc.tp_size = 2;
+    rc.tp_size = 4; /* 6 heads do not split over 4 ranks (tests/cuda/test_tp.c) */
     ck_assert_int_eq(mdl_runtime_create(model, &rc, &r2, err, sizeof(err)), ST_EUNSUPPORTED);
     rc.tp_size = 1;
     rc.kv_dtype = MDL_KV_INT8;
@@ -481,6 +520,7 @@ model_forward_suite(void)
     tcase_add_test(tc, test_prefill_then_decode);
     tcase_add_test(tc, test_chunked_prefill);
     tcase_add_test(tc, test_batch_vs_alone);
+    tcase_add_test(tc, test_logits_subset);
     tcase_add_test(tc, test_kv_copy_and_swap);
     tcase_add_test(tc, test_bad_batches);
     tcase_add_test(tc, test_runtime_config_errors);
