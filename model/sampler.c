@@ -530,13 +530,17 @@ smp_split(smp_ctx_t *c, int ident, int32_t n, uint32_t b, int32_t *n_eq)
     return na;
 }
 
-/* Keeps the k largest weights of the n candidates (0 < k < n): a count
- * histogram finds the bucket holding the k-th, everything above it is in,
- * and a quickselect inside that one bucket picks the rest. Returns k. */
+/* Keeps the k largest weights of the n candidates (0 < k < n) and every
+ * candidate tied with the k-th (HF's TopKLogitsWarper and vLLM mask only
+ * what is below the k-th value): a count histogram finds the bucket holding
+ * the k-th, everything above it is in, and a quickselect inside that one
+ * bucket picks the rest. Returns the new count (>= k). */
 static int32_t
 smp_trunc_top_k(smp_ctx_t *c, int ident, int32_t n, int32_t k)
 {
     uint32_t *hn = c->hist_n;
+    float *v2 = c->cand2_v;
+    int32_t *id2 = c->cand2_id;
     int32_t above = 0, n_eq, na, r;
     uint32_t b;
 
@@ -553,11 +557,28 @@ smp_trunc_top_k(smp_ctx_t *c, int ident, int32_t n, int32_t k)
     na = smp_split(c, ident, n, b, &n_eq);
     r = k - na;
     if (r < n_eq) {
-        smp_select_top_k(c->cand2_v, c->cand2_id, n_eq, r);
+        float kth = INFINITY;
+
+        smp_select_top_k(v2, id2, n_eq, r);
+        for (int32_t i = 0; i < r; i++) {
+            kth = v2[i] < kth ? v2[i] : kth;
+        }
+        for (int32_t i = r; i < n_eq; i++) {
+            if (v2[i] == kth) {
+                float tv = v2[r];
+                int32_t ti = id2[r];
+
+                v2[r] = v2[i];
+                id2[r] = id2[i];
+                v2[i] = tv;
+                id2[i] = ti;
+                r++;
+            }
+        }
     }
-    memcpy(c->cand_v + na, c->cand2_v, (size_t)r * sizeof(float));
-    memcpy(c->cand_id + na, c->cand2_id, (size_t)r * sizeof(int32_t));
-    return k;
+    memcpy(c->cand_v + na, v2, (size_t)r * sizeof(float));
+    memcpy(c->cand_id + na, id2, (size_t)r * sizeof(int32_t));
+    return na + r;
 }
 
 /* Top-p: keeps the shortest set of largest weights whose mass reaches
