@@ -298,6 +298,13 @@ cmd_bench_forward(int argc, char **argv)
            (double)mdl_model_weight_bytes(m) / 1e6);
     printf("cpu: %s kernels, %d threads; copy bandwidth %.2f GB/s\n", kn_isa_name(kn_cpu_isa()),
            kn_cpu_threads(), bw / 1e9);
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+
+    if (llc > 0 && (double)mdl_model_weight_bytes(m) < (double)llc) {
+        printf("note: the weights fit in the %ld MiB last-level cache, so decode is not bound\n"
+               "      by memory bandwidth and the roofline fraction can exceed 100%%\n",
+               llc >> 20);
+    }
     printf("prompt %d tokens, %d decode steps\n", plen, dec);
     printf("%6s %14s %14s %16s\n", "batch", "prefill tok/s", "decode tok/s", "decode/roofline");
     int32_t batches[2] = {1, batch};
