@@ -252,6 +252,13 @@ tok__new(int32_t n_vocab)
     for (int i = 0; i < 256; i++) {
         t->byte_ids[i] = -1;
     }
+    for (int i = 0; i < 0x144; i++) {
+        t->cp_byte[i] = -1;
+    }
+    for (int b = 0; b < 256; b++) {
+        t->byte_cp[b] = (uint16_t)tok__byte_to_cp((uint8_t)b);
+        t->cp_byte[t->byte_cp[b]] = (int16_t)b;
+    }
     return t;
 }
 
@@ -489,16 +496,7 @@ build_piece(tok_tokenizer_t *t, tok_entry_t *e)
                 continue;
             }
             uint32_t cp = u8_decode(s + i, cl);
-            int found = -1;
-            if (cp < 0x144) {
-                /* Inverse of tok__byte_to_cp over its range U+0021..U+0143. */
-                for (int v = 0; v < 256; v++) {
-                    if (tok__byte_to_cp((uint8_t)v) == cp) {
-                        found = v;
-                        break;
-                    }
-                }
-            }
+            int found = cp < 0x144 ? t->cp_byte[cp] : -1;
             if (found >= 0) {
                 char c = (char)found;
                 sb_add(&b, &c, 1);
@@ -540,7 +538,7 @@ tok__finish(tok_tokenizer_t *t, char *err, size_t errlen)
     for (int b = 0; b < 256; b++) {
         if (t->byte_level) {
             char u[4];
-            int n = u8_encode(tok__byte_to_cp((uint8_t)b), u);
+            int n = u8_encode(t->byte_cp[b], u);
             t->byte_ids[b] = tok__find_n(t, u, (size_t)n);
         } else {
             char name[8];
@@ -907,7 +905,7 @@ enc_word_uncached(enc_t *e, const char *w, size_t n)
             e->word.n = 0;
             for (size_t i = 0; i < n; i++) {
                 char tmp[4];
-                int k = u8_encode(tok__byte_to_cp(u[i]), tmp);
+                int k = u8_encode(t->byte_cp[u[i]], tmp);
                 sb_add(&e->word, tmp, (size_t)k);
             }
             id = tok__find_n(t, e->word.p, e->word.n);

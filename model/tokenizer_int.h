@@ -116,7 +116,9 @@ struct tok_tokenizer {
     uint32_t mhash_mask;
     uint32_t n_merges;
 
-    int32_t byte_ids[256]; /* id of each byte's token (byte-level char or <0xXX>), or -1 */
+    int32_t byte_ids[256];  /* id of each byte's token (byte-level char or <0xXX>), or -1 */
+    uint16_t byte_cp[256];  /* tok__byte_to_cp, tabulated */
+    int16_t cp_byte[0x144]; /* its inverse over U+0000..U+0143, -1 where none */
 
     /* Added tokens matched in the raw text, bucketed by first byte and sorted
      * longest first within a bucket. */

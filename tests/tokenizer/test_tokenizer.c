@@ -237,6 +237,43 @@ START_TEST(test_decode_special)
 }
 END_TEST
 
+/* decode(all) == the streamed chunks + flush, for random id sequences
+ * (byte tokens included, so characters are often split or invalid). */
+START_TEST(test_stream_random_ids)
+{
+    tok_tokenizer_t *ts[2] = {load_austen(), load_llama3()};
+    unsigned seed = 12345;
+
+    for (int k = 0; k < 2; k++) {
+        tok_tokenizer_t *t = ts[k];
+        if (t == NULL) {
+            continue;
+        }
+        for (int it = 0; it < 500; it++) {
+            int32_t ids[24];
+            size_t n = (size_t)(rand_r(&seed) % 24);
+            char *text, *streamed;
+            size_t len;
+            int skip = rand_r(&seed) & 1;
+            for (size_t i = 0; i < n; i++) {
+                /* Half the ids among the first 300: byte and control tokens. */
+                int32_t r = (int32_t)rand_r(&seed);
+                ids[i] = (r & 1) ? (r >> 1) % 300 : (r >> 1) % tok_vocab_size(t);
+            }
+            ck_assert_int_eq(tok_decode(t, ids, n, skip, &text, &len), ST_OK);
+            size_t slen;
+            ck_assert(utf8_valid(text, len)); /* NUL bytes (<0x00>) included */
+            streamed = tt_stream_all(t, ids, n, skip, &slen);
+            ck_assert_uint_eq(slen, len);
+            ck_assert_mem_eq(streamed, text, len);
+            free(streamed);
+            free(text);
+        }
+        tok_destroy(t);
+    }
+}
+END_TEST
+
 /* Invalid UTF-8: deterministic ids that keep the bytes, and a decoder that
  * turns each maximal ill-formed subsequence into one U+FFFD. */
 START_TEST(test_invalid_utf8)
@@ -265,7 +302,7 @@ START_TEST(test_invalid_utf8)
         }
         ck_assert_int_eq(tok_decode(t, a, na, 0, &text, &len), ST_OK);
         ck_assert_str_eq(text, want);
-        streamed = tt_stream_all(t, a, na, 0);
+        streamed = tt_stream_all(t, a, na, 0, NULL);
         ck_assert_str_eq(streamed, text);
         free(streamed);
         free(text);
@@ -406,6 +443,7 @@ tokenizer_hf_suite(void)
     tcase_add_test(tc, test_stream_utf8);
     tcase_add_test(tc, test_stream_errors);
     tcase_add_test(tc, test_decode_special);
+    tcase_add_test(tc, test_stream_random_ids);
     tcase_add_test(tc, test_invalid_utf8);
     tcase_add_test(tc, test_load_errors);
     tcase_add_test(tc, test_austen_gguf_matches_json);

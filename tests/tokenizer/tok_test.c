@@ -46,7 +46,7 @@ tt_is_added(const tok_tokenizer_t *t, int32_t id)
 }
 
 char *
-tt_stream_all(const tok_tokenizer_t *t, const int32_t *ids, size_t n, int skip_special)
+tt_stream_all(const tok_tokenizer_t *t, const int32_t *ids, size_t n, int skip_special, size_t *len)
 {
     tok_stream_t s;
     size_t cap = 64, used = 0;
@@ -68,6 +68,9 @@ tt_stream_all(const tok_tokenizer_t *t, const int32_t *ids, size_t n, int skip_s
         used += (size_t)k;
     }
     all[used] = '\0';
+    if (len != NULL) {
+        *len = used;
+    }
     return all;
 }
 
@@ -81,8 +84,10 @@ tt_assert_roundtrip(const tok_tokenizer_t *t, const char *text, size_t len, cons
     ck_assert_int_eq(tok_decode(t, ids, n, 0, &dec, &dlen), ST_OK);
     ck_assert_msg(dlen == len && memcmp(dec, text, len) == 0,
                   "round trip: \"%.*s\" decoded as \"%s\"", (int)len, text, dec);
-    streamed = tt_stream_all(t, ids, n, 0);
-    ck_assert_str_eq(streamed, dec);
+    size_t slen;
+    streamed = tt_stream_all(t, ids, n, 0, &slen);
+    ck_assert_uint_eq(slen, dlen);
+    ck_assert_mem_eq(streamed, dec, dlen);
     free(streamed);
     free(dec);
 }

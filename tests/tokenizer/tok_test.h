@@ -19,7 +19,8 @@ int tt_is_added(const tok_tokenizer_t *t, int32_t id);
 void tt_assert_roundtrip(const tok_tokenizer_t *t, const char *text, size_t len, const int32_t *ids,
                          size_t n);
 /* Streams ids through tok_stream_* and returns the concatenated text. */
-char *tt_stream_all(const tok_tokenizer_t *t, const int32_t *ids, size_t n, int skip_special);
+char *tt_stream_all(const tok_tokenizer_t *t, const int32_t *ids, size_t n, int skip_special,
+                    size_t *len);
 
 Suite *tokenizer_vocab_suite(void);
 Suite *tokenizer_hf_suite(void);
