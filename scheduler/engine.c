@@ -58,6 +58,9 @@ struct engine {
     smp_result_t *results; /* [max_num_seqs] */
     uint32_t kv_used_peak;
     uint64_t requests_finished;
+    uint64_t ns_plan, ns_forward, ns_sample, ns_commit;
+    msg_t *pending;       /* outbox messages of this iteration, in order */
+    msg_t **pending_tail;
     /* periodic summary */
     uint64_t log_steps;
     uint64_t log_t0;
@@ -65,6 +68,31 @@ struct engine {
 };
 
 /* ---- messages -------------------------------------------------------- */
+
+/* Outbox messages are collected during an iteration and sent together at
+ * its end, so the loop thread wakes once per step rather than once per
+ * token. */
+static void
+out_push(engine_t *e, msg_t *m)
+{
+    m->next = NULL;
+    *e->pending_tail = m;
+    e->pending_tail = &m->next;
+}
+
+static void
+out_flush(engine_t *e)
+{
+    msg_t *m = e->pending;
+
+    e->pending = NULL;
+    e->pending_tail = &e->pending;
+    while (m != NULL) {
+        msg_t *next = m->next;
+        chan_send(e->outbox, m);
+        m = next;
+    }
+}
 
 void
 eng_msg_free(msg_t *m)
@@ -96,7 +124,7 @@ send_error(engine_t *e, uint64_t id, int status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(m->message, sizeof(m->message), fmt, ap);
     va_end(ap);
-    chan_send(e->outbox, &m->hdr);
+    out_push(e, &m->hdr);
 }
 
 /* Scheduler events become outbox messages. */
@@ -113,7 +141,7 @@ engine_emit(void *arg, const sched_event_t *ev)
         m->choice = ev->choice;
         m->n_tokens = 1;
         m->tok[0] = *ev->tok;
-        chan_send(e->outbox, &m->hdr);
+        out_push(e, &m->hdr);
         break;
     }
     case SCHED_EV_FINISHED: {
@@ -127,7 +155,7 @@ engine_emit(void *arg, const sched_event_t *ev)
         m->cached_tokens = ev->cached_tokens;
         m->stop_token = ev->stop_token;
         e->requests_finished++;
-        chan_send(e->outbox, &m->hdr);
+        out_push(e, &m->hdr);
         break;
     }
     case SCHED_EV_ERROR:
@@ -178,6 +206,10 @@ eng__stats(engine_t *e, eng_stats_t *st)
     }
     st->kv_used_peak = e->kv_used_peak;
     st->requests_finished = e->requests_finished;
+    st->ns_plan = e->ns_plan;
+    st->ns_forward = e->ns_forward;
+    st->ns_sample = e->ns_sample;
+    st->ns_commit = e->ns_commit;
 }
 
 static const char *
@@ -258,7 +290,7 @@ engine_apply(engine_t *e, msg_t *list)
             eng_msg_stats_t *sm = (eng_msg_stats_t *)m;
             eng__stats(e, &sm->stats);
             sm->hdr.type = ENG_MSG_STATS_REPLY;
-            chan_send(e->outbox, &sm->hdr);
+            out_push(e, &sm->hdr);
             continue; /* ownership passed to the outbox */
         }
         case ENG_MSG_SHUTDOWN:
@@ -312,9 +344,10 @@ engine_step(engine_t *e)
     const kv_op_t *ops;
     const float *logits = NULL;
     uint32_t n_ops = 0;
+    uint64_t t0 = now_ns(), t1, t2, t3;
     int rc;
 
-    sched_set_clock(e->sched, now_ns());
+    sched_set_clock(e->sched, t0);
     sched_step(e->sched, &plan);
     ops = bm_pool_ops(e->pool, &n_ops);
     if (n_ops > 0) {
@@ -325,6 +358,8 @@ engine_step(engine_t *e)
             return 0;
         }
     }
+    t1 = now_ns();
+    e->ns_plan += t1 - t0;
     if (plan.batch.n_tokens == 0) {
         e->stalled = !sched_idle(e->sched);
         return 0;
@@ -336,6 +371,8 @@ engine_step(engine_t *e)
         engine_fail(e, rc, "forward");
         return 0;
     }
+    t2 = now_ns();
+    e->ns_forward += t2 - t1;
     for (int32_t i = 0; i < plan.n_samples; i++) {
         sched_sample_view_t v;
         memcpy(e->row, logits + (size_t)plan.samples[i].row * (size_t)e->vocab,
@@ -349,7 +386,10 @@ engine_step(engine_t *e)
             return 0;
         }
     }
+    t3 = now_ns();
+    e->ns_sample += t3 - t2;
     sched_commit(e->sched, &plan, e->results);
+    e->ns_commit += now_ns() - t3;
 
     {
         bm_stats_t bs;
@@ -368,7 +408,9 @@ int
 eng__iterate(engine_t *e, int wait_ms)
 {
     msg_t *in;
+    int rc;
 
+    ASSERT_THREAD(ENGINE);
     if (e->failed != 0 || sched_idle(e->sched)) {
         in = chan_wait_all(&e->inbox, wait_ms);
     } else if (e->stalled) {
@@ -379,12 +421,16 @@ eng__iterate(engine_t *e, int wait_ms)
     engine_apply(e, in);
     if (e->shutdown) {
         sched_abort_all(e->sched, ST_ESHUTDOWN);
+        out_flush(e);
         return ST_ESHUTDOWN;
     }
     if (e->failed != 0 || sched_idle(e->sched)) {
+        out_flush(e);
         return 0;
     }
-    return engine_step(e);
+    rc = engine_step(e);
+    out_flush(e);
+    return rc;
 }
 
 static void *
@@ -428,6 +474,7 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     e->cfg = *cfg;
     e->model = model;
     e->outbox = outbox;
+    e->pending_tail = &e->pending;
     e->vocab = mc->vocab_size;
     chan_init(&e->inbox, NULL, NULL);
 
@@ -586,6 +633,7 @@ engine_stop(engine_t *e)
         engine_apply(e, chan_take_all(&e->inbox));
         e->shutdown = 1;
         sched_abort_all(e->sched, ST_ESHUTDOWN);
+        out_flush(e);
     }
     atomic_store(&e->alive, 0);
 }
@@ -600,6 +648,11 @@ engine_destroy(engine_t *e)
     }
     if (e->started) {
         engine_stop(e);
+    }
+    while (e->pending != NULL) {
+        m = e->pending;
+        e->pending = m->next;
+        eng_msg_free(m);
     }
     m = chan_take_all(&e->inbox);
     while (m != NULL) {

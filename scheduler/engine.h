@@ -138,6 +138,11 @@ typedef struct eng_stats {
     eng_tenant_stats_t tenant[ENG_MAX_TENANTS];
     uint32_t kv_used_peak;                       /* most device blocks USED after a step */
     uint64_t requests_finished;
+    /* Engine thread time by phase, nanoseconds since creation. */
+    uint64_t ns_plan;    /* sched_step + block ops */
+    uint64_t ns_forward; /* mdl_forward */
+    uint64_t ns_sample;  /* smp_sample over every choice */
+    uint64_t ns_commit;  /* sched_commit + outbox messages */
 } eng_stats_t;
 
 typedef struct eng_msg_stats {

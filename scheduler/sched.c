@@ -39,6 +39,7 @@
 #include "common/list.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/thread.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
 
@@ -506,6 +507,7 @@ sched_submit(sched_t *s, eng_request_t *req)
     uint32_t bs = s->block_size;
     uint32_t need;
 
+    ASSERT_THREAD(ENGINE);
     if (req->tenant >= (uint32_t)s->cfg.n_tenants || req->n_prompt < 1 || req->prompt == NULL ||
         req->n < 1 || req->max_tokens < 1 || req->min_tokens < 0 || req->n_stop_ids < 0 ||
         req->n_stop_ids > ENG_MAX_STOP_IDS || (req->sampling.n_bias > 0 && req->sampling.bias == NULL)) {
@@ -579,6 +581,7 @@ sched_cancel(sched_t *s, uint64_t id, int32_t choice, int as_stop)
     eng_finish_t reason = as_stop ? ENG_FINISH_STOP : ENG_FINISH_ABORT;
     int found = 0;
 
+    ASSERT_THREAD(ENGINE);
     if (rq == NULL || choice >= rq->r.n) {
         return ST_ENOENT;
     }
@@ -986,6 +989,7 @@ sched_step(sched_t *s, sched_plan_t *plan)
     int32_t n_snap = 0;
     list_node_t *it;
 
+    ASSERT_THREAD(ENGINE);
     reap_dead(s);
     s->step_no++;
     for (int32_t u = 0; u < s->cfg.n_tenants; u++) {
@@ -1157,6 +1161,7 @@ commit_token(sched_t *s, sched_seq_t *q, const smp_result_t *res)
 void
 sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
 {
+    ASSERT_THREAD(ENGINE);
     for (int32_t r = 0; r < s->n_rows; r++) {
         sched_seq_t *q = s->rows_seq[r];
         q->n_computed += s->rows_new[r];

@@ -405,6 +405,14 @@ cmd_bench(int argc, char **argv)
         printf("steps                  %llu (%.1f tokens/step)\n", (unsigned long long)st.steps,
                st.steps > 0 ? (double)(st.prompt_tokens + st.generation_tokens) / st.steps
                             : 0.0);
+        double busy = (double)(st.ns_plan + st.ns_forward + st.ns_sample + st.ns_commit);
+        if (busy > 0) {
+            printf("engine time            plan %.1f%%, forward %.1f%%, sample %.1f%%, "
+                   "commit %.1f%% of %.3f s\n",
+                   100.0 * (double)st.ns_plan / busy, 100.0 * (double)st.ns_forward / busy,
+                   100.0 * (double)st.ns_sample / busy, 100.0 * (double)st.ns_commit / busy,
+                   busy * 1e-9);
+        }
         printf("preemptions            %llu swap, %llu recompute\n",
                (unsigned long long)st.preempt_swap, (unsigned long long)st.preempt_recompute);
     }
