@@ -341,6 +341,46 @@ START_TEST(test_preemption_swap_and_recompute_match)
 }
 END_TEST
 
+/* 200 concurrent requests, KV for about 50 of them at a time: every one
+ * gets the answer it gets with room to spare. */
+START_TEST(test_200_requests_pool_of_50)
+{
+    static res_t roomy[200];
+    eng_config_t c = cfg_default();
+    eng_stats_t st;
+
+    c.max_num_seqs = 256;
+    c.max_num_batched_tokens = 2048;
+    c.rt.num_blocks = 1024;
+    start(&c);
+    for (int i = 0; i < 200; i++) {
+        submit_simple((uint64_t)i + 1, 0, 8 + i % 13, (uint32_t)(900 + i), 4 + i % 9);
+    }
+    run_idle();
+    for (int i = 0; i < 200; i++) {
+        roomy[i] = res[i + 1][0];
+    }
+    finish();
+
+    for (int swap = 0; swap < 2; swap++) {
+        c.rt.num_blocks = 101; /* 2 blocks (32 tokens) for each of 50 */
+        c.rt.swap_blocks = swap ? 64 : 0;
+        c.watermark = 0.01f;
+        start(&c);
+        for (int i = 0; i < 200; i++) {
+            submit_simple((uint64_t)i + 1, 0, 8 + i % 13, (uint32_t)(900 + i), 4 + i % 9);
+        }
+        run_idle();
+        eng__stats(eng, &st);
+        ck_assert_uint_le(st.kv_used_peak, 100);
+        for (int i = 0; i < 200; i++) {
+            res_eq(&roomy[i], &res[i + 1][0], swap ? "pool of 50, swap" : "pool of 50", i);
+        }
+        finish();
+    }
+}
+END_TEST
+
 START_TEST(test_prefix_hit_equals_miss)
 {
     eng_config_t c = cfg_default();
@@ -654,6 +694,7 @@ scheduler_engine_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_batch_invariance_32);
     tcase_add_test(tc, test_preemption_swap_and_recompute_match);
+    tcase_add_test(tc, test_200_requests_pool_of_50);
     tcase_add_test(tc, test_prefix_hit_equals_miss);
     tcase_add_test(tc, test_chunked_equals_unchunked);
     tcase_add_test(tc, test_n2_seeded_reproducible);
