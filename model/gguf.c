@@ -766,10 +766,175 @@ gguf_find_tensor(const gguf_file_t *g, const char *name)
 const char *
 gguf_tensor_type_name(uint32_t type)
 {
-    uint64_t blk, bytes;
+    uint64_t blk = 1, bytes = 0;
     const char *name;
 
     return ggml_type_info(type, &blk, &bytes, &name) ? name : "unknown";
+}
+
+static float
+half_at(const unsigned char *p)
+{
+    uint16_t h;
+
+    memcpy(&h, p, 2);
+    return st_f16_to_f32(h);
+}
+
+/* 32-element blocks: Q8_0 {d, q[32]}; Q4_0 {d, nibbles}: element j < 16
+ * is the low nibble of byte j, element j + 16 its high nibble, value
+ * (q - 8) d; Q4_1 {d, m, nibbles}: q d + m; Q5_0 {d, qh[4], nibbles}: bit
+ * j of qh is the fifth bit of element j, value (q - 16) d; Q5_1
+ * {d, m, qh[4], nibbles}: q d + m. */
+static void
+dequant_block32(uint32_t type, const unsigned char *b, float *o)
+{
+    float d = half_at(b), m = 0.0f;
+    const unsigned char *qs;
+    uint32_t qh = 0;
+
+    switch (type) {
+    case GGUF_TENSOR_Q8_0:
+        for (int i = 0; i < 32; i++) {
+            o[i] = d * (float)(int8_t)b[2 + i];
+        }
+        return;
+    case GGUF_TENSOR_Q4_0:
+        for (int j = 0; j < 16; j++) {
+            o[j] = d * (float)((b[2 + j] & 0x0f) - 8);
+            o[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
+        return;
+    case GGUF_TENSOR_Q4_1:
+        m = half_at(b + 2);
+        for (int j = 0; j < 16; j++) {
+            o[j] = d * (float)(b[4 + j] & 0x0f) + m;
+            o[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+        }
+        return;
+    case GGUF_TENSOR_Q5_0:
+    case GGUF_TENSOR_Q5_1:
+        if (type == GGUF_TENSOR_Q5_1) {
+            m = half_at(b + 2);
+            b += 2;
+        }
+        memcpy(&qh, b + 2, 4);
+        qs = b + 6;
+        for (int j = 0; j < 16; j++) {
+            int lo = (qs[j] & 0x0f) | (int)(((qh >> j) & 1u) << 4);
+            int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
+
+            if (type == GGUF_TENSOR_Q5_0) {
+                o[j] = d * (float)(lo - 16);
+                o[j + 16] = d * (float)(hi - 16);
+            } else {
+                o[j] = d * (float)lo + m;
+                o[j + 16] = d * (float)hi + m;
+            }
+        }
+        return;
+    default:
+        return;
+    }
+}
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block:
+ * bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7,
+ * bytes 4-7 the same for the mins, bytes 8-11 the low 4 bits of scale
+ * (low nibble) and min (high nibble) 4-7. */
+static void
+k_scale_min(const unsigned char *sc, int j, int *scale, int *min)
+{
+    if (j < 4) {
+        *scale = sc[j] & 63;
+        *min = sc[j + 4] & 63;
+    } else {
+        *scale = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
+        *min = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+/* 256-element super-blocks. Q4_K {d, dmin, scales[12], qs[128]} and Q5_K
+ * {d, dmin, scales[12], qh[32], qs[128]}: eight sub-blocks of 32, value
+ * d scale q - dmin min; byte l of each 32-byte group of qs holds element l
+ * (low nibble) and l + 32 (high nibble) of a 64-element chunk; for Q5_K,
+ * bit 2c / 2c+1 of qh[l] is the fifth bit of those in chunk c.
+ * Q6_K {ql[128], qh[64], scales[16] int8, d}: per 128-element half, with
+ * l < 32, elements l, l+32, l+64, l+96 take their low 4 bits from ql[l],
+ * ql[l+32], ql[l] >> 4, ql[l+32] >> 4 and their top 2 bits from bits
+ * 0-1, 2-3, 4-5, 6-7 of qh[l]; value d scale[e / 16] (q - 32). */
+static void
+dequant_block256(uint32_t type, const unsigned char *b, float *o)
+{
+    if (type == GGUF_TENSOR_Q4_K || type == GGUF_TENSOR_Q5_K) {
+        float d = half_at(b), dmin = half_at(b + 2);
+        const unsigned char *sc = b + 4;
+        const unsigned char *qh = type == GGUF_TENSOR_Q5_K ? b + 16 : NULL;
+        const unsigned char *qs = type == GGUF_TENSOR_Q5_K ? b + 48 : b + 16;
+
+        for (int c = 0; c < 4; c++) {
+            int s0, m0, s1, m1;
+
+            k_scale_min(sc, 2 * c, &s0, &m0);
+            k_scale_min(sc, 2 * c + 1, &s1, &m1);
+            for (int l = 0; l < 32; l++) {
+                int lo = qs[32 * c + l] & 0x0f, hi = qs[32 * c + l] >> 4;
+
+                if (qh != NULL) {
+                    lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+                    hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+                }
+                o[64 * c + l] = d * (float)s0 * (float)lo - dmin * (float)m0;
+                o[64 * c + 32 + l] = d * (float)s1 * (float)hi - dmin * (float)m1;
+            }
+        }
+        return;
+    }
+    if (type == GGUF_TENSOR_Q6_K) {
+        const unsigned char *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float d = half_at(b + 208);
+
+        for (int h = 0; h < 2; h++) {
+            const unsigned char *L = ql + 64 * h, *H = qh + 32 * h;
+            const int8_t *S = sc + 8 * h;
+            float *y = o + 128 * h;
+
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = ((L[l] & 0x0f) | (((H[l] >> 0) & 3) << 4)) - 32;
+                int q2 = ((L[l + 32] & 0x0f) | (((H[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((L[l] >> 4) | (((H[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)) - 32;
+
+                y[l] = d * (float)S[is] * (float)q1;
+                y[l + 32] = d * (float)S[is + 2] * (float)q2;
+                y[l + 64] = d * (float)S[is + 4] * (float)q3;
+                y[l + 96] = d * (float)S[is + 6] * (float)q4;
+            }
+        }
+    }
+}
+
+int
+gguf_tensor_convertible(uint32_t type)
+{
+    switch (type) {
+    case GGUF_TENSOR_F32:
+    case GGUF_TENSOR_F16:
+    case GGUF_TENSOR_BF16:
+    case GGUF_TENSOR_Q8_0:
+    case GGUF_TENSOR_Q4_0:
+    case GGUF_TENSOR_Q4_1:
+    case GGUF_TENSOR_Q5_0:
+    case GGUF_TENSOR_Q5_1:
+    case GGUF_TENSOR_Q4_K:
+    case GGUF_TENSOR_Q5_K:
+    case GGUF_TENSOR_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 int
@@ -777,7 +942,7 @@ gguf_tensor_to_f32(const gguf_tensor_t *t, float *dst)
 {
     const unsigned char *p = t->data;
     uint64_t n = t->dims[0] * t->dims[1] * t->dims[2] * t->dims[3];
-    int64_t n_blocks = (int64_t)(n / 32);
+    uint64_t blk = 1, bytes = 0;
 
     switch (t->type) {
     case GGUF_TENSOR_F32:
@@ -788,18 +953,21 @@ gguf_tensor_to_f32(const gguf_tensor_t *t, float *dst)
     case GGUF_TENSOR_BF16:
         return st_to_f32(ST_DTYPE_BF16, p, n, dst);
     case GGUF_TENSOR_Q8_0:
-        for (int64_t b = 0; b < n_blocks; b++) {
-            const unsigned char *blk = p + b * 34;
-            const int8_t *q = (const int8_t *)(blk + 2);
-            float *o = dst + b * 32;
-            uint16_t h;
-            float d;
-
-            memcpy(&h, blk, 2);
-            d = st_f16_to_f32(h);
-            for (int i = 0; i < 32; i++) {
-                o[i] = d * (float)q[i];
-            }
+    case GGUF_TENSOR_Q4_0:
+    case GGUF_TENSOR_Q4_1:
+    case GGUF_TENSOR_Q5_0:
+    case GGUF_TENSOR_Q5_1:
+        ggml_type_info(t->type, &blk, &bytes, NULL);
+        for (uint64_t b = 0; b < n / 32; b++) {
+            dequant_block32(t->type, p + b * bytes, dst + b * 32);
+        }
+        return ST_OK;
+    case GGUF_TENSOR_Q4_K:
+    case GGUF_TENSOR_Q5_K:
+    case GGUF_TENSOR_Q6_K:
+        ggml_type_info(t->type, &blk, &bytes, NULL);
+        for (uint64_t b = 0; b < n / 256; b++) {
+            dequant_block256(t->type, p + b * bytes, dst + b * 256);
         }
         return ST_OK;
     default:

@@ -38,7 +38,14 @@ typedef enum gguf_type {
 enum {
     GGUF_TENSOR_F32 = 0,
     GGUF_TENSOR_F16 = 1,
+    GGUF_TENSOR_Q4_0 = 2,
+    GGUF_TENSOR_Q4_1 = 3,
+    GGUF_TENSOR_Q5_0 = 6,
+    GGUF_TENSOR_Q5_1 = 7,
     GGUF_TENSOR_Q8_0 = 8,
+    GGUF_TENSOR_Q4_K = 12,
+    GGUF_TENSOR_Q5_K = 13,
+    GGUF_TENSOR_Q6_K = 14,
     GGUF_TENSOR_BF16 = 30,
 };
 
@@ -107,8 +114,12 @@ const gguf_tensor_t *gguf_find_tensor(const gguf_file_t *g, const char *name);
 /* "F32", "Q8_0", ... or "unknown". */
 const char *gguf_tensor_type_name(uint32_t type);
 
-/* Converts a tensor's elements to f32 (F32, F16, BF16, Q8_0): dst holds
- * n_elems = product of dims floats. ST_EFORMAT for other types. */
+/* 1 if gguf_tensor_to_f32 converts this ggml type. */
+int gguf_tensor_convertible(uint32_t type);
+
+/* Converts a tensor's elements to f32 (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): dst holds n_elems = product of dims
+ * floats. ST_EFORMAT for other types. */
 int gguf_tensor_to_f32(const gguf_tensor_t *t, float *dst);
 
 #endif /* MODEL_GGUF_H */

@@ -179,11 +179,10 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
                         got, want);
             return ST_EFORMAT;
         }
-        if (t->type != GGUF_TENSOR_F32 && t->type != GGUF_TENSOR_F16 &&
-            t->type != GGUF_TENSOR_BF16 && t->type != GGUF_TENSOR_Q8_0) {
+        if (!gguf_tensor_convertible(t->type)) {
             mdl__seterr(err, errlen,
-                        "%s: tensor '%s' has type %s; F32, F16, BF16 or Q8_0 "
-                        "expected",
+                        "%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+                        "Q5_0, Q5_1, Q4_K, Q5_K or Q6_K expected",
                         ws->path, gg_name, gguf_tensor_type_name(t->type));
             return ST_EFORMAT;
         }

@@ -7,7 +7,7 @@ Needs only Debian's python3 and python3-numpy (run it with /usr/bin/python3).
 
 Usage:
   tools/make_random_model.py --hf-dir DIR [--dtype f32|f16|bf16] [--shards N]
-                             [--gguf FILE] [--gguf-type f32|f16|bf16|q8_0]
+                             [--gguf FILE] [--gguf-type TYPE]
                              [--preset smollm-135m | shape options] [--seed S]
 
 Shape options (defaults: the tiny test shape 2 layers, hidden 64, 4 heads,
@@ -30,6 +30,11 @@ Shape options (defaults: the tiny test shape 2 layers, hidden 64, 4 heads,
         auto:   austen when --vocab is 1024, else bpe
   --preset smollm-135m  = 30 layers, hidden 576, 9 heads, 3 KV heads,
                           FFN 1536, vocab 49152, ctx 2048, tied, bpe
+
+GGUF types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k (matrices;
+norms and biases stay F32; rows that are not a whole number of blocks fall
+back to q8_0, then f16). The quantizers are simple round-to-nearest ones in
+llama.cpp's block layouts, not its error-minimizing search.
 
 Every run with the same shape and --seed writes the same weights, whatever
 the output format, so an F32 directory and a Q8_0 GGUF of one seed hold the
@@ -386,6 +391,153 @@ def quant_q8_0(v):
     return out.tobytes()
 
 
+def _f16(a):
+    """f16 bytes of a per-block vector, shape (nb, 2)."""
+    return np.asarray(a, dtype=np.float32).astype("<f2").view(np.uint8).reshape(-1, 2)
+
+
+def _round(y):
+    return np.sign(y) * np.floor(np.abs(y) + 0.5)
+
+
+def quant_q4_0(v):
+    """Q4_0: per 32 values d = m / -8 with m the value of largest magnitude,
+    q = clamp(floor(x / d + 8.5), 0, 15); element j < 16 in the low
+    nibble of byte j, element j + 16 in its high nibble."""
+    x = v.reshape(-1, 32).astype(np.float32)
+    m = x[np.arange(x.shape[0]), np.abs(x).argmax(axis=1)]
+    d = m / -8.0
+    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0)
+    q = np.clip(np.floor(x * inv[:, None] + 8.5), 0, 15).astype(np.uint8)
+    return np.concatenate([_f16(d), q[:, :16] | (q[:, 16:] << 4)], axis=1).tobytes()
+
+
+def _affine(x, levels):
+    """Per-row min/step quantization to 0..levels: (q, step, min)."""
+    lo, hi = x.min(axis=1), x.max(axis=1)
+    d = (hi - lo) / levels
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0)
+    q = np.clip(_round((x - lo[:, None]) * inv[:, None]), 0, levels).astype(np.uint8)
+    return q, d, lo
+
+
+def quant_q4_1(v):
+    x = v.reshape(-1, 32).astype(np.float32)
+    q, d, lo = _affine(x, 15)
+    return np.concatenate([_f16(d), _f16(lo), q[:, :16] | (q[:, 16:] << 4)], axis=1).tobytes()
+
+
+def _qh32(q):
+    """Fifth bits of 32 5-bit values as a little-endian u32, (nb, 4)."""
+    bits = ((q >> 4) & 1).astype(np.uint32)
+    qh = (bits << np.arange(32, dtype=np.uint32)).sum(axis=1).astype("<u4")
+    return qh.view(np.uint8).reshape(-1, 4)
+
+
+def quant_q5_0(v):
+    x = v.reshape(-1, 32).astype(np.float32)
+    m = x[np.arange(x.shape[0]), np.abs(x).argmax(axis=1)]
+    d = m / -16.0
+    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0)
+    q = np.clip(np.floor(x * inv[:, None] + 16.5), 0, 31).astype(np.uint8)
+    lo4 = q & 15
+    return np.concatenate([_f16(d), _qh32(q), lo4[:, :16] | (lo4[:, 16:] << 4)],
+                          axis=1).tobytes()
+
+
+def quant_q5_1(v):
+    x = v.reshape(-1, 32).astype(np.float32)
+    q, d, lo = _affine(x, 31)
+    lo4 = q & 15
+    return np.concatenate([_f16(d), _f16(lo), _qh32(q), lo4[:, :16] | (lo4[:, 16:] << 4)],
+                          axis=1).tobytes()
+
+
+def _pack_k_scales(sc, mn):
+    """8 six-bit scales and mins per super-block into the 12-byte layout
+    Q4_K/Q5_K use (see k_scale_min in model/gguf.c)."""
+    out = np.zeros((sc.shape[0], 12), dtype=np.uint8)
+    out[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = (mn[:, 0:4] & 63) | ((mn[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (sc[:, 4:8] & 15) | ((mn[:, 4:8] & 15) << 4)
+    return out
+
+
+def _quant_k_affine(v, levels):
+    """Q4_K/Q5_K body: 8 sub-blocks of 32 with a 6-bit scale and min each
+    (rounded up so every value stays in range), x = d sc q - dmin m."""
+    x = v.reshape(-1, 8, 32).astype(np.float32)
+    lo = np.minimum(x.min(axis=2), 0.0)
+    step = (x.max(axis=2) - lo) / levels
+    d = step.max(axis=1) / 63.0
+    dmin = (-lo).max(axis=1) / 63.0
+    d = d.astype("<f2").astype(np.float32)
+    dmin = dmin.astype("<f2").astype(np.float32)
+    sd = np.where(d > 0, d, 1)[:, None]
+    sm = np.where(dmin > 0, dmin, 1)[:, None]
+    sc = np.clip(np.ceil(step / sd - 1e-6), 0, 63).astype(np.uint8)
+    mn = np.clip(np.ceil(-lo / sm - 1e-6), 0, 63).astype(np.uint8)
+    eff = d[:, None] * sc
+    off = dmin[:, None] * mn
+    inv = np.where(eff > 0, 1.0 / np.where(eff > 0, eff, 1), 0)
+    q = np.clip(_round((x + off[:, :, None]) * inv[:, :, None]), 0, levels).astype(np.uint8)
+    return q.reshape(-1, 256), _f16(d), _f16(dmin), _pack_k_scales(sc, mn)
+
+
+def _k_nibbles(q):
+    """qs of Q4_K/Q5_K: per 64-chunk c, byte l = q[64c+l] | q[64c+32+l] << 4."""
+    lo4 = (q & 15).reshape(-1, 4, 2, 32)
+    return (lo4[:, :, 0, :] | (lo4[:, :, 1, :] << 4)).reshape(-1, 128)
+
+
+def quant_q4_k(v):
+    q, d, dmin, sc = _quant_k_affine(v, 15)
+    return np.concatenate([d, dmin, sc, _k_nibbles(q)], axis=1).tobytes()
+
+
+def quant_q5_k(v):
+    q, d, dmin, sc = _quant_k_affine(v, 31)
+    hb = ((q >> 4) & 1).reshape(-1, 4, 2, 32)      # chunk c, half, l
+    qh = np.zeros((q.shape[0], 32), dtype=np.uint8)
+    for c in range(4):
+        qh |= hb[:, c, 0, :] << (2 * c)
+        qh |= hb[:, c, 1, :] << (2 * c + 1)
+    return np.concatenate([d, dmin, sc, qh, _k_nibbles(q)], axis=1).tobytes()
+
+
+def quant_q6_k(v):
+    """Q6_K: 16 sub-blocks of 16 with an int8 scale, x = d sc (q - 32)."""
+    x = v.reshape(-1, 16, 16).astype(np.float32)
+    step = np.abs(x).max(axis=2) / 31.0
+    d = (step.max(axis=1) / 127.0).astype("<f2").astype(np.float32)
+    sd = np.where(d > 0, d, 1)[:, None]
+    sc = np.clip(np.ceil(step / sd - 1e-6), 0, 127).astype(np.int8)
+    eff = d[:, None] * sc
+    inv = np.where(eff > 0, 1.0 / np.where(eff > 0, eff, 1), 0)
+    q = (np.clip(_round(x * inv[:, :, None]), -32, 31) + 32).astype(np.uint8).reshape(-1, 256)
+    ql = np.zeros((q.shape[0], 128), dtype=np.uint8)
+    qh = np.zeros((q.shape[0], 64), dtype=np.uint8)
+    for h in range(2):
+        b = q[:, 128 * h:128 * h + 128]
+        q1, q2, q3, q4 = b[:, 0:32], b[:, 32:64], b[:, 64:96], b[:, 96:128]
+        ql[:, 64 * h:64 * h + 32] = (q1 & 15) | ((q3 & 15) << 4)
+        ql[:, 64 * h + 32:64 * h + 64] = (q2 & 15) | ((q4 & 15) << 4)
+        qh[:, 32 * h:32 * h + 32] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | \
+            ((q4 >> 4) << 6)
+    return np.concatenate([ql, qh, sc.view(np.uint8), _f16(d)], axis=1).tobytes()
+
+
+# ggml type: (name, block elements, block bytes, quantizer)
+GGML_TYPES = {"f32": (0, 1, 4, None), "f16": (1, 1, 2, None), "bf16": (30, 1, 2, None),
+              "q8_0": (8, 32, 34, quant_q8_0), "q4_0": (2, 32, 18, quant_q4_0),
+              "q4_1": (3, 32, 20, quant_q4_1), "q5_0": (6, 32, 22, quant_q5_0),
+              "q5_1": (7, 32, 24, quant_q5_1), "q4_k": (12, 256, 144, quant_q4_k),
+              "q5_k": (13, 256, 176, quant_q5_k), "q6_k": (14, 256, 210, quant_q6_k)}
+# general.file_type (llama_ftype) of a file whose matrices are of that type
+FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8,
+              "q5_1": 9, "q4_k": 15, "q5_k": 17, "q6_k": 18}
+
+
 HF2GG = [("model.embed_tokens.weight", "token_embd.weight"),
          ("model.norm.weight", "output_norm.weight"), ("lm_head.weight", "output.weight"),
          ("input_layernorm.weight", "attn_norm.weight"),
@@ -430,11 +582,11 @@ def llama3_rope_freqs(a):
 
 def write_gguf(a):
     arch = "qwen2" if a.arch == "qwen2" else "llama"
-    gtype = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}[a.gguf_type]
+    gtype = a.gguf_type
     kv = [("general.architecture", 8, arch),
           ("general.name", 8, "random-%s-%dL-%d" % (a.arch, a.layers, a.dim)),
           ("general.alignment", 4, 32),
-          ("general.file_type", 4, {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[a.gguf_type]),
+          ("general.file_type", 4, FILE_TYPES[a.gguf_type]),
           (arch + ".context_length", 4, a.ctx),
           (arch + ".embedding_length", 4, a.dim),
           (arch + ".block_count", 4, a.layers),
@@ -467,21 +619,23 @@ def write_gguf(a):
 
     tensors = []
     if a.rope_llama3:
-        tensors.append((-1, "rope_freqs.weight", (a.head_dim // 2,), 0, a.head_dim // 2 * 4))
+        tensors.append((-1, "rope_freqs.weight", (a.head_dim // 2,), "f32", a.head_dim // 2 * 4))
     for idx, (name, shape) in enumerate(shape_of(a)):
-        is_vec = len(shape) == 1
-        t = 0 if is_vec else gtype
+        # vectors stay F32; a row that is not a whole number of blocks
+        # falls back to Q8_0, then F16 (as llama.cpp's quantizer does)
+        t = "f32" if len(shape) == 1 else gtype
+        for fallback in ("q8_0", "f16"):
+            if shape[-1] % GGML_TYPES[t][1] != 0:
+                t = fallback
         n = int(np.prod(shape))
-        nbytes = n * 4 if t == 0 else (n * 2 if t in (1, 30) else n // 32 * 34)
-        tensors.append((idx, name, shape, t, nbytes))
-    if gtype == 8 and any(len(s) == 2 and s[1] % 32 for _, _, s, _, _ in tensors):
-        sys.exit("make_random_model: q8_0 needs every row length to be a multiple of 32")
+        tensors.append((idx, name, shape, t, n // GGML_TYPES[t][1] * GGML_TYPES[t][2]))
 
     infos, off = [], 0
     for idx, name, shape, t, nbytes in tensors:
         dims = list(reversed(shape))
         infos.append(gguf_str(gguf_name(name)) + struct.pack("<I", len(dims)) +
-                     struct.pack("<%dQ" % len(dims), *dims) + struct.pack("<IQ", t, off))
+                     struct.pack("<%dQ" % len(dims), *dims) +
+                     struct.pack("<IQ", GGML_TYPES[t][0], off))
         off += (nbytes + 31) // 32 * 32
     with open(a.gguf, "wb") as f:
         f.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv)))
@@ -495,14 +649,15 @@ def write_gguf(a):
             v = llama3_rope_freqs(a) if idx < 0 else tensor_data(a, idx, name, shape)
             if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
                 v = permute_qk(v, a.heads if ".q_proj." in name else a.kv_heads)
-            if t == 0:
+            if t == "f32":
                 b = v.astype("<f4").tobytes()
-            elif t == 1:
+            elif t == "f16":
                 b = f32_to_f16_bits(v).tobytes()
-            elif t == 30:
+            elif t == "bf16":
                 b = to_dtype_bytes(v, "bf16")
             else:
-                b = quant_q8_0(v)
+                b = GGML_TYPES[t][3](v)
+            assert len(b) == nbytes
             f.write(b)
             f.write(b"\0" * ((32 - len(b) % 32) % 32))
 
@@ -517,7 +672,7 @@ def main():
     p.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("--gguf")
-    p.add_argument("--gguf-type", choices=["f32", "f16", "bf16", "q8_0"], default="f32")
+    p.add_argument("--gguf-type", choices=list(FILE_TYPES), default="f32")
     p.add_argument("--preset", choices=["smollm-135m"])
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=64)

@@ -26,6 +26,12 @@ typedef enum lt_tol {
     LT_BF16, /* bf16 rounding of the reference */
     LT_F16,  /* f16 rounding */
     LT_Q8_0, /* Q8_0: half a quantization step of each 32-block */
+    /* 4-, 5-, 6-bit types: whole-tensor error statistics, because the
+     * bound of one element depends on its block's scales. A wrong block
+     * layout gives an error as large as the weights themselves. */
+    LT_Q4, /* rms error <= 0.12 rms, max error <= 0.15 max |w| */
+    LT_Q5, /* 0.06, 0.08 */
+    LT_Q6, /* 0.03, 0.03 */
 } lt_tol_t;
 
 /* Compares every weight of b against a (the f32 reference) with tol for

@@ -101,6 +101,10 @@ tol_of(lt_tol_t tol, const float *a, size_t i, size_t n)
         return fabs(a[i]) / 256.0 + 1e-30;
     case LT_F16:
         return fabs(a[i]) / 1024.0 + 6e-8;
+    case LT_Q4:
+    case LT_Q5:
+    case LT_Q6:
+        return 0.0;
     case LT_Q8_0: {
         size_t b = i / 32 * 32;
         double amax = 0;
@@ -119,6 +123,24 @@ cmp_arr(const char *what, int layer, const float *a, const float *b, size_t n, l
 {
     if (a == NULL || b == NULL) {
         ck_assert_msg(a == b, "%s (layer %d): present in one model only", what, layer);
+        return;
+    }
+    if (tol >= LT_Q4) {
+        static const double lim[3][2] = {{0.12, 0.15}, {0.06, 0.08}, {0.03, 0.03}};
+        double e2 = 0, s2 = 0, emax = 0, amax = 0;
+
+        for (size_t i = 0; i < n; i++) {
+            double d = (double)a[i] - (double)b[i];
+
+            e2 += d * d;
+            s2 += (double)a[i] * (double)a[i];
+            emax = fmax(emax, fabs(d));
+            amax = fmax(amax, fabs((double)a[i]));
+        }
+        ck_assert_msg(sqrt(e2) <= lim[tol - LT_Q4][0] * sqrt(s2) &&
+                          emax <= lim[tol - LT_Q4][1] * amax,
+                      "%s (layer %d): rms error %.4g of rms %.4g, max error %.4g of max %.4g", what,
+                      layer, sqrt(e2 / (double)n), sqrt(s2 / (double)n), emax, amax);
         return;
     }
     for (size_t i = 0; i < n; i++) {

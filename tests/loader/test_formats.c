@@ -233,6 +233,16 @@ gen_setup(void)
         "--arch mistral --head-dim 24 --layers 3 --hf-dir {D}/hd --gguf {D}/hd.gguf",
         "--dim 128 --hf-dir {D}/l3 --gguf {D}/l3.gguf --rope-llama3 8,1,4,2048 --rope-theta 50000",
         "--hf-dir {D}/lin --gguf {D}/lin.gguf --gguf-type bf16 --rope-linear 4",
+        /* rows of 256 and 512 for the 256-element super-blocks of K-quants */
+        "--dim 256 --ffn 512 --hf-dir {D}/wide --gguf {D}/q4_k.gguf --gguf-type q4_k",
+        "--dim 256 --ffn 512 --gguf {D}/q5_k.gguf --gguf-type q5_k",
+        "--dim 256 --ffn 512 --gguf {D}/q6_k.gguf --gguf-type q6_k",
+        "--dim 256 --ffn 512 --gguf {D}/q4_0.gguf --gguf-type q4_0",
+        "--dim 256 --ffn 512 --gguf {D}/q4_1.gguf --gguf-type q4_1",
+        "--dim 256 --ffn 512 --gguf {D}/q5_0.gguf --gguf-type q5_0",
+        "--dim 256 --ffn 512 --gguf {D}/q5_1.gguf --gguf-type q5_1",
+        /* rows of 64 do not fit a K-quant block: Q8_0 fallback */
+        "--gguf {D}/q6_k-fallback.gguf --gguf-type q6_k",
     };
 
     gen_dir = lt_mkdtemp("loader-gen");
@@ -440,6 +450,48 @@ START_TEST(test_gen_rope_linear_bf16_gguf)
 }
 END_TEST
 
+START_TEST(test_gen_quantized_gguf)
+{
+    static const struct {
+        const char *file;
+        uint32_t type;
+        lt_tol_t tol;
+    } cases[] = {
+        {"q4_k.gguf", GGUF_TENSOR_Q4_K, LT_Q4}, {"q5_k.gguf", GGUF_TENSOR_Q5_K, LT_Q5},
+        {"q6_k.gguf", GGUF_TENSOR_Q6_K, LT_Q6}, {"q4_0.gguf", GGUF_TENSOR_Q4_0, LT_Q4},
+        {"q4_1.gguf", GGUF_TENSOR_Q4_1, LT_Q4}, {"q5_0.gguf", GGUF_TENSOR_Q5_0, LT_Q5},
+        {"q5_1.gguf", GGUF_TENSOR_Q5_1, LT_Q5},
+    };
+    mdl_model_t *a = load_ok(gen("wide"));
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        gguf_file_t *g = NULL;
+        char err[512];
+        mdl_model_t *b;
+
+        /* the file really holds that type */
+        ck_assert_int_eq(gguf_open(gen(cases[i].file), &g, err, sizeof(err)), ST_OK);
+        ck_assert_uint_eq(gguf_find_tensor(g, "blk.1.ffn_down.weight")->type, cases[i].type);
+        gguf_close(g);
+        b = load_ok(gen(cases[i].file));
+        lt_compare_models(a, b, cases[i].tol, LT_EXACT);
+        mdl_model_destroy(b);
+    }
+    mdl_model_destroy(a);
+}
+END_TEST
+
+START_TEST(test_gen_k_quant_fallback)
+{
+    mdl_model_t *a = load_ok(gen("f32"));
+    mdl_model_t *b = load_ok(gen("q6_k-fallback.gguf"));
+
+    lt_compare_models(a, b, LT_Q8_0, LT_EXACT);
+    mdl_model_destroy(a);
+    mdl_model_destroy(b);
+}
+END_TEST
+
 Suite *
 loader_formats_suite(void)
 {
@@ -467,6 +519,8 @@ loader_formats_suite(void)
     tcase_add_test(tg, test_gen_head_dim_override);
     tcase_add_test(tg, test_gen_rope_llama3_from_rope_freqs);
     tcase_add_test(tg, test_gen_rope_linear_bf16_gguf);
+    tcase_add_test(tg, test_gen_quantized_gguf);
+    tcase_add_test(tg, test_gen_k_quant_fallback);
     suite_add_tcase(s, tg);
     return s;
 }
