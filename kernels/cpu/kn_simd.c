@@ -191,6 +191,83 @@ kn_gemm_small_avx512_intr(const float *x, const float *w, float *y, int32_t m, i
     }
 }
 
+/* Sixteen horizontal sums at once: lane j of the result is the sum of
+ * v[j]'s lanes. A transpose-and-add tree: 45 operations for 16 sums where
+ * 16 separate reductions take about 150. */
+static inline __m512
+kn_hsum16_avx512(const __m512 v[16])
+{
+    __m512 a[8], b[4], c[2], x, y;
+
+    for (int k = 0; k < 8; k++) {
+        /* Per 128-bit lane: [v2k, v2k+1, v2k, v2k+1] partial sums. */
+        a[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                             _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    }
+    for (int k = 0; k < 4; k++) {
+        /* Per 128-bit lane: [v4k, v4k+1, v4k+2, v4k+3] partial sums. */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a[2 * k]), _mm512_castps_pd(a[2 * k + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a[2 * k]), _mm512_castps_pd(a[2 * k + 1]));
+
+        b[k] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    for (int k = 0; k < 2; k++) {
+        /* Fold the four 128-bit lanes pairwise. */
+        x = _mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0));
+        y = _mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1));
+        c[k] = _mm512_add_ps(x, y);
+    }
+    x = _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0));
+    y = _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1));
+    return _mm512_add_ps(x, y);
+}
+
+/* Attention scores, same contract as the few-row GEMM (y = x w^T over
+ * rows [r0, r1) of w, no accumulate): x is the group's query heads (m, k),
+ * w the chunk's keys (r1 - r0 <= 32 rows of k). Keys go sixteen at a time,
+ * one vector accumulator each, summed by kn_hsum16_avx512. */
+static void
+kn_scores_avx512(const float *x, const float *w, float *y, int32_t m, int32_t k, int32_t d_out,
+                 int32_t r0, int32_t r1, int accumulate)
+{
+    (void)accumulate;
+    for (int32_t j0 = r0; j0 < r1; j0 += 16) {
+        int32_t nj = r1 - j0 < 16 ? r1 - j0 : 16;
+        const float *kr[16];
+
+        for (int j = 0; j < 16; j++) {
+            kr[j] = w + (size_t)(j0 + (j < nj ? j : 0)) * k; /* spare lanes reread row 0 */
+        }
+        for (int32_t t = 0; t < m; t++) {
+            const float *q = x + (size_t)t * k;
+            __m512 acc[16];
+            int32_t i = 0;
+
+            for (int j = 0; j < 16; j++) {
+                acc[j] = _mm512_setzero_ps();
+            }
+            for (; i + 16 <= k; i += 16) {
+                __m512 qv = _mm512_loadu_ps(q + i);
+
+                for (int j = 0; j < 16; j++) {
+                    acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kr[j] + i), acc[j]);
+                }
+            }
+            if (i < k) {
+                __mmask16 mk = (__mmask16)((1u << (k - i)) - 1u);
+                __m512 qv = _mm512_maskz_loadu_ps(mk, q + i);
+
+                for (int j = 0; j < 16; j++) {
+                    acc[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, kr[j] + i), acc[j]);
+                }
+            }
+            _mm512_mask_storeu_ps(y + (size_t)t * d_out + j0, (__mmask16)((1u << nj) - 1u),
+                                  kn_hsum16_avx512(acc));
+        }
+    }
+}
+
+#define KN_ATT_SCORES kn_scores_avx512
 #define KN_GEMM_SMALL kn_gemm_small_avx512_intr
 #define KN_SFX(name) name##_avx512
 #define KN_TABLE kn__impl_avx512
@@ -198,6 +275,7 @@ kn_gemm_small_avx512_intr(const float *x, const float *w, float *y, int32_t m, i
 #undef KN_SFX
 #undef KN_TABLE
 #undef KN_GEMM_SMALL
+#undef KN_ATT_SCORES
 #pragma GCC pop_options
 
 #else

@@ -321,6 +321,7 @@ START_TEST(test_attention_decode)
     check_attention(1, n_new, ctx, 6, 2, 32, 16, 0);
     check_attention(1, n_new, ctx, 8, 1, 64, 16, 0); /* MQA */
     check_attention(1, n_new, ctx, 4, 4, 128, 7, 0); /* MHA, odd block size */
+    check_attention(1, n_new, ctx, 4, 2, 40, 32, 0); /* head_dim not a multiple of 16 */
 }
 END_TEST
 
