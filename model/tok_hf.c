@@ -37,6 +37,9 @@
 #include "model/tokenizer.h"
 #include "model/tokenizer_int.h"
 
+/* Nesting limit for Sequence components (real files use one level). */
+#define TOK_HF_MAX_DEPTH 8
+
 /* The GPT-2 pre-tokenizer regex (ByteLevel use_regex). */
 static const char k_gpt2_re[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -158,7 +161,7 @@ split_behavior(const char *b)
 }
 
 static int
-load_normalizer(tok_tokenizer_t *t, const cJSON *n, char *err, size_t errlen)
+load_normalizer(tok_tokenizer_t *t, const cJSON *n, int depth, char *err, size_t errlen)
 {
     const char *type;
 
@@ -172,9 +175,13 @@ load_normalizer(tok_tokenizer_t *t, const cJSON *n, char *err, size_t errlen)
     }
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *it;
+        if (depth >= TOK_HF_MAX_DEPTH) {
+            snprintf(err, errlen, "normalizer Sequence nested too deeply");
+            return ST_EFORMAT;
+        }
         cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(n, "normalizers"))
         {
-            int rc = load_normalizer(t, it, err, errlen);
+            int rc = load_normalizer(t, it, depth + 1, err, errlen);
             if (rc != ST_OK) {
                 return rc;
             }
@@ -202,7 +209,7 @@ load_normalizer(tok_tokenizer_t *t, const cJSON *n, char *err, size_t errlen)
 }
 
 static int
-load_pre(tok_tokenizer_t *t, const cJSON *p, int first, char *err, size_t errlen)
+load_pre(tok_tokenizer_t *t, const cJSON *p, int first, int depth, char *err, size_t errlen)
 {
     const char *type;
 
@@ -217,9 +224,13 @@ load_pre(tok_tokenizer_t *t, const cJSON *p, int first, char *err, size_t errlen
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *it;
         int i = 0;
+        if (depth >= TOK_HF_MAX_DEPTH) {
+            snprintf(err, errlen, "pre_tokenizer Sequence nested too deeply");
+            return ST_EFORMAT;
+        }
         cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(p, "pretokenizers"))
         {
-            int rc = load_pre(t, it, first && i == 0, err, errlen);
+            int rc = load_pre(t, it, first && i == 0, depth + 1, err, errlen);
             if (rc != ST_OK) {
                 return rc;
             }
@@ -303,7 +314,7 @@ load_pre(tok_tokenizer_t *t, const cJSON *p, int first, char *err, size_t errlen
 }
 
 static int
-load_decoder(tok_tokenizer_t *t, const cJSON *d, char *err, size_t errlen)
+load_decoder(tok_tokenizer_t *t, const cJSON *d, int depth, char *err, size_t errlen)
 {
     const char *type;
 
@@ -317,9 +328,13 @@ load_decoder(tok_tokenizer_t *t, const cJSON *d, char *err, size_t errlen)
     }
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *it;
+        if (depth >= TOK_HF_MAX_DEPTH) {
+            snprintf(err, errlen, "decoder Sequence nested too deeply");
+            return ST_EFORMAT;
+        }
         cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(d, "decoders"))
         {
-            int rc = load_decoder(t, it, err, errlen);
+            int rc = load_decoder(t, it, depth + 1, err, errlen);
             if (rc != ST_OK) {
                 return rc;
             }
@@ -382,7 +397,7 @@ special_ids(const cJSON *specials, const char *name, int32_t *out, int max)
 
 /* Returns 1 when a TemplateProcessing was found (and applied). */
 static int
-load_post(tok_tokenizer_t *t, const cJSON *p)
+load_post(tok_tokenizer_t *t, const cJSON *p, int depth)
 {
     const char *type;
 
@@ -396,9 +411,12 @@ load_post(tok_tokenizer_t *t, const cJSON *p)
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *it;
         int found = 0;
+        if (depth >= TOK_HF_MAX_DEPTH) {
+            return 0;
+        }
         cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(p, "processors"))
         {
-            found |= load_post(t, it);
+            found |= load_post(t, it, depth + 1);
         }
         return found;
     }
@@ -579,17 +597,18 @@ tok_load_hf(const char *tokenizer_json, const char *tokenizer_config_json, tok_t
     if (rc != ST_OK) {
         goto fail;
     }
-    rc = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err, errlen);
+    rc = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), 0, err, errlen);
     if (rc == ST_OK) {
-        rc = load_pre(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), 1, err, errlen);
+        rc =
+            load_pre(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), 1, 0, err, errlen);
     }
     if (rc == ST_OK) {
-        rc = load_decoder(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), err, errlen);
+        rc = load_decoder(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), 0, err, errlen);
     }
     if (rc != ST_OK) {
         goto fail;
     }
-    have_template = load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
+    have_template = load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), 0);
 
     /* BOS / EOS: the config's names, else the template's first id. */
     if (cfg != NULL) {

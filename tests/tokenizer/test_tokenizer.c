@@ -343,6 +343,18 @@ START_TEST(test_load_errors)
         ck_assert_msg(rc == ST_EFORMAT || rc == ST_EUNSUPPORTED, "case %zu: rc %d", i, rc);
         ck_assert_msg(err[0] != '\0', "case %zu: no message", i);
     }
+    /* Deeply nested Sequence components are refused, not recursed into. */
+    FILE *f = fopen(path, "w");
+    fputs("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": ", f);
+    for (int i = 0; i < 50; i++) {
+        fputs("{\"type\": \"Sequence\", \"pretokenizers\": [", f);
+    }
+    for (int i = 0; i < 50; i++) {
+        fputs("]}", f);
+    }
+    fputs("}", f);
+    fclose(f);
+    ck_assert_int_eq(tok_load_hf(path, NULL, &t, err, sizeof(err)), ST_EFORMAT);
     unlink(path);
     rmdir(dir);
 
