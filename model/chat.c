@@ -44,6 +44,7 @@
 
 #define CHAT_MAX_DEPTH 200           /* parser nesting (expressions, blocks) */
 #define CHAT_MAX_CALL_DEPTH 64       /* nested macro calls */
+#define CHAT_MAX_EVAL_DEPTH 500      /* nested eval / render frames: bounds the C stack */
 #define CHAT_MAX_ITERATIONS 1000000L /* loop iterations per render */
 #define CHAT_MAX_SOURCE ((size_t)1 << 20)
 #define CHAT_ARENA_BASE ((size_t)64 << 20)
@@ -2059,7 +2060,7 @@ struct rstate {
     cx_t *cx;
     scope_t *root, *cur;
     long iterations;
-    int call_depth, loop_depth;
+    int call_depth, loop_depth, eval_depth;
     time_t now;
 };
 
@@ -4842,8 +4843,26 @@ apply_filter_node(rstate_t *rs, const cnode_t *n, val_t input)
     return apply_filter(rs, n->name, v, &a);
 }
 
+static val_t eval_node(rstate_t *rs, const cnode_t *n);
+
+/* Every expression and statement level goes through here or render_body:
+ * the depth bound keeps a hostile template (deep nesting inside recursive
+ * macros) well inside the C stack, about 1 KiB per level. */
 static val_t
 eval(rstate_t *rs, const cnode_t *n)
+{
+    val_t v;
+
+    if (++rs->eval_depth > CHAT_MAX_EVAL_DEPTH) {
+        cx_fail(rs->cx, ST_ETOOLONG, "line %d: template evaluation nested too deeply", n->line);
+    }
+    v = eval_node(rs, n);
+    rs->eval_depth--;
+    return v;
+}
+
+static val_t
+eval_node(rstate_t *rs, const cnode_t *n)
 {
     cx_t *cx = rs->cx;
 
@@ -5103,8 +5122,24 @@ render_for(rstate_t *rs, const cnode_t *n, sbuf_t *out)
     return FLOW_NEXT;
 }
 
+static int render_stmts(rstate_t *rs, cnode_t **body, int nb, sbuf_t *out);
+
 static int
 render_body(rstate_t *rs, cnode_t **body, int nb, sbuf_t *out)
+{
+    int fl;
+
+    if (++rs->eval_depth > CHAT_MAX_EVAL_DEPTH) {
+        cx_fail(rs->cx, ST_ETOOLONG, "line %d: template evaluation nested too deeply",
+                rs->cx->line);
+    }
+    fl = render_stmts(rs, body, nb, out);
+    rs->eval_depth--;
+    return fl;
+}
+
+static int
+render_stmts(rstate_t *rs, cnode_t **body, int nb, sbuf_t *out)
 {
     for (int i = 0; i < nb; i++) {
         const cnode_t *n = body[i];

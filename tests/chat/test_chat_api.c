@@ -3,6 +3,8 @@
  * from crashing or running away. The jinja2 conformance over the real
  * templates is test_chat.py. */
 #include <check.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -211,6 +213,53 @@ START_TEST(test_opts)
 }
 END_TEST
 
+typedef struct deep_job {
+    const char *src;
+    int rc;
+} deep_job_t;
+
+static void *
+deep_render(void *arg)
+{
+    deep_job_t *job = arg;
+    char *out = NULL;
+
+    job->rc = render(job->src, NULL, &out);
+    free(out);
+    return NULL;
+}
+
+/* Deep statement nesting inside recursive macros ends in ST_ETOOLONG, not in
+ * a stack overflow, even on a 1 MiB thread stack. */
+START_TEST(test_deep_recursion_small_stack)
+{
+    size_t cap = 16384;
+    char *src = malloc(cap);
+    deep_job_t job;
+    pthread_attr_t attr;
+    pthread_t th;
+
+    strcpy(src, "{% macro f(n) %}");
+    for (int i = 0; i < 150; i++) {
+        strcat(src, "{% if true %}");
+    }
+    strcat(src, "{{ f(n + 1) }}");
+    for (int i = 0; i < 150; i++) {
+        strcat(src, "{% endif %}");
+    }
+    strcat(src, "{% endmacro %}{{ f(0) }}");
+    job.rc = 0;
+    job.src = src;
+    ck_assert_int_eq(pthread_attr_init(&attr), 0);
+    ck_assert_int_eq(pthread_attr_setstacksize(&attr, 1 << 20), 0);
+    ck_assert_int_eq(pthread_create(&th, &attr, deep_render, &job), 0);
+    pthread_join(th, NULL);
+    pthread_attr_destroy(&attr);
+    ck_assert_int_eq(job.rc, ST_ETOOLONG);
+    free(src);
+}
+END_TEST
+
 Suite *
 chat_api_suite(void)
 {
@@ -223,6 +272,7 @@ chat_api_suite(void)
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_opts);
+    tcase_add_test(tc, test_deep_recursion_small_stack);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;
