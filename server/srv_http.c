@@ -163,6 +163,7 @@ srv_req_maybe_free(srv_req_t *r)
     }
     srv_buf_free(&r->body);
     srv_buf_free(&r->out);
+    srv_buf_free(&r->chunk_prefix);
     free(r->resp_body);
     list_remove(&r->node);
     s->n_reqs--;
@@ -785,21 +786,6 @@ lp_add(const srv_req_t *r, srv_choice_t *ch, cJSON *lp, const smp_result_t *t)
 /* ---- generation: streaming ---------------------------------------------------------------- */
 
 static void
-stream_append(srv_req_t *r, cJSON *chunk)
-{
-    char *json;
-
-    if (r->p.include_usage) {
-        cJSON_AddNullToObject(chunk, "usage");
-    }
-    json = cJSON_PrintUnformatted(chunk);
-    cJSON_Delete(chunk);
-    CHECK(json != NULL);
-    srv_sse_data(&r->out, json);
-    free(json);
-}
-
-static void
 stream_error_event(srv_req_t *r)
 {
     char *e = srv_err_json(&r->err);
@@ -826,8 +812,6 @@ static void
 stream_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, cJSON *lp,
             const char *finish)
 {
-    cJSON *chunk, *choices, *c;
-
     if (r->stream_error || r->client_gone) {
         cJSON_Delete(lp);
         return;
@@ -836,34 +820,56 @@ stream_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
         (r->ep != SRV_EP_CHAT || ch->role_sent)) {
         return;
     }
-    chunk = base_object(r, 1);
-    choices = cJSON_AddArrayToObject(chunk, "choices");
-    c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", ci);
+    /* Hand-built: one chunk per token and choice is the hot path of the
+     * loop thread, and cJSON would allocate a node per field. The layout
+     * is what base_object() + cJSON_PrintUnformatted() give. */
+    if (r->chunk_prefix.len == 0) {
+        char id[48];
+        id_string(r, id, sizeof(id));
+        srv_buf_printf(&r->chunk_prefix, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,"
+                       "\"model\":", id, r->ep == SRV_EP_CHAT ? "chat.completion.chunk" : "text_completion",
+                       (long long)r->created);
+        srv_json_string(&r->chunk_prefix, r->s->model_name, strlen(r->s->model_name));
+        srv_buf_adds(&r->chunk_prefix, ",\"choices\":[{\"index\":");
+    }
+    srv_buf_add(&r->out, r->chunk_prefix.data, r->chunk_prefix.len);
+    srv_buf_printf(&r->out, "%d,", ci);
     if (r->ep == SRV_EP_CHAT) {
-        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        srv_buf_adds(&r->out, "\"delta\":{");
         if (!ch->role_sent) {
-            cJSON_AddStringToObject(d, "role", "assistant");
+            srv_buf_adds(&r->out, "\"role\":\"assistant\"");
             ch->role_sent = 1;
+            if (piece->len > 0 || finish == NULL) {
+                srv_buf_adds(&r->out, ",");
+            }
         }
         if (piece->len > 0 || finish == NULL) {
-            cJSON_AddStringToObject(d, "content", piece->data ? piece->data : "");
+            srv_buf_adds(&r->out, "\"content\":");
+            srv_json_string(&r->out, piece->data ? piece->data : "", piece->len);
         }
+        srv_buf_adds(&r->out, "},");
     } else {
-        cJSON_AddStringToObject(c, "text", piece->data ? piece->data : "");
+        srv_buf_adds(&r->out, "\"text\":");
+        srv_json_string(&r->out, piece->data ? piece->data : "", piece->len);
+        srv_buf_adds(&r->out, ",");
     }
+    srv_buf_adds(&r->out, "\"logprobs\":");
     if (lp != NULL) {
-        cJSON_AddItemToObject(c, "logprobs", lp);
+        char *lpj = cJSON_PrintUnformatted(lp);
+        CHECK(lpj != NULL);
+        srv_buf_adds(&r->out, lpj);
+        free(lpj);
+        cJSON_Delete(lp);
     } else {
-        cJSON_AddNullToObject(c, "logprobs");
+        srv_buf_adds(&r->out, "null");
     }
+    srv_buf_adds(&r->out, ",\"finish_reason\":");
     if (finish != NULL) {
-        cJSON_AddStringToObject(c, "finish_reason", finish);
+        srv_json_string(&r->out, finish, strlen(finish));
     } else {
-        cJSON_AddNullToObject(c, "finish_reason");
+        srv_buf_adds(&r->out, "null");
     }
-    cJSON_AddItemToArray(choices, c);
-    stream_append(r, chunk);
+    srv_buf_adds(&r->out, r->p.include_usage ? "}],\"usage\":null}\n\n" : "}]}\n\n");
 
     if ((int64_t)r->out.len > r->s->cfg->max_sse_buffer_bytes) {
         srv_err_set(&r->err, 400, NULL,
@@ -1494,9 +1500,7 @@ srv_http_completed(void *cls, struct MHD_Connection *mc, void **req_cls,
         return;
     }
     *req_cls = NULL;
-    if (r->hup != NULL) {
-        srv_loop_resume(r);
-    }
+    srv_loop_unwatch(r);
     r->suspended = 0;
     r->mhd_done = 1;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->jobs_open > 0 && !r->client_gone) {

@@ -158,6 +158,11 @@ int srv_stop_feed(srv_stop_t *s, const char *text, size_t n, srv_buf_t *out);
 /* End of generation: releases whatever is held. */
 void srv_stop_finish(srv_stop_t *s, srv_buf_t *out);
 
+/* Appends s[0..n) as a JSON string literal (quotes included): '"' and '\\'
+ * escaped, control characters as \n, \t, ... or \u00XX, other bytes as
+ * they are (the text is valid UTF-8). Same output as cJSON's printer. */
+void srv_json_string(srv_buf_t *out, const char *s, size_t n);
+
 /* ---- SSE -------------------------------------------------------------- */
 
 /* Appends "data: <json>\n\n". */

@@ -102,6 +102,8 @@ on_hup(uv_poll_t *h, int status, int events)
     if (status >= 0 && !(events & UV_DISCONNECT)) {
         return;
     }
+    /* Level-triggered: stop before the hang-up fires again. */
+    uv_poll_stop(h);
     if (!r->client_gone) {
         r->client_gone = 1;
         r->s->metrics.disconnects++;
@@ -113,6 +115,10 @@ on_hup(uv_poll_t *h, int status, int events)
     srv_loop_run_mhd(r->s);
 }
 
+/* The hang-up watch starts with the request's first suspension and lasts
+ * until MHD completes the request (srv_loop_unwatch), so a streaming
+ * response that suspends once per token does not re-register it each time;
+ * while the connection is not suspended MHD watches the socket as well. */
 void
 srv_loop_suspend(srv_req_t *r)
 {
@@ -123,6 +129,9 @@ srv_loop_suspend(srv_req_t *r)
     }
     MHD_suspend_connection(r->mc);
     r->suspended = 1;
+    if (r->hup != NULL || r->client_gone) {
+        return;
+    }
     ci = MHD_get_connection_info(r->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci == NULL) {
         return;
@@ -140,14 +149,19 @@ srv_loop_suspend(srv_req_t *r)
 void
 srv_loop_resume(srv_req_t *r)
 {
+    if (r->suspended) {
+        r->suspended = 0;
+        MHD_resume_connection(r->mc);
+    }
+}
+
+void
+srv_loop_unwatch(srv_req_t *r)
+{
     if (r->hup != NULL) {
         uv_poll_stop(r->hup);
         uv_close((uv_handle_t *)r->hup, on_hup_closed);
         r->hup = NULL;
-    }
-    if (r->suspended) {
-        r->suspended = 0;
-        MHD_resume_connection(r->mc);
     }
 }
 

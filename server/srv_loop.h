@@ -109,6 +109,7 @@ struct srv_req {
 
     /* Streaming. */
     srv_buf_t out;
+    srv_buf_t chunk_prefix;  /* 'data: {"id":...,"choices":[{"index":' */
     int out_eos;
     int stream_error;        /* an error event was sent */
     int stats_wait;          /* /metrics waiting for STATS_REPLY */
@@ -190,8 +191,10 @@ void srv_req_maybe_free(srv_req_t *r);
 void srv_loop_run_mhd(srv_t *s);
 /* Suspends r's connection and starts the hang-up watch. */
 void srv_loop_suspend(srv_req_t *r);
-/* Resumes r's connection if suspended (stops the watch). */
+/* Resumes r's connection if suspended (the watch stays). */
 void srv_loop_resume(srv_req_t *r);
+/* Ends the hang-up watch (before MHD may close the socket). */
+void srv_loop_unwatch(srv_req_t *r);
 /* Called when a request finished; completes a drain when nothing is left. */
 void srv_loop_check_drained(srv_t *s);
 

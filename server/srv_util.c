@@ -296,6 +296,64 @@ srv_stop_finish(srv_stop_t *s, srv_buf_t *out)
     s->held.len = 0;
 }
 
+/* ---- JSON strings ---------------------------------------------------------- */
+
+void
+srv_json_string(srv_buf_t *out, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t run = 0;
+
+    srv_buf_add(out, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = NULL;
+        char u[7];
+
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            continue;
+        }
+        srv_buf_add(out, s + run, i - run);
+        run = i + 1;
+        switch (c) {
+        case '"':
+            esc = "\\\"";
+            break;
+        case '\\':
+            esc = "\\\\";
+            break;
+        case '\b':
+            esc = "\\b";
+            break;
+        case '\f':
+            esc = "\\f";
+            break;
+        case '\n':
+            esc = "\\n";
+            break;
+        case '\r':
+            esc = "\\r";
+            break;
+        case '\t':
+            esc = "\\t";
+            break;
+        default:
+            u[0] = '\\';
+            u[1] = 'u';
+            u[2] = '0';
+            u[3] = '0';
+            u[4] = hex[c >> 4];
+            u[5] = hex[c & 15];
+            u[6] = '\0';
+            esc = u;
+            break;
+        }
+        srv_buf_adds(out, esc);
+    }
+    srv_buf_add(out, s + run, n - run);
+    srv_buf_add(out, "\"", 1);
+}
+
 /* ---- SSE ----------------------------------------------------------------- */
 
 void

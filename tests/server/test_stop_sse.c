@@ -138,6 +138,25 @@ START_TEST(test_sse_framing)
 }
 END_TEST
 
+START_TEST(test_json_string_matches_cjson)
+{
+    static const char *cases[] = {"", "plain", "q\"uote\\back", "nl\ntab\tcr\rbs\bff\f",
+                                  "ctl\x01\x1f end", "utf8 \xC3\xA9\xE2\x82\xAC \xF0\x9F\x98\x80"};
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        srv_buf_t b = {0};
+        cJSON *j = cJSON_CreateString(cases[i]);
+        char *ref = cJSON_PrintUnformatted(j);
+
+        srv_json_string(&b, cases[i], strlen(cases[i]));
+        ck_assert_str_eq(b.data, ref);
+        free(ref);
+        cJSON_Delete(j);
+        srv_buf_free(&b);
+    }
+}
+END_TEST
+
 START_TEST(test_token_text)
 {
     srv_buf_t b = {0};
@@ -181,6 +200,7 @@ server_stop_sse_suite(void)
     tcase_add_test(tc, test_no_stop_passthrough);
     tcase_add_test(tc, test_held_text_released_at_finish);
     tcase_add_test(tc, test_sse_framing);
+    tcase_add_test(tc, test_json_string_matches_cjson);
     tcase_add_test(tc, test_token_text);
     tcase_add_test(tc, test_plain_chat_template);
     suite_add_tcase(s, tc);
