@@ -212,19 +212,6 @@ eng__stats(engine_t *e, eng_stats_t *st)
     st->ns_commit = e->ns_commit;
 }
 
-static const char *
-submit_reason(int rc)
-{
-    switch (rc) {
-    case ST_EQUEUE:
-        return "the tenant's request queue is full";
-    case ST_ETOOLONG:
-        return "the prompt does not fit the context length or the KV cache";
-    default:
-        return "invalid request";
-    }
-}
-
 /* Checks what the sampler would otherwise reject mid-step. */
 static int
 check_sampling(const engine_t *e, const eng_request_t *r)
@@ -256,15 +243,17 @@ apply_submit(engine_t *e, eng_msg_submit_t *m)
         return;
     }
     rc = check_sampling(e, r);
-    if (rc == ST_OK) {
-        if (r->t_arrival_ns == 0) {
-            r->t_arrival_ns = now_ns();
-        }
-        rc = sched_submit(e->sched, r);
-    }
     if (rc != ST_OK) {
-        REQ_DEBUG(r->id, "refused: %s", st_str(rc));
-        send_error(e, r->id, rc, "%s", submit_reason(rc));
+        send_error(e, r->id, rc, "invalid sampling parameters");
+        return;
+    }
+    if (r->t_arrival_ns == 0) {
+        r->t_arrival_ns = now_ns();
+    }
+    rc = sched_submit(e->sched, r);
+    if (rc != ST_OK) {
+        REQ_DEBUG(r->id, "refused: %s: %s", st_str(rc), sched_last_error(e->sched));
+        send_error(e, r->id, rc, "%s", sched_last_error(e->sched));
     }
 }
 

@@ -32,6 +32,8 @@
 #include "scheduler/sched.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -126,6 +128,7 @@ struct sched {
     uint64_t step_no;
     uint64_t now_ns;      /* sched_set_clock() */
     smp_rng_t seed_rng;   /* seeds for unseeded requests */
+    char err[200];        /* why the last submit failed */
 
     uint64_t preempt_swap, preempt_recompute;
     uint64_t prompt_tokens, generation_tokens;
@@ -499,6 +502,27 @@ req_find(sched_t *s, uint64_t id)
     return NULL;
 }
 
+/* Records why a submit failed (sched_last_error) and returns rc. */
+static int
+submit_fail(sched_t *s, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int
+submit_fail(sched_t *s, int rc, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(s->err, sizeof(s->err), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+const char *
+sched_last_error(const sched_t *s)
+{
+    return s->err;
+}
+
 int
 sched_submit(sched_t *s, eng_request_t *req)
 {
@@ -508,36 +532,53 @@ sched_submit(sched_t *s, eng_request_t *req)
     uint32_t need;
 
     ASSERT_THREAD(ENGINE);
-    if (req->tenant >= (uint32_t)s->cfg.n_tenants || req->n_prompt < 1 || req->prompt == NULL ||
-        req->n < 1 || req->max_tokens < 1 || req->min_tokens < 0 || req->n_stop_ids < 0 ||
-        req->n_stop_ids > ENG_MAX_STOP_IDS || (req->sampling.n_bias > 0 && req->sampling.bias == NULL)) {
-        return ST_EINVAL;
+    if (req->tenant >= (uint32_t)s->cfg.n_tenants) {
+        return submit_fail(s, ST_EINVAL, "unknown tenant %u", req->tenant);
+    }
+    if (req->n_prompt < 1 || req->prompt == NULL) {
+        return submit_fail(s, ST_EINVAL, "empty prompt");
+    }
+    if (req->n < 1 || req->max_tokens < 1 || req->min_tokens < 0 || req->n_stop_ids < 0 ||
+        req->n_stop_ids > ENG_MAX_STOP_IDS ||
+        (req->sampling.n_bias > 0 && req->sampling.bias == NULL)) {
+        return submit_fail(s, ST_EINVAL, "invalid n, max_tokens, min_tokens or stop ids");
     }
     if (req->n > s->cfg.max_num_seqs) {
-        return ST_EINVAL;
+        return submit_fail(s, ST_EINVAL, "n = %d exceeds max_num_seqs = %d", req->n,
+                           s->cfg.max_num_seqs);
     }
     for (int32_t i = 0; i < req->n_prompt; i++) {
         if (req->prompt[i] < 0 || req->prompt[i] >= s->cfg.vocab_size) {
-            return ST_EINVAL;
+            return submit_fail(s, ST_EINVAL, "prompt token %d at %d is outside the vocabulary "
+                               "of %d", req->prompt[i], i, s->cfg.vocab_size);
         }
     }
     if (req_find(s, req->id) != NULL) {
-        return ST_EINVAL;
+        return submit_fail(s, ST_EINVAL, "request id %llu is already open",
+                           (unsigned long long)req->id);
     }
     t = &s->tenants[req->tenant];
     if (t->cfg.max_running > 0 && req->n > t->cfg.max_running) {
-        return ST_EINVAL; /* its choices could never run together */
+        /* Its choices could never run together. */
+        return submit_fail(s, ST_EINVAL, "n = %d exceeds the tenant's max_running = %d", req->n,
+                           t->cfg.max_running);
     }
     /* The prompt plus its first sampled token must fit the context, the
      * pool and the tenant's KV share, or the request could never run. */
     need = ((uint32_t)req->n_prompt + 1 + bs - 1) / bs;
-    if (req->n_prompt >= s->cfg.max_model_len || need > s->dev_total ||
-        (t->kv_limit > 0 && need > t->kv_limit)) {
-        return ST_ETOOLONG;
+    if (req->n_prompt >= s->cfg.max_model_len) {
+        return submit_fail(s, ST_ETOOLONG, "the prompt has %d tokens; the context length is %d",
+                           req->n_prompt, s->cfg.max_model_len);
+    }
+    if (need > s->dev_total || (t->kv_limit > 0 && need > t->kv_limit)) {
+        return submit_fail(s, ST_ETOOLONG, "the prompt needs %u KV blocks; %u are available%s",
+                           need, t->kv_limit > 0 ? t->kv_limit : s->dev_total,
+                           t->kv_limit > 0 ? " to the tenant" : "");
     }
     if (t->cfg.max_waiting > 0 && t->n_waiting_fresh >= (uint32_t)t->cfg.max_waiting) {
         t->requests_rejected++;
-        return ST_EQUEUE;
+        return submit_fail(s, ST_EQUEUE, "tenant '%s' already has %u requests queued",
+                           t->cfg.name, t->n_waiting_fresh);
     }
 
     rq = xcalloc(1, sizeof(*rq));

@@ -168,6 +168,9 @@ void sched_destroy(sched_t *s);
  * duplicate id), ST_ETOOLONG (prompt does not fit the context or the KV
  * pool), ST_EQUEUE (the tenant's waiting queue is full). */
 int sched_submit(sched_t *s, eng_request_t *req);
+/* One line on why the last sched_submit failed; borrowed until the next
+ * submit. */
+const char *sched_last_error(const sched_t *s);
 
 /* Finishes choice (or every choice when choice < 0) of request id at
  * once: its blocks are freed and FINISHED events are emitted with reason

@@ -144,6 +144,7 @@ START_TEST(test_submit_errors)
     fake_req_fill(&r, 6, 0, 4, 1, 4);
     r.n = 5;                                                         /* > max_num_seqs */
     ck_assert_int_eq(fake_submit_req(&env, &r), ST_EINVAL);
+    ck_assert_str_eq(sched_last_error(env.sched), "n = 5 exceeds max_num_seqs = 4");
     fake_run(&env, 100);
     ck_assert_int_eq(env.out[1][0].n_tokens, 4);
     fake_env_fini(&env);
