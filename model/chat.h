@@ -15,10 +15,19 @@
  * methods, and the usual filters (trim, length, tojson, join, default, map,
  * selectattr, dictsort, ...). Strings are UTF-8; length, indexing and
  * slicing count code points as Python does; upper/lower/title change ASCII
- * letters only.
+ * letters only. jinja2 quirks kept: map / select / selectattr / unique /
+ * items give generators (always true, no length, not JSON serializable,
+ * errors deferred until iterated), |safe strings are Markup (Markup + str
+ * escapes the str), none prints as None.
+ *
+ * Not supported (a clear error): extends / include / import / block,
+ * {% call %} blocks, recursive loops, the batch / slice / format / urlize
+ * filters, format specs in str.format. A generator can be iterated more than
+ * once here (jinja2's is exhausted after the first pass).
  *
  * Safety: the interpreter is meant for untrusted templates. Parsing depth,
- * macro call depth, loop iterations, memory and output size are bounded;
+ * evaluation nesting (the C stack stays under about 1 MiB), macro call
+ * depth, loop iterations, memory and output size are bounded;
  * exceeding a bound is an error (ST_ETOOLONG), never a crash. Lists, dicts
  * and strings are immutable (as in jinja2's immutable sandbox); only
  * namespace() objects can be assigned to.
