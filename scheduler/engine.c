@@ -51,15 +51,15 @@ struct engine {
     pthread_t thread;
     int started;
     atomic_int alive;
-    int failed;          /* status of the failure, 0 while healthy */
+    int failed; /* status of the failure, 0 while healthy */
     int shutdown;
-    int stalled;         /* the last plan ran nothing while work is queued */
-    float *row;          /* [vocab] logits scratch for one sample */
+    int stalled;           /* the last plan ran nothing while work is queued */
+    float *row;            /* [vocab] logits scratch for one sample */
     smp_result_t *results; /* [max_num_seqs] */
     uint32_t kv_used_peak;
     uint64_t requests_finished;
     uint64_t ns_plan, ns_forward, ns_sample, ns_commit;
-    msg_t *pending;       /* outbox messages of this iteration, in order */
+    msg_t *pending; /* outbox messages of this iteration, in order */
     msg_t **pending_tail;
     /* periodic summary */
     uint64_t log_steps;
@@ -108,8 +108,7 @@ eng_msg_free(msg_t *m)
     free(m);
 }
 
-static void
-send_error(engine_t *e, uint64_t id, int status, const char *fmt, ...)
+static void send_error(engine_t *e, uint64_t id, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 static void
@@ -533,8 +532,7 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
         goto fail;
     }
     for (int32_t t = 0; t < c->n_tenants; t++) {
-        const char *salt = c->tenants[t].salt[0] != '\0' ? c->tenants[t].salt
-                                                         : c->tenants[t].name;
+        const char *salt = c->tenants[t].salt[0] != '\0' ? c->tenants[t].salt : c->tenants[t].name;
         if (salt[0] != '\0') {
             rc = bm_tenant_set_salt(e->pool, (uint32_t)t, salt, strnlen(salt, 64));
             if (rc != ST_OK) {

@@ -53,15 +53,15 @@ typedef enum eng_finish {
 
 typedef struct eng_request {
     uint64_t id;
-    uint32_t tenant;      /* index into eng_config_t.tenants */
-    int32_t priority;     /* lower value = served first (vLLM) */
-    int32_t *prompt;      /* owned by the message, malloc'd */
+    uint32_t tenant;  /* index into eng_config_t.tenants */
+    int32_t priority; /* lower value = served first (vLLM) */
+    int32_t *prompt;  /* owned by the message, malloc'd */
     int32_t n_prompt;
     smp_params_t sampling; /* .bias owned by the message, malloc'd */
     uint64_t seed;
     int has_seed;
-    int32_t n;            /* choices, >= 1 */
-    int32_t max_tokens;   /* >= 1 */
+    int32_t n;          /* choices, >= 1 */
+    int32_t max_tokens; /* >= 1 */
     int32_t min_tokens;
     int ignore_eos;
     int32_t stop_ids[ENG_MAX_STOP_IDS];
@@ -77,8 +77,8 @@ typedef struct eng_msg_submit {
 typedef struct eng_msg_cancel {
     msg_t hdr;
     uint64_t id;
-    int as_stop;          /* a stop string matched: finish with STOP, not ABORT */
-    int32_t choice;       /* -1: every choice */
+    int as_stop;    /* a stop string matched: finish with STOP, not ABORT */
+    int32_t choice; /* -1: every choice */
 } eng_msg_cancel_t;
 
 #define ENG_DELTA_MAX 8
@@ -106,7 +106,7 @@ typedef struct eng_msg_finished {
 typedef struct eng_msg_error {
     msg_t hdr;
     uint64_t id;
-    int status;               /* ST_EQUEUE -> 429, ST_ETOOLONG -> 400, ... */
+    int status; /* ST_EQUEUE -> 429, ST_ETOOLONG -> 400, ... */
     char message[200];
 } eng_msg_error_t;
 
@@ -121,7 +121,7 @@ typedef struct eng_tenant_stats {
     uint64_t generation_tokens;
     uint64_t requests_finished;
     uint64_t requests_rejected;
-    double vtc;              /* virtual token counter (weighted service) */
+    double vtc; /* virtual token counter (weighted service) */
 } eng_tenant_stats_t;
 
 typedef struct eng_stats {
@@ -136,7 +136,7 @@ typedef struct eng_stats {
     uint64_t steps;
     uint32_t n_tenants;
     eng_tenant_stats_t tenant[ENG_MAX_TENANTS];
-    uint32_t kv_used_peak;                       /* most device blocks USED after a step */
+    uint32_t kv_used_peak; /* most device blocks USED after a step */
     uint64_t requests_finished;
     /* Engine thread time by phase, nanoseconds since creation. */
     uint64_t ns_plan;    /* sched_step + block ops */
@@ -147,32 +147,32 @@ typedef struct eng_stats {
 
 typedef struct eng_msg_stats {
     msg_t hdr;
-    uint64_t cookie;          /* echoed in the reply */
-    eng_stats_t stats;        /* filled in the reply */
+    uint64_t cookie;   /* echoed in the reply */
+    eng_stats_t stats; /* filled in the reply */
 } eng_msg_stats_t;
 
 typedef struct eng_tenant {
     char name[64];
-    double weight;            /* fair-share weight, > 0 */
-    int32_t max_running;      /* 0: unlimited */
-    int32_t max_waiting;      /* 0: unlimited */
-    double max_kv_share;      /* 0 < share <= 1 of device blocks */
-    char salt[65];            /* prefix-cache salt; "" = the tenant's name */
+    double weight;             /* fair-share weight, > 0 */
+    int32_t max_running;       /* 0: unlimited */
+    int32_t max_waiting;       /* 0: unlimited */
+    double max_kv_share;       /* 0 < share <= 1 of device blocks */
+    char salt[65];             /* prefix-cache salt; "" = the tenant's name */
     int64_t tokens_per_minute; /* prompt + generated tokens; 0 = unlimited. Over
                                 * it, the tenant's new requests wait (queued,
                                 * not refused) until its budget refills */
 } eng_tenant_t;
 
 typedef struct eng_config {
-    mdl_runtime_config_t rt;  /* device, blocks, budgets */
+    mdl_runtime_config_t rt; /* device, blocks, budgets */
     int32_t max_num_seqs;
     int32_t max_num_batched_tokens;
-    int32_t max_model_len;    /* <= the model's context */
+    int32_t max_model_len; /* <= the model's context */
     int prefix_caching;
     float watermark;
-    int32_t n_tenants;        /* >= 1; tenant 0 is the default */
+    int32_t n_tenants; /* >= 1; tenant 0 is the default */
     eng_tenant_t tenants[ENG_MAX_TENANTS];
-    int log_every_steps;      /* INFO summary period; 0 off */
+    int log_every_steps; /* INFO summary period; 0 off */
 } eng_config_t;
 
 typedef struct engine engine_t;
@@ -180,8 +180,8 @@ typedef struct engine engine_t;
 /* Creates the runtime (KV pool) and the scheduler; does not start the
  * thread. outbox receives every reply. Errors: negative ST_* with a reason
  * in err. */
-int engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
-                  engine_t **out, char *err, size_t errlen);
+int engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox, engine_t **out,
+                  char *err, size_t errlen);
 int engine_start(engine_t *e);
 /* The inbox: chan_send() SUBMIT / CANCEL / SHUTDOWN / STATS here. */
 chan_t *engine_inbox(engine_t *e);

@@ -56,19 +56,19 @@ typedef enum seq_state {
 typedef struct sched_req sched_req_t;
 
 struct sched_seq {
-    list_node_t node;      /* in a waiting, running or swapped list */
+    list_node_t node; /* in a waiting, running or swapped list */
     sched_req_t *req;
-    uint64_t bm_id;        /* blockmgr sequence id */
+    uint64_t bm_id; /* blockmgr sequence id */
     int32_t choice;
     seq_state_t state;
-    int in_pool;           /* registered with blockmgr */
-    int done;              /* FINISHED emitted */
-    int32_t *tokens;       /* [req->cap]: prompt then generated */
+    int in_pool;     /* registered with blockmgr */
+    int done;        /* FINISHED emitted */
+    int32_t *tokens; /* [req->cap]: prompt then generated */
     int32_t n_tokens;
     int32_t n_computed;
     int32_t n_generated;
-    uint64_t admit_no;     /* admission order, for victim choice */
-    uint64_t step_no;      /* last step that planned it */
+    uint64_t admit_no; /* admission order, for victim choice */
+    uint64_t step_no;  /* last step that planned it */
     smp_rng_t rng;
 };
 
@@ -86,18 +86,18 @@ struct sched_req {
 
 typedef struct sched_tenant {
     eng_tenant_t cfg;
-    list_node_t waiting;    /* sched_seq_t, sorted (priority, arrival) */
-    double vtc;             /* served tokens / weight */
+    list_node_t waiting; /* sched_seq_t, sorted (priority, arrival) */
+    double vtc;          /* served tokens / weight */
     uint32_t n_live_reqs;
     uint32_t n_waiting_fresh; /* requests not yet admitted */
-    uint32_t n_waiting;     /* sequences */
-    uint32_t n_running;     /* sequences */
+    uint32_t n_waiting;       /* sequences */
+    uint32_t n_running;       /* sequences */
     uint32_t run_slots;
     uint32_t n_swapped;
-    uint32_t kv_limit;      /* device blocks allowed; 0 = all */
-    uint64_t blocked_step;  /* not admissible again in this step */
-    double tpm_budget;      /* tokens left this minute (tokens_per_minute > 0) */
-    uint64_t tpm_t_ns;      /* last refill */
+    uint32_t kv_limit;     /* device blocks allowed; 0 = all */
+    uint64_t blocked_step; /* not admissible again in this step */
+    double tpm_budget;     /* tokens left this minute (tokens_per_minute > 0) */
+    uint64_t tpm_t_ns;     /* last refill */
     uint64_t prompt_tokens;
     uint64_t generation_tokens;
     uint64_t requests_finished;
@@ -113,12 +113,12 @@ struct sched {
     uint32_t dev_total;
 
     sched_tenant_t tenants[ENG_MAX_TENANTS];
-    list_node_t reqs;     /* live requests */
-    list_node_t dead;     /* finished, to free at a safe point */
+    list_node_t reqs; /* live requests */
+    list_node_t dead; /* finished, to free at a safe point */
     list_node_t running;
     list_node_t swapped;
     uint32_t n_reqs;
-    uint32_t n_running;   /* sequences */
+    uint32_t n_running; /* sequences */
     uint32_t run_slots;
     uint32_t n_swapped;
     uint32_t n_waiting;
@@ -126,26 +126,26 @@ struct sched {
     uint64_t admit_no;
     uint64_t next_bm_id;
     uint64_t step_no;
-    uint64_t now_ns;      /* sched_set_clock() */
-    smp_rng_t seed_rng;   /* seeds for unseeded requests */
-    char err[200];        /* why the last submit failed */
+    uint64_t now_ns;    /* sched_set_clock() */
+    smp_rng_t seed_rng; /* seeds for unseeded requests */
+    char err[200];      /* why the last submit failed */
 
     uint64_t preempt_swap, preempt_recompute;
     uint64_t prompt_tokens, generation_tokens;
 
     /* Per-step arrays, allocated at creation (the step allocates nothing). */
     int32_t max_blocks_per_seq;
-    int32_t *b_tokens;      /* [max_num_batched_tokens] */
-    int32_t *b_positions;   /* [max_num_batched_tokens] */
-    int32_t *b_slots;       /* [max_num_batched_tokens] */
-    int32_t *b_query_start; /* [max_num_seqs + 1] */
-    int32_t *b_context_len; /* [max_num_seqs] */
-    int32_t *b_tables;      /* [max_num_seqs][max_blocks_per_seq] */
-    int32_t *b_logits_rows; /* [max_num_seqs] */
-    sched_seq_t **rows_seq; /* [max_num_seqs] sequence of each batch row */
-    int32_t *rows_new;      /* [max_num_seqs] tokens planned per row */
+    int32_t *b_tokens;       /* [max_num_batched_tokens] */
+    int32_t *b_positions;    /* [max_num_batched_tokens] */
+    int32_t *b_slots;        /* [max_num_batched_tokens] */
+    int32_t *b_query_start;  /* [max_num_seqs + 1] */
+    int32_t *b_context_len;  /* [max_num_seqs] */
+    int32_t *b_tables;       /* [max_num_seqs][max_blocks_per_seq] */
+    int32_t *b_logits_rows;  /* [max_num_seqs] */
+    sched_seq_t **rows_seq;  /* [max_num_seqs] sequence of each batch row */
+    int32_t *rows_new;       /* [max_num_seqs] tokens planned per row */
     sched_sample_t *samples; /* [max_num_seqs] */
-    sched_seq_t **snap;     /* [max_num_seqs] running list snapshot */
+    sched_seq_t **snap;      /* [max_num_seqs] running list snapshot */
     int32_t n_tok, n_rows, n_logits, n_samples;
     int32_t budget_tokens;
     uint32_t step_swap, step_recompute, step_swap_in, step_admitted;
@@ -423,8 +423,8 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     list_init(&s->running);
     list_init(&s->swapped);
     s->next_bm_id = 1;
-    smp_rng_seed(&s->seed_rng, cfg->random_seed != 0 ? cfg->random_seed
-                                                     : now_ns() ^ (uint64_t)time(NULL));
+    smp_rng_seed(&s->seed_rng,
+                 cfg->random_seed != 0 ? cfg->random_seed : now_ns() ^ (uint64_t)time(NULL));
 
     for (int32_t t = 0; t < cfg->n_tenants; t++) {
         sched_tenant_t *tn = &s->tenants[t];
@@ -493,7 +493,8 @@ req_find(sched_t *s, uint64_t id)
 {
     list_node_t *it;
 
-    LIST_FOREACH(it, &s->reqs) {
+    LIST_FOREACH(it, &s->reqs)
+    {
         sched_req_t *rq = LIST_ENTRY(it, sched_req_t, node);
         if (rq->r.id == id) {
             return rq;
@@ -503,8 +504,8 @@ req_find(sched_t *s, uint64_t id)
 }
 
 /* Records why a submit failed (sched_last_error) and returns rc. */
-static int
-submit_fail(sched_t *s, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int submit_fail(sched_t *s, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 static int
 submit_fail(sched_t *s, int rc, const char *fmt, ...)
@@ -549,8 +550,10 @@ sched_submit(sched_t *s, eng_request_t *req)
     }
     for (int32_t i = 0; i < req->n_prompt; i++) {
         if (req->prompt[i] < 0 || req->prompt[i] >= s->cfg.vocab_size) {
-            return submit_fail(s, ST_EINVAL, "prompt token %d at %d is outside the vocabulary "
-                               "of %d", req->prompt[i], i, s->cfg.vocab_size);
+            return submit_fail(s, ST_EINVAL,
+                               "prompt token %d at %d is outside the vocabulary "
+                               "of %d",
+                               req->prompt[i], i, s->cfg.vocab_size);
         }
     }
     if (req_find(s, req->id) != NULL) {
@@ -577,8 +580,8 @@ sched_submit(sched_t *s, eng_request_t *req)
     }
     if (t->cfg.max_waiting > 0 && t->n_waiting_fresh >= (uint32_t)t->cfg.max_waiting) {
         t->requests_rejected++;
-        return submit_fail(s, ST_EQUEUE, "tenant '%s' already has %u requests queued",
-                           t->cfg.name, t->n_waiting_fresh);
+        return submit_fail(s, ST_EQUEUE, "tenant '%s' already has %u requests queued", t->cfg.name,
+                           t->n_waiting_fresh);
     }
 
     rq = xcalloc(1, sizeof(*rq));
@@ -600,8 +603,7 @@ sched_submit(sched_t *s, eng_request_t *req)
         q->tokens = xmalloc((size_t)rq->cap * sizeof(int32_t));
         memcpy(q->tokens, rq->r.prompt, (size_t)req->n_prompt * sizeof(int32_t));
         q->n_tokens = req->n_prompt;
-        smp_rng_seed(&q->rng, req->has_seed ? req->seed + (uint64_t)k
-                                            : smp_rng_next(&s->seed_rng));
+        smp_rng_seed(&q->rng, req->has_seed ? req->seed + (uint64_t)k : smp_rng_next(&s->seed_rng));
     }
 
     if (t->n_live_reqs == 0) {
@@ -736,7 +738,8 @@ pick_victim(sched_t *s)
     sched_seq_t *best = NULL;
     list_node_t *it;
 
-    LIST_FOREACH(it, &s->running) {
+    LIST_FOREACH(it, &s->running)
+    {
         sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
         if (q->step_no == s->step_no) {
             continue;
@@ -939,8 +942,8 @@ plan_admit(sched_t *s)
         q->n_computed = 0;
         if (s->cfg.prefix_caching) {
             uint32_t got = 0;
-            CHECK(bm_seq_lookup_prefix(s->pool, q->bm_id, q->tokens, (uint32_t)q->n_tokens,
-                                       &got) == ST_OK);
+            CHECK(bm_seq_lookup_prefix(s->pool, q->bm_id, q->tokens, (uint32_t)q->n_tokens, &got) ==
+                  ST_OK);
             q->n_computed = (int32_t)got;
         }
         n_new = min_i32(q->n_tokens - q->n_computed, s->budget_tokens);
@@ -1040,7 +1043,8 @@ sched_step(sched_t *s, sched_plan_t *plan)
     s->budget_tokens = s->cfg.max_num_batched_tokens;
     s->step_swap = s->step_recompute = s->step_swap_in = s->step_admitted = 0;
 
-    LIST_FOREACH(it, &s->running) {
+    LIST_FOREACH(it, &s->running)
+    {
         CHECK(n_snap < s->cfg.max_num_seqs);
         s->snap[n_snap++] = LIST_ENTRY(it, sched_seq_t, node);
     }
@@ -1267,7 +1271,8 @@ sched_check(const sched_t *s)
     uint32_t n_run = 0, slots = 0, n_swp = 0, n_wait = 0, n_reqs = 0;
     const list_node_t *it;
 
-    LIST_FOREACH(it, &s->running) {
+    LIST_FOREACH(it, &s->running)
+    {
         const sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
         CHECK(q->state == SEQ_RUNNING && q->in_pool);
         CHECK(!bm_seq_is_swapped(s->pool, q->bm_id));
@@ -1277,7 +1282,8 @@ sched_check(const sched_t *s)
     }
     CHECK(n_run == s->n_running && slots == s->run_slots);
     CHECK(s->run_slots <= (uint32_t)s->cfg.max_num_seqs);
-    LIST_FOREACH(it, &s->swapped) {
+    LIST_FOREACH(it, &s->swapped)
+    {
         const sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
         CHECK(q->state == SEQ_SWAPPED && q->in_pool && bm_seq_is_swapped(s->pool, q->bm_id));
         n_swp++;
@@ -1286,7 +1292,8 @@ sched_check(const sched_t *s)
     for (int32_t u = 0; u < s->cfg.n_tenants; u++) {
         const sched_tenant_t *t = &s->tenants[u];
         uint32_t n = 0;
-        LIST_FOREACH(it, &t->waiting) {
+        LIST_FOREACH(it, &t->waiting)
+        {
             const sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
             CHECK(q->state == SEQ_WAITING && !q->in_pool && q->n_computed == 0);
             CHECK(q->req->r.tenant == (uint32_t)u);
@@ -1299,7 +1306,8 @@ sched_check(const sched_t *s)
         n_wait += n;
     }
     CHECK(n_wait == s->n_waiting);
-    LIST_FOREACH(it, &s->reqs) {
+    LIST_FOREACH(it, &s->reqs)
+    {
         const sched_req_t *rq = LIST_ENTRY(it, sched_req_t, node);
         int32_t live = 0;
         for (int32_t k = 0; k < rq->r.n; k++) {

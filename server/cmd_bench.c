@@ -28,8 +28,8 @@
 #define BENCH_DEFAULT_MODEL "models/austen-2.7m"
 
 typedef struct bench_req {
-    uint64_t t_first;  /* ns */
-    uint64_t t_last;   /* ns */
+    uint64_t t_first; /* ns */
+    uint64_t t_last;  /* ns */
     int32_t n_out;
     int finished;
     int error;
@@ -38,26 +38,25 @@ typedef struct bench_req {
 static void
 bench_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvserve bench [--model PATH] [--num-prompts N] [--input-len I]\n"
-            "                     [--output-len O] [--max-num-seqs S] [--num-kv-blocks B]\n"
-            "                     [OPTIONS]\n"
-            "\n"
-            "  --model PATH                Hugging Face directory or .gguf file\n"
-            "                              (default " BENCH_DEFAULT_MODEL ")\n"
-            "  --num-prompts N             requests, all submitted at once (default 200)\n"
-            "  --input-len I               prompt tokens per request (default 32)\n"
-            "  --output-len O              generated tokens per request (default 64)\n"
-            "  --max-num-seqs S            sequences per step (default 64)\n"
-            "  --max-num-batched-tokens T  tokens per step (default 2048)\n"
-            "  --num-kv-blocks B           device KV blocks incl. the null block\n"
-            "                              (default: room for every running sequence)\n"
-            "  --block-size K              tokens per KV block (default 16)\n"
-            "  --swap-blocks C             CPU swap tier blocks (default 0: recompute)\n"
-            "  --prefix-caching            enable the prefix cache (default off)\n"
-            "  --threads T                 CPU threads for the forward (default: all cores)\n"
-            "  --seed X                    prompt RNG seed (default 1)\n"
-            "  --help                      this text\n");
+    fprintf(f, "usage: kvserve bench [--model PATH] [--num-prompts N] [--input-len I]\n"
+               "                     [--output-len O] [--max-num-seqs S] [--num-kv-blocks B]\n"
+               "                     [OPTIONS]\n"
+               "\n"
+               "  --model PATH                Hugging Face directory or .gguf file\n"
+               "                              (default " BENCH_DEFAULT_MODEL ")\n"
+               "  --num-prompts N             requests, all submitted at once (default 200)\n"
+               "  --input-len I               prompt tokens per request (default 32)\n"
+               "  --output-len O              generated tokens per request (default 64)\n"
+               "  --max-num-seqs S            sequences per step (default 64)\n"
+               "  --max-num-batched-tokens T  tokens per step (default 2048)\n"
+               "  --num-kv-blocks B           device KV blocks incl. the null block\n"
+               "                              (default: room for every running sequence)\n"
+               "  --block-size K              tokens per KV block (default 16)\n"
+               "  --swap-blocks C             CPU swap tier blocks (default 0: recompute)\n"
+               "  --prefix-caching            enable the prefix cache (default off)\n"
+               "  --threads T                 CPU threads for the forward (default: all cores)\n"
+               "  --seed X                    prompt RNG seed (default 1)\n"
+               "  --help                      this text\n");
 }
 
 static int
@@ -230,8 +229,9 @@ cmd_bench(int argc, char **argv)
     }
     const mdl_config_t *mc = mdl_model_config(model);
     if (in_len + out_len > mc->max_pos) {
-        fprintf(stderr, "kvserve bench: --input-len + --output-len = %ld exceeds the model's "
-                        "context of %d tokens\n",
+        fprintf(stderr,
+                "kvserve bench: --input-len + --output-len = %ld exceeds the model's "
+                "context of %d tokens\n",
                 in_len + out_len, mc->max_pos);
         mdl_model_destroy(model);
         return 2;
@@ -403,8 +403,7 @@ cmd_bench(int argc, char **argv)
                st.kv_total, st.kv_total > 0 ? 100.0 * st.kv_used_peak / st.kv_total : 0.0,
                (double)kv_bytes * st.kv_used_peak / (1024.0 * 1024.0));
         printf("steps                  %llu (%.1f tokens/step)\n", (unsigned long long)st.steps,
-               st.steps > 0 ? (double)(st.prompt_tokens + st.generation_tokens) / st.steps
-                            : 0.0);
+               st.steps > 0 ? (double)(st.prompt_tokens + st.generation_tokens) / st.steps : 0.0);
         double busy = (double)(st.ns_plan + st.ns_forward + st.ns_sample + st.ns_commit);
         if (busy > 0) {
             printf("engine time            plan %.1f%%, forward %.1f%%, sample %.1f%%, "

@@ -21,8 +21,8 @@ on_event(void *arg, const sched_event_t *ev)
     }
     ck_assert_int_lt(ev->choice, FAKE_MAX_CHOICES);
     fake_out_t *o = &env->out[ev->id][ev->choice];
-    ck_assert_msg(!o->finished, "event after FINISHED for %llu/%d",
-                  (unsigned long long)ev->id, ev->choice);
+    ck_assert_msg(!o->finished, "event after FINISHED for %llu/%d", (unsigned long long)ev->id,
+                  ev->choice);
     if (ev->kind == SCHED_EV_TOKEN) {
         ck_assert_int_lt(o->n_tokens, FAKE_MAX_OUT);
         if (o->n_tokens == 0) {
@@ -82,8 +82,7 @@ fake_env_init(fake_env_t *env, const fake_cfg_t *cfg)
     env->num_blocks = cfg->num_blocks;
     env->swap_blocks = cfg->swap_blocks;
     env->dev = xcalloc((size_t)cfg->num_blocks * (size_t)cfg->block_size, sizeof(*env->dev));
-    env->cpu = xcalloc((size_t)(cfg->swap_blocks + 1) * (size_t)cfg->block_size,
-                       sizeof(*env->cpu));
+    env->cpu = xcalloc((size_t)(cfg->swap_blocks + 1) * (size_t)cfg->block_size, sizeof(*env->cpu));
     ck_assert_int_eq(bm_pool_create(&bc, &env->pool), ST_OK);
 
     memset(&sc, 0, sizeof(sc));
@@ -113,8 +112,8 @@ fake_env_fini(fake_env_t *env)
     sched_check(env->sched);
     bm_pool_check(env->pool);
     bm_pool_stats(env->pool, &st);
-    ck_assert_msg(st.dev_used == 0 && st.cpu_used == 0,
-                  "blocks still in use: %u device, %u cpu", st.dev_used, st.cpu_used);
+    ck_assert_msg(st.dev_used == 0 && st.cpu_used == 0, "blocks still in use: %u device, %u cpu",
+                  st.dev_used, st.cpu_used);
     sched_destroy(env->sched);
     bm_pool_destroy(env->pool);
     free(env->dev);
@@ -204,8 +203,8 @@ forward(fake_env_t *env, const mdl_batch_t *b, uint64_t *hash)
         uint64_t h = 1469598103934665603ull;
         for (int32_t p = 0; p < b->context_len[r]; p++) {
             int32_t slot = tab[p / bs] * bs + p % bs;
-            ck_assert_msg(env->dev[slot][1] == p, "row %d position %d reads KV of position %d",
-                          r, p, env->dev[slot][1]);
+            ck_assert_msg(env->dev[slot][1] == p, "row %d position %d reads KV of position %d", r,
+                          p, env->dev[slot][1]);
             h = (h ^ (uint64_t)env->dev[slot][0]) * 1099511628211ull;
         }
         hash[li++] = h;

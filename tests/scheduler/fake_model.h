@@ -76,8 +76,8 @@ int fake_submit(fake_env_t *env, uint64_t id, uint32_t tenant, int32_t n_prompt,
                 int32_t max_tokens);
 int fake_submit_req(fake_env_t *env, eng_request_t *r);
 /* Fills a request like fake_submit would (prompt malloc'd). */
-void fake_req_fill(eng_request_t *r, uint64_t id, uint32_t tenant, int32_t n_prompt,
-                   uint32_t pseed, int32_t max_tokens);
+void fake_req_fill(eng_request_t *r, uint64_t id, uint32_t tenant, int32_t n_prompt, uint32_t pseed,
+                   int32_t max_tokens);
 
 /* One step: plan, ops, fake forward, sample, commit, invariant checks.
  * Returns the plan's batch n_tokens. */

@@ -212,8 +212,12 @@ submit(const sub_t *s)
 static void
 submit_simple(uint64_t id, uint32_t tenant, int32_t n_prompt, uint32_t pseed, int32_t max_tokens)
 {
-    sub_t s = {.id = id, .tenant = tenant, .n_prompt = n_prompt, .pseed = pseed,
-               .max_tokens = max_tokens, .n = 1};
+    sub_t s = {.id = id,
+               .tenant = tenant,
+               .n_prompt = n_prompt,
+               .pseed = pseed,
+               .max_tokens = max_tokens,
+               .n = 1};
     submit(&s);
 }
 
@@ -439,8 +443,14 @@ END_TEST
 START_TEST(test_n2_seeded_reproducible)
 {
     eng_config_t c = cfg_default();
-    sub_t s = {.id = 1, .n_prompt = 12, .pseed = 9, .max_tokens = 24, .n = 2,
-               .temperature = 1.0f, .seed = 1234, .has_seed = 1};
+    sub_t s = {.id = 1,
+               .n_prompt = 12,
+               .pseed = 9,
+               .max_tokens = 24,
+               .n = 2,
+               .temperature = 1.0f,
+               .seed = 1234,
+               .has_seed = 1};
     res_t first[2];
 
     start(&c);

@@ -134,15 +134,15 @@ START_TEST(test_submit_errors)
     c.max_num_seqs = 4;
     fake_env_init(&env, &c);
     ck_assert_int_eq(fake_submit(&env, 1, 0, 8, 1, 4), ST_OK);
-    ck_assert_int_eq(fake_submit(&env, 1, 0, 8, 1, 4), ST_EINVAL); /* duplicate id */
-    ck_assert_int_eq(fake_submit(&env, 2, 3, 8, 1, 4), ST_EINVAL); /* unknown tenant */
-    ck_assert_int_eq(fake_submit(&env, 3, 0, 8, 1, 0), ST_EINVAL); /* max_tokens 0 */
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 8, 1, 4), ST_EINVAL);    /* duplicate id */
+    ck_assert_int_eq(fake_submit(&env, 2, 3, 8, 1, 4), ST_EINVAL);    /* unknown tenant */
+    ck_assert_int_eq(fake_submit(&env, 3, 0, 8, 1, 0), ST_EINVAL);    /* max_tokens 0 */
     ck_assert_int_eq(fake_submit(&env, 4, 0, 40, 1, 4), ST_ETOOLONG); /* > pool */
     fake_req_fill(&r, 5, 0, 4, 1, 4);
-    r.prompt[2] = FAKE_VOCAB;                                        /* bad token */
+    r.prompt[2] = FAKE_VOCAB; /* bad token */
     ck_assert_int_eq(fake_submit_req(&env, &r), ST_EINVAL);
     fake_req_fill(&r, 6, 0, 4, 1, 4);
-    r.n = 5;                                                         /* > max_num_seqs */
+    r.n = 5; /* > max_num_seqs */
     ck_assert_int_eq(fake_submit_req(&env, &r), ST_EINVAL);
     ck_assert_str_eq(sched_last_error(env.sched), "n = 5 exceeds max_num_seqs = 4");
     fake_run(&env, 100);
@@ -567,10 +567,10 @@ START_TEST(test_fair_share_weights_1_3)
             break;
         }
     }
-    double sa = (double)(a1.prompt_tokens + a1.generation_tokens - a0.prompt_tokens -
-                         a0.generation_tokens);
-    double sb = (double)(b1.prompt_tokens + b1.generation_tokens - b0.prompt_tokens -
-                         b0.generation_tokens);
+    double sa =
+        (double)(a1.prompt_tokens + a1.generation_tokens - a0.prompt_tokens - a0.generation_tokens);
+    double sb =
+        (double)(b1.prompt_tokens + b1.generation_tokens - b0.prompt_tokens - b0.generation_tokens);
     ck_assert_msg(sa > 100 && sb > 100, "served %f %f", sa, sb);
     double ratio = sb / sa;
     ck_assert_msg(ratio > 3.0 * 0.9 && ratio < 3.0 * 1.1, "token split 1:%.3f", ratio);
@@ -876,8 +876,8 @@ START_TEST(test_random_schedules_match_reference)
             uint32_t what = rnd(10);
             if (what < 3 && next_id < FAKE_MAX_REQ) {
                 eng_request_t r;
-                fake_req_fill(&r, next_id, rnd((uint32_t)c.n_tenants), 1 + (int32_t)rnd(40),
-                              rnd(6), 1 + (int32_t)rnd(30));
+                fake_req_fill(&r, next_id, rnd((uint32_t)c.n_tenants), 1 + (int32_t)rnd(40), rnd(6),
+                              1 + (int32_t)rnd(30));
                 r.n = 1 + (int32_t)rnd(3);
                 r.priority = (int32_t)rnd(3);
                 kept[next_id] = r;
