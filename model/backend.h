@@ -34,5 +34,9 @@ typedef struct mdl_backend {
 } mdl_backend_t;
 
 extern const mdl_backend_t mdl_backend_cpu;
+/* model/forward_tp.c: the cpu backend with tp_size > 1 (model/tp.h). */
+extern const mdl_backend_t mdl_backend_cpu_tp;
+/* model/backend_cuda.c, built with -Dcuda=enabled (KVSERVE_HAVE_CUDA). */
+extern const mdl_backend_t mdl_backend_cuda;
 
 #endif /* MODEL_BACKEND_H */

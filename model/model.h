@@ -105,6 +105,9 @@ typedef struct mdl_runtime_config {
     int32_t max_num_seqs;
     int32_t max_blocks_per_seq;
     mdl_kv_dtype_t kv_dtype;
+    /* cuda: share of each device's memory that weights, activations and the
+     * KV pool may use (--gpu-memory-utilization); 0 means 0.9. */
+    float gpu_memory_utilization;
 } mdl_runtime_config_t;
 
 typedef struct mdl_runtime mdl_runtime_t;

@@ -18,6 +18,7 @@
 #include "common/xmalloc.h"
 #include "model/backend.h"
 #include "model/model_int.h"
+#include "kvserve_config.h"
 
 struct mdl_runtime {
     const mdl_backend_t *be;
@@ -28,6 +29,9 @@ struct mdl_runtime {
 
 static const mdl_backend_t *const rt_backends[] = {
     &mdl_backend_cpu,
+#if KVSERVE_HAVE_CUDA
+    &mdl_backend_cuda,
+#endif
 };
 
 size_t
@@ -90,11 +94,13 @@ mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_ru
         c.max_blocks_per_seq = (mc->max_pos + c.block_size - 1) / c.block_size;
     }
     if (c.kv_dtype == MDL_KV_AUTO) {
-        c.kv_dtype = MDL_KV_F32;
+        c.kv_dtype = strcmp(be->name, "cuda") == 0 ? MDL_KV_BF16 : MDL_KV_F32;
     }
-    if (c.tp_size != 1) {
-        snprintf(err, errlen, "tensor parallel size %d: only 1 is supported", c.tp_size);
-        return ST_EUNSUPPORTED;
+    if (c.gpu_memory_utilization <= 0.0f) {
+        c.gpu_memory_utilization = 0.9f;
+    }
+    if (c.tp_size > 1 && be == &mdl_backend_cpu) {
+        be = &mdl_backend_cpu_tp; /* model/forward_tp.c; it checks the split */
     }
     if (c.num_blocks < 2 || c.swap_blocks < 0 || c.max_blocks_per_seq <= 0 || c.block_size > 4096) {
         snprintf(err, errlen, "bad KV pool shape: %d blocks of %d tokens, %d swap blocks",

@@ -93,6 +93,7 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     e->rt.max_num_seqs = cfg->max_num_seqs;
     e->rt.max_blocks_per_seq = (ctx + cfg->block_size - 1) / cfg->block_size;
     e->rt.kv_dtype = kv_dtype_of(cfg->kv_cache_dtype);
+    e->rt.gpu_memory_utilization = (float)cfg->gpu_memory_utilization;
     block_bytes = mdl_kv_block_bytes(mc, cfg->block_size, e->rt.kv_dtype);
     if (block_bytes == 0) {
         LOG_ERROR("cannot size a KV block");

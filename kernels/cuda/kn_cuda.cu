@@ -1,0 +1,125 @@
+/* kn_cuda.cu - the CUDA kernels: __global__ wrappers around the bodies of
+ * kn_cuda_body.h (shared with the CPU emulator that tests them in CI) and
+ * their launchers (kn_cuda.h). Built for sm_80 and sm_90.
+ *
+ * Each wrapper fills a kn_thr_t from the built-ins and passes the dynamic
+ * shared memory; the args struct travels by value in the kernel
+ * parameters. Block sizes: 256 threads for row kernels (rmsnorm reduces
+ * over the row with them), 128 for attention (4 warps share a (token, KV
+ * head) block), 256 elsewhere.
+ */
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/kn_cuda.h"
+
+#define KN_ROW_THREADS 256
+#define KN_ATTN_THREADS 128
+
+static __device__ __forceinline__ kn_thr_t
+kn_thr_here(void)
+{
+    kn_thr_t t;
+
+    t.tid = (int)threadIdx.x;
+    t.nthr = (int)blockDim.x;
+    t.bx = (int)blockIdx.x;
+    t.by = (int)blockIdx.y;
+    t.gx = (int)gridDim.x;
+    t.gy = (int)gridDim.y;
+    t.emu = NULL;
+    return t;
+}
+
+#define KN_KERNEL(name, args_t)                                                                    \
+    static __global__ void k_##name(args_t a)                                                      \
+    {                                                                                              \
+        extern __shared__ float kn_smem[];                                                         \
+        kn_thr_t t = kn_thr_here();                                                                \
+        kn_##name##_body(&t, kn_smem, &a);                                                         \
+    }
+
+KN_KERNEL(embed, kn_embed_args_t)
+KN_KERNEL(rmsnorm, kn_rmsnorm_args_t)
+KN_KERNEL(rope, kn_rope_args_t)
+KN_KERNEL(bias, kn_bias_args_t)
+KN_KERNEL(kv_write, kn_kv_write_args_t)
+KN_KERNEL(silu_mul, kn_silu_mul_args_t)
+KN_KERNEL(add, kn_add_args_t)
+KN_KERNEL(gather, kn_gather_args_t)
+KN_KERNEL(attention, kn_attn_cuda_args_t)
+
+extern "C" cudaError_t
+kn_cuda_embed(cudaStream_t s, const kn_embed_args_t *a, int32_t n_tok)
+{
+    k_embed<<<n_tok, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_rmsnorm(cudaStream_t s, const kn_rmsnorm_args_t *a, int32_t n_tok)
+{
+    k_rmsnorm<<<n_tok, KN_ROW_THREADS, sizeof(float) * (KN_ROW_THREADS / KN_WARP), s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_rope(cudaStream_t s, const kn_rope_args_t *a, int32_t n_tok)
+{
+    k_rope<<<n_tok, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_bias(cudaStream_t s, const kn_bias_args_t *a, int32_t n_tok)
+{
+    k_bias<<<n_tok, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_kv_write(cudaStream_t s, const kn_kv_write_args_t *a, int32_t n_tok)
+{
+    k_kv_write<<<n_tok, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_silu_mul(cudaStream_t s, const kn_silu_mul_args_t *a, int32_t n_tok)
+{
+    k_silu_mul<<<n_tok, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_add(cudaStream_t s, const kn_add_args_t *a)
+{
+    int64_t per_block = (int64_t)KN_ROW_THREADS * 4;
+    unsigned grid = (unsigned)((a->n + per_block - 1) / per_block);
+
+    if (grid == 0) {
+        return cudaSuccess;
+    }
+    k_add<<<grid, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_gather(cudaStream_t s, const kn_gather_args_t *a, int32_t n_rows)
+{
+    k_gather<<<n_rows, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_attention(cudaStream_t s, const kn_attn_cuda_args_t *a, int32_t n_tok)
+{
+    int32_t group = a->n_heads / a->n_kv_heads;
+    size_t smem = sizeof(float) * kn_attn_smem_floats(group, a->head_dim);
+    dim3 grid((unsigned)a->n_kv_heads, (unsigned)n_tok);
+
+    if (group > KN_ATTN_MAX_GROUP || a->head_dim > 256) {
+        return cudaErrorInvalidValue;
+    }
+    k_attention<<<grid, KN_ATTN_THREADS, smem, s>>>(*a);
+    return cudaGetLastError();
+}

@@ -1,0 +1,50 @@
+/* kn_cuda.h - host-side launchers of the CUDA kernels (kn_cuda.cu), callable
+ * from C. Each launcher enqueues one kernel on stream s with the launch
+ * shape its body documents in kn_cuda_body.h and never synchronizes; it
+ * returns cudaSuccess or the launch error (the caller reports it by name
+ * with cudaGetErrorName). Shapes, dtypes and memory spaces are those of
+ * the args structs in kn_cuda_body.h: every pointer is device memory of
+ * the current device.
+ *
+ * GEMMs are not here: the backend calls cuBLAS (cublasGemmEx, 16-bit
+ * inputs, f32 output, CUBLAS_COMPUTE_32F) directly.
+ *
+ * Thread: the thread that owns the current device (one per rank).
+ */
+#ifndef KERNELS_CUDA_KN_CUDA_H
+#define KERNELS_CUDA_KN_CUDA_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/kn_cuda_body.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out (n_tok, dim) f32 <- table rows; grid n_tok. */
+cudaError_t kn_cuda_embed(cudaStream_t s, const kn_embed_args_t *a, int32_t n_tok);
+/* out (n_tok, dim) 16-bit <- rmsnorm(x) * w; grid n_tok. */
+cudaError_t kn_cuda_rmsnorm(cudaStream_t s, const kn_rmsnorm_args_t *a, int32_t n_tok);
+/* x (n_tok, n_heads * head_dim) f32 rotated in place; grid n_tok. */
+cudaError_t kn_cuda_rope(cudaStream_t s, const kn_rope_args_t *a, int32_t n_tok);
+/* y (n_tok, d) f32 += bias; grid n_tok. */
+cudaError_t kn_cuda_bias(cudaStream_t s, const kn_bias_args_t *a, int32_t n_tok);
+/* K/V cache slots <- k, v (n_tok rows); grid n_tok. */
+cudaError_t kn_cuda_kv_write(cudaStream_t s, const kn_kv_write_args_t *a, int32_t n_tok);
+/* out (n_tok, n) 16-bit <- silu(gate) * up; grid n_tok. */
+cudaError_t kn_cuda_silu_mul(cudaStream_t s, const kn_silu_mul_args_t *a, int32_t n_tok);
+/* x (n) f32 += y (n). */
+cudaError_t kn_cuda_add(cudaStream_t s, const kn_add_args_t *a);
+/* out (n_rows, dim) f32 <- x rows; grid n_rows. */
+cudaError_t kn_cuda_gather(cudaStream_t s, const kn_gather_args_t *a, int32_t n_rows);
+/* Paged attention over the varlen batch; grid (n_kv_heads, n_tok). */
+cudaError_t kn_cuda_attention(cudaStream_t s, const kn_attn_cuda_args_t *a, int32_t n_tok);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KERNELS_CUDA_KN_CUDA_H */

@@ -1,0 +1,677 @@
+/* test_emu.c - the CUDA kernel bodies (kernels/cuda/kn_cuda_body.h), run
+ * under the thread-block emulator (kn_emu.c), against the CPU reference
+ * kernels (kernels/cpu/kn_ref.c) on random inputs and random block tables.
+ *
+ * Inputs are drawn in f32, rounded to the kernel's 16-bit dtype, and the
+ * reference sees the rounded values, so the remaining error is the f32
+ * accumulation order plus the final rounding of 16-bit outputs. Each test
+ * holds the normalized mean squared error
+ *   NMSE = sum (out - ref)^2 / sum ref^2
+ * under a bound (as llama.cpp's test-backend-ops does): 1e-4 for bf16
+ * outputs (8 mantissa bits: ~1e-5 observed), 1e-6 for f16 outputs and
+ * 1e-9 for f32 outputs. A wrong index or a broken reduction lands near 1.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/xmalloc.h"
+#include "kernels/cpu/kn_cpu.h"
+#include "kernels/cuda/kn_kvcopy.h"
+#include "tests/cuda/kn_emu.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t rng_state;
+
+static uint32_t
+rng_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static int32_t
+rng_int(int32_t lo, int32_t hi) /* [lo, hi] */
+{
+    return lo + (int32_t)(rng_u32() % (uint32_t)(hi - lo + 1));
+}
+
+static float
+rng_f(float scale)
+{
+    return ((float)(rng_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f) * scale;
+}
+
+static void
+setup(void)
+{
+    rng_state = 0x9e3779b97f4a7c15ULL;
+}
+
+static double
+nmse(const float *out, const float *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)out[i] - ref[i];
+
+        if (isnan(out[i])) {
+            return INFINITY;
+        }
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+static double
+bound16(kn_dt_t dt)
+{
+    return dt == KN_DT_BF16 ? 1e-4 : 1e-6;
+}
+
+/* Random 16-bit tensor and its f32 values. */
+static void
+rand16(uint16_t *h, float *f, size_t n, float scale, kn_dt_t dt)
+{
+    for (size_t i = 0; i < n; i++) {
+        kn_st16(h, i, rng_f(scale), dt);
+        f[i] = kn_ld16(h, i, dt);
+    }
+}
+
+static float
+round16(float v, kn_dt_t dt)
+{
+    uint16_t h;
+
+    kn_st16(&h, 0, v, dt);
+    return kn_ld16(&h, 0, dt);
+}
+
+static void
+to_f32(const uint16_t *h, float *f, size_t n, kn_dt_t dt)
+{
+    for (size_t i = 0; i < n; i++) {
+        f[i] = kn_ld16(h, i, dt);
+    }
+}
+
+/* Body adapters with the emulator's signature. */
+static void
+run_embed(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_embed_body(t, smem, a);
+}
+static void
+run_rmsnorm(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_rmsnorm_body(t, smem, a);
+}
+static void
+run_rope(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_rope_body(t, smem, a);
+}
+static void
+run_bias(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_bias_body(t, smem, a);
+}
+static void
+run_kv_write(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_kv_write_body(t, smem, a);
+}
+static void
+run_silu_mul(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_silu_mul_body(t, smem, a);
+}
+static void
+run_add(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_add_body(t, smem, a);
+}
+static void
+run_gather(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_gather_body(t, smem, a);
+}
+static void
+run_attention(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_attention_body(t, smem, a);
+}
+
+/* ---- conversions ---------------------------------------------------------- */
+
+START_TEST(test_convert)
+{
+    ck_assert_uint_eq(kn_f32_to_f16(1.0f), 0x3c00);
+    ck_assert_uint_eq(kn_f32_to_f16(-2.0f), 0xc000);
+    ck_assert_uint_eq(kn_f32_to_f16(65504.0f), 0x7bff);
+    ck_assert_uint_eq(kn_f32_to_f16(65520.0f), 0x7c00);
+    ck_assert_uint_eq(kn_f32_to_f16(5.9604645e-8f), 0x0001);         /* smallest subnormal */
+    ck_assert_uint_eq(kn_f32_to_f16(1.0f + 1.0f / 2048.0f), 0x3c00); /* tie to even */
+    ck_assert_uint_eq(kn_f32_to_f16(1.0f + 3.0f / 2048.0f), 0x3c02);
+    ck_assert_uint_eq(kn_f32_to_bf16(1.0f), 0x3f80);
+    ck_assert_uint_eq(kn_f32_to_bf16(1.0f + 1.0f / 256.0f), 0x3f80); /* tie to even */
+    ck_assert_uint_eq(kn_f32_to_bf16(1.0f + 3.0f / 256.0f), 0x3f82);
+    ck_assert(isnan(kn_bf16_to_f32(kn_f32_to_bf16(NAN))));
+    ck_assert(isnan(kn_f16_to_f32(kn_f32_to_f16(NAN))));
+    /* Every f16 value survives the round trip through f32. */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) {
+            continue; /* NaN payloads */
+        }
+        ck_assert_uint_eq(kn_f32_to_f16(kn_f16_to_f32((uint16_t)h)), h);
+    }
+}
+END_TEST
+
+/* ---- elementwise kernels ----------------------------------------------------- */
+
+START_TEST(test_embed)
+{
+    kn_dt_t dt = (kn_dt_t)_i;
+    int32_t vocab = 50, dim = 72, n_tok = 9;
+    uint16_t *tab = xmalloc(sizeof(uint16_t) * vocab * dim);
+    float *tabf = xmalloc(sizeof(float) * vocab * dim);
+    float *out = xmalloc(sizeof(float) * n_tok * dim), *ref = xmalloc(sizeof(float) * n_tok * dim);
+    int32_t tok[9];
+    kn_embed_args_t a = {tab, tok, out, dim, dt};
+
+    rand16(tab, tabf, (size_t)vocab * dim, 1.0f, dt);
+    for (int i = 0; i < n_tok; i++) {
+        tok[i] = rng_int(0, vocab - 1);
+    }
+    ck_assert_int_eq(kn_emu_launch(run_embed, &a, n_tok, 1, 32, 0), 0);
+    kn_cpu_embed_ref(tabf, tok, n_tok, dim, ref);
+    ck_assert(memcmp(out, ref, sizeof(float) * n_tok * dim) == 0);
+    free(tab);
+    free(tabf);
+    free(out);
+    free(ref);
+}
+END_TEST
+
+START_TEST(test_rmsnorm)
+{
+    kn_dt_t dt = (kn_dt_t)_i;
+    int32_t n_tok = 7, dim = 200, stride = 232;
+    float *x = xmalloc(sizeof(float) * n_tok * stride), *xc = xmalloc(sizeof(float) * n_tok * dim);
+    uint16_t *w = xmalloc(sizeof(uint16_t) * dim), *o = xmalloc(sizeof(uint16_t) * n_tok * dim);
+    float *wf = xmalloc(sizeof(float) * dim), *of = xmalloc(sizeof(float) * n_tok * dim);
+    float *ref = xmalloc(sizeof(float) * n_tok * dim);
+    kn_rmsnorm_args_t a = {x, w, o, dim, stride, 1e-5f, dt};
+
+    for (int32_t t = 0; t < n_tok; t++) {
+        for (int32_t i = 0; i < stride; i++) {
+            x[t * stride + i] = rng_f(3.0f);
+            if (i < dim) {
+                xc[t * dim + i] = x[t * stride + i];
+            }
+        }
+    }
+    rand16(w, wf, (size_t)dim, 2.0f, dt);
+    ck_assert_int_eq(kn_emu_launch(run_rmsnorm, &a, n_tok, 1, 64, 64 / 32), 0);
+    to_f32(o, of, (size_t)n_tok * dim, dt);
+    kn_cpu_rmsnorm_ref(xc, wf, ref, n_tok, dim, 1e-5f);
+    ck_assert_double_lt(nmse(of, ref, (size_t)n_tok * dim), bound16(dt));
+    free(x);
+    free(xc);
+    free(w);
+    free(o);
+    free(wf);
+    free(of);
+    free(ref);
+}
+END_TEST
+
+START_TEST(test_rope)
+{
+    int32_t n_tok = 11, n_heads = 3, hd = 40, stride = n_heads * hd + 8;
+    float *x = xmalloc(sizeof(float) * n_tok * stride);
+    float *ref = xmalloc(sizeof(float) * n_tok * n_heads * hd);
+    float *got = xmalloc(sizeof(float) * n_tok * n_heads * hd);
+    float inv_freq[20];
+    int32_t pos[11];
+    kn_rope_params_t rp = {.head_dim = hd, .theta = 10000.0f};
+    kn_rope_args_t a = {x, pos, inv_freq, n_heads, hd, stride};
+
+    kn_cpu_rope_inv_freq(&rp, inv_freq);
+    for (int32_t t = 0; t < n_tok; t++) {
+        pos[t] = rng_int(0, 300);
+        for (int32_t i = 0; i < stride; i++) {
+            x[t * stride + i] = rng_f(1.0f);
+            if (i < n_heads * hd) {
+                ref[t * n_heads * hd + i] = x[t * stride + i];
+            }
+        }
+    }
+    ck_assert_int_eq(kn_emu_launch(run_rope, &a, n_tok, 1, 32, 0), 0);
+    kn_cpu_rope_ref(ref, pos, n_tok, n_heads, hd, inv_freq);
+    for (int32_t t = 0; t < n_tok; t++) {
+        memcpy(got + t * n_heads * hd, x + t * stride, sizeof(float) * n_heads * hd);
+        /* The padding after the heads is left alone. */
+        for (int32_t i = n_heads * hd; i < stride; i++) {
+            ck_assert(fabsf(x[t * stride + i]) <= 1.0f);
+        }
+    }
+    ck_assert_double_lt(nmse(got, ref, (size_t)n_tok * n_heads * hd), 1e-9);
+    free(x);
+    free(ref);
+    free(got);
+}
+END_TEST
+
+START_TEST(test_bias_silu_add_gather)
+{
+    kn_dt_t dt = (kn_dt_t)_i;
+    int32_t n_tok = 5, n = 130, stride = 140;
+    size_t sz = (size_t)n_tok * stride;
+    float *g = xmalloc(sizeof(float) * sz), *u = xmalloc(sizeof(float) * sz);
+    float *gc = xmalloc(sizeof(float) * n_tok * n), *uc = xmalloc(sizeof(float) * n_tok * n);
+    float *ref = xmalloc(sizeof(float) * n_tok * n), *of = xmalloc(sizeof(float) * n_tok * n);
+    uint16_t *o = xmalloc(sizeof(uint16_t) * n_tok * n), *b = xmalloc(sizeof(uint16_t) * n);
+    float *bf = xmalloc(sizeof(float) * n);
+
+    for (size_t i = 0; i < sz; i++) {
+        g[i] = rng_f(4.0f);
+        u[i] = rng_f(2.0f);
+    }
+    rand16(b, bf, (size_t)n, 1.0f, dt);
+
+    /* bias: gate[t][o] += b[o] */
+    kn_bias_args_t ba = {g, b, n, stride, dt};
+    ck_assert_int_eq(kn_emu_launch(run_bias, &ba, n_tok, 1, 64, 0), 0);
+    for (int32_t t = 0; t < n_tok; t++) {
+        for (int32_t i = 0; i < n; i++) {
+            gc[t * n + i] = g[t * stride + i];
+            uc[t * n + i] = u[t * stride + i];
+        }
+    }
+
+    /* silu(gate) * up -> 16-bit */
+    kn_silu_mul_args_t sa = {g, u, o, n, stride, dt};
+    ck_assert_int_eq(kn_emu_launch(run_silu_mul, &sa, n_tok, 1, 32, 0), 0);
+    to_f32(o, of, (size_t)n_tok * n, dt);
+    kn_cpu_silu_mul_ref(gc, uc, ref, (size_t)n_tok * n);
+    ck_assert_double_lt(nmse(of, ref, (size_t)n_tok * n), bound16(dt));
+
+    /* x += y over a length that is not a multiple of the block. */
+    size_t len = sz - 3;
+    float *xr = xmalloc(sizeof(float) * len);
+    memcpy(xr, g, sizeof(float) * len);
+    kn_add_args_t aa = {g, u, (int64_t)len};
+    ck_assert_int_eq(kn_emu_launch(run_add, &aa, (int)((len + 127) / 128), 1, 32, 0), 0);
+    kn_cpu_add_ref(xr, u, len);
+    ck_assert(memcmp(xr, g, sizeof(float) * len) == 0);
+
+    /* rows gather */
+    int32_t rows[3] = {4, 0, 2};
+    float *gout = xmalloc(sizeof(float) * 3 * stride);
+    kn_gather_args_t ga = {g, rows, gout, stride};
+    ck_assert_int_eq(kn_emu_launch(run_gather, &ga, 3, 1, 32, 0), 0);
+    for (int i = 0; i < 3; i++) {
+        ck_assert(memcmp(gout + i * stride, g + rows[i] * stride, sizeof(float) * stride) == 0);
+    }
+
+    free(g);
+    free(u);
+    free(gc);
+    free(uc);
+    free(ref);
+    free(of);
+    free(o);
+    free(b);
+    free(bf);
+    free(xr);
+    free(gout);
+}
+END_TEST
+
+START_TEST(test_bias_matches_reference)
+{
+    /* bias add alone, checked element by element against f32 math */
+    kn_dt_t dt = KN_DT_BF16;
+    int32_t n_tok = 3, n = 70;
+    float y[3 * 70], y0[3 * 70], bf[70];
+    uint16_t b[70];
+    kn_bias_args_t ba = {y, b, n, n, dt};
+
+    for (int i = 0; i < n_tok * n; i++) {
+        y[i] = y0[i] = rng_f(1.0f);
+    }
+    rand16(b, bf, (size_t)n, 1.0f, dt);
+    ck_assert_int_eq(kn_emu_launch(run_bias, &ba, n_tok, 1, 32, 0), 0);
+    for (int t = 0; t < n_tok; t++) {
+        for (int i = 0; i < n; i++) {
+            ck_assert_float_eq(y[t * n + i], y0[t * n + i] + bf[i]);
+        }
+    }
+}
+END_TEST
+
+/* ---- KV write and paged attention -------------------------------------------- */
+
+typedef struct attn_case {
+    int32_t n_heads, n_kv, hd, bs, window, nthr;
+} attn_case_t;
+
+static const attn_case_t attn_cases[] = {
+    {6, 2, 32, 16, 0, 64},  /* the default model's shape */
+    {4, 1, 64, 4, 0, 128},  /* MQA, small blocks */
+    {4, 4, 40, 8, 0, 32},   /* MHA, head_dim not a multiple of 32 */
+    {8, 2, 16, 16, 0, 64},  /* group of 4 over 2 warps */
+    {6, 2, 32, 16, 23, 64}, /* sliding window */
+};
+
+/* A random varlen batch: decodes (1 new token), prefill chunks with a
+ * cached prefix and whole prompts, over random distinct physical blocks. */
+static void
+check_attention(const attn_case_t *c, kn_dt_t dt)
+{
+    int32_t n_seqs = rng_int(1, 4), num_blocks = 64, max_blocks = 12;
+    int32_t qs[5], ctx[4], *bt = xcalloc((size_t)n_seqs * max_blocks, sizeof(int32_t));
+    int32_t perm[64];
+    int32_t n_tok = 0, used = 1; /* block 0 is the null block */
+    int32_t qd = c->n_heads * c->hd, kvd = c->n_kv * c->hd;
+
+    for (int32_t i = 0; i < num_blocks; i++) {
+        perm[i] = i;
+    }
+    for (int32_t i = num_blocks - 1; i > 1; i--) {
+        int32_t j = rng_int(1, i), tmp = perm[i];
+
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    qs[0] = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t kind = rng_int(0, 2), n_new;
+
+        ctx[s] = rng_int(1, max_blocks * c->bs < 90 ? max_blocks * c->bs : 90);
+        n_new = kind == 0 ? 1 : kind == 1 ? rng_int(1, ctx[s]) : ctx[s];
+        qs[s + 1] = qs[s] + n_new;
+        for (int32_t b = 0; b < (ctx[s] + c->bs - 1) / c->bs; b++) {
+            bt[s * max_blocks + b] = perm[used++];
+        }
+    }
+    n_tok = qs[n_seqs];
+
+    size_t cache_n = (size_t)num_blocks * kvd * c->bs;
+    uint16_t *kc = xmalloc(sizeof(uint16_t) * cache_n), *vc = xmalloc(sizeof(uint16_t) * cache_n);
+    float *kcf = xmalloc(sizeof(float) * cache_n), *vcf = xmalloc(sizeof(float) * cache_n);
+    float *q = xmalloc(sizeof(float) * n_tok * qd);
+    uint16_t *out = xmalloc(sizeof(uint16_t) * n_tok * qd);
+    float *outf = xmalloc(sizeof(float) * n_tok * qd), *ref = xmalloc(sizeof(float) * n_tok * qd);
+
+    rand16(kc, kcf, cache_n, 1.5f, dt);
+    rand16(vc, vcf, cache_n, 1.0f, dt);
+    for (int32_t i = 0; i < n_tok * qd; i++) {
+        q[i] = rng_f(1.5f);
+    }
+
+    kn_attn_cuda_args_t a = {
+        out,    q,          kc,      vc,    qs,    ctx,       bt, max_blocks,
+        n_seqs, c->n_heads, c->n_kv, c->hd, c->bs, c->window, qd, 1.0f / sqrtf((float)c->hd),
+        dt,
+    };
+    kn_attn_args_t r = {
+        .out = ref,
+        .q = q,
+        .k_cache = kcf,
+        .v_cache = vcf,
+        .query_start = qs,
+        .context_len = ctx,
+        .block_tables = bt,
+        .max_blocks = max_blocks,
+        .n_seqs = n_seqs,
+        .n_tok = n_tok,
+        .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv,
+        .head_dim = c->hd,
+        .block_size = c->bs,
+        .sliding_window = c->window,
+        .scale = 1.0f / sqrtf((float)c->hd),
+    };
+    size_t smem = kn_attn_smem_floats(c->n_heads / c->n_kv, c->hd);
+
+    ck_assert_int_eq(kn_emu_launch(run_attention, &a, c->n_kv, n_tok, c->nthr, smem), 0);
+    to_f32(out, outf, (size_t)n_tok * qd, dt);
+    kn_cpu_attention_ref(&r);
+    double e = nmse(outf, ref, (size_t)n_tok * qd);
+    if (!(e < bound16(dt))) {
+        fprintf(stderr, "attention %dx%d hd %d bs %d window %d dt %d: NMSE %g\n", c->n_heads,
+                c->n_kv, c->hd, c->bs, c->window, dt, e);
+    }
+    ck_assert_double_lt(e, bound16(dt));
+
+    free(bt);
+    free(kc);
+    free(vc);
+    free(kcf);
+    free(vcf);
+    free(q);
+    free(out);
+    free(outf);
+    free(ref);
+}
+
+START_TEST(test_attention)
+{
+    const attn_case_t *c = &attn_cases[_i % 5];
+    kn_dt_t dt = (kn_dt_t)(_i / 5);
+
+    for (int rep = 0; rep < 2; rep++) {
+        check_attention(c, dt);
+    }
+}
+END_TEST
+
+START_TEST(test_kv_write)
+{
+    kn_dt_t dt = (kn_dt_t)_i;
+    int32_t n_tok = 13, n_kv = 2, hd = 24, bs = 4, nb = 10, stride = n_kv * hd + 5;
+    size_t cache_n = (size_t)nb * n_kv * bs * hd;
+    uint16_t *kc = xcalloc(cache_n, sizeof(uint16_t)), *vc = xcalloc(cache_n, sizeof(uint16_t));
+    float *kcf = xcalloc(cache_n, sizeof(float)), *vcf = xcalloc(cache_n, sizeof(float));
+    float *kref = xcalloc(cache_n, sizeof(float)), *vref = xcalloc(cache_n, sizeof(float));
+    float *k = xmalloc(sizeof(float) * n_tok * stride),
+          *v = xmalloc(sizeof(float) * n_tok * stride);
+    float *kk = xmalloc(sizeof(float) * n_tok * n_kv * hd);
+    float *vv = xmalloc(sizeof(float) * n_tok * n_kv * hd);
+    int32_t slot[13], perm[40];
+
+    for (int32_t i = 0; i < nb * bs; i++) {
+        perm[i] = i;
+    }
+    for (int32_t i = nb * bs - 1; i > 0; i--) {
+        int32_t j = rng_int(0, i), tmp = perm[i];
+
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    for (int32_t t = 0; t < n_tok; t++) {
+        slot[t] = t % 5 == 4 ? -1 : perm[t];
+        for (int32_t i = 0; i < stride; i++) {
+            k[t * stride + i] = rng_f(1.0f);
+            v[t * stride + i] = rng_f(1.0f);
+        }
+        for (int32_t i = 0; i < n_kv * hd; i++) {
+            /* the reference gets the values rounded as the cache holds them */
+            kk[t * n_kv * hd + i] = round16(k[t * stride + i], dt);
+            vv[t * n_kv * hd + i] = round16(v[t * stride + i], dt);
+        }
+    }
+    kn_kv_write_args_t a = {kc, vc, k, v, slot, n_kv, hd, bs, stride, dt};
+
+    ck_assert_int_eq(kn_emu_launch(run_kv_write, &a, n_tok, 1, 32, 0), 0);
+    to_f32(kc, kcf, cache_n, dt);
+    to_f32(vc, vcf, cache_n, dt);
+    kn_cpu_kv_write_ref(kref, vref, kk, vv, slot, n_tok, n_kv, bs, hd);
+    ck_assert(memcmp(kcf, kref, sizeof(float) * cache_n) == 0);
+    ck_assert(memcmp(vcf, vref, sizeof(float) * cache_n) == 0);
+    free(kc);
+    free(vc);
+    free(kcf);
+    free(vcf);
+    free(kref);
+    free(vref);
+    free(k);
+    free(v);
+    free(kk);
+    free(vv);
+}
+END_TEST
+
+/* ---- the emulator catches misuse ---------------------------------------------- */
+
+static void
+body_divergent_sync(const kn_thr_t *t, float *smem, const void *a)
+{
+    (void)a;
+    if (t->tid == 3) {
+        return; /* never reaches the barrier */
+    }
+    smem[t->tid] = 1.0f;
+    KN_SYNC(t);
+}
+
+static void
+body_missing_sync(const kn_thr_t *t, float *smem, const void *a)
+{
+    float *out = (float *)(uintptr_t)a;
+
+    smem[t->tid] = (float)t->tid;
+    /* no KN_SYNC here: a neighbour's slot may still be unwritten (NaN) */
+    out[t->tid] = smem[(t->tid + 1) % t->nthr];
+}
+
+START_TEST(test_emulator_catches_misuse)
+{
+    float out[64];
+
+    ck_assert_int_eq(kn_emu_launch(body_divergent_sync, NULL, 1, 1, 32, 32), -1);
+    ck_assert_int_eq(kn_emu_launch(body_missing_sync, out, 1, 1, 64, 64), 0);
+    ck_assert(isnan(out[0]) || isnan(out[63])); /* stale shared memory is visible */
+}
+END_TEST
+
+/* ---- KV copy/swap planning ------------------------------------------------------- */
+
+START_TEST(test_kvcopy_plan)
+{
+    int32_t n_layers = 3, nb = 20, ns = 12;
+    size_t blk = 8; /* bytes */
+    size_t dev_n = (size_t)2 * n_layers * nb * blk, host_n = (size_t)2 * n_layers * ns * blk;
+    uint8_t *dev = xmalloc(dev_n), *host = xmalloc(host_n);
+    uint8_t *dev_ref = xmalloc(dev_n), *host_ref = xmalloc(host_n);
+    kv_op_t ops[40];
+    kn_kvcopy_t *plan = xmalloc(sizeof(*plan) * 40 * 2 * n_layers);
+
+    for (int rep = 0; rep < 200; rep++) {
+        int32_t n_ops = rng_int(1, 40), n_plan;
+
+        for (size_t i = 0; i < dev_n; i++) {
+            dev[i] = dev_ref[i] = (uint8_t)rng_u32();
+        }
+        for (size_t i = 0; i < host_n; i++) {
+            host[i] = host_ref[i] = (uint8_t)rng_u32();
+        }
+        /* Runs of consecutive blocks, overlapping copies among them. */
+        for (int32_t i = 0; i < n_ops; i++) {
+            kv_op_kind_t kind = (kv_op_kind_t)rng_int(0, 2);
+            int32_t smax = kind == KV_OP_SWAP_IN ? ns : nb, dmax = kind == KV_OP_SWAP_OUT ? ns : nb;
+
+            if (i > 0 && rng_int(0, 2) > 0) {
+                kind = ops[i - 1].kind;
+                smax = kind == KV_OP_SWAP_IN ? ns : nb;
+                dmax = kind == KV_OP_SWAP_OUT ? ns : nb;
+            }
+            if (i > 0 && kind == ops[i - 1].kind && ops[i - 1].src + 1 < smax &&
+                ops[i - 1].dst + 1 < dmax) {
+                ops[i] = ops[i - 1];
+                ops[i].src++;
+                ops[i].dst++;
+                continue;
+            }
+            ops[i].kind = kind;
+            ops[i].src = rng_int(0, smax - 1);
+            ops[i].dst = rng_int(0, dmax - 1);
+        }
+        /* Reference: op by op, block by block. */
+        for (int32_t i = 0; i < n_ops; i++) {
+            for (int32_t r = 0; r < 2 * n_layers; r++) {
+                const kv_op_t *o = &ops[i];
+                uint8_t *sb = o->kind == KV_OP_SWAP_IN ? host_ref : dev_ref;
+                uint8_t *db = o->kind == KV_OP_SWAP_OUT ? host_ref : dev_ref;
+                int32_t sn = o->kind == KV_OP_SWAP_IN ? ns : nb;
+                int32_t dn = o->kind == KV_OP_SWAP_OUT ? ns : nb;
+
+                memmove(db + ((size_t)r * dn + o->dst) * blk, sb + ((size_t)r * sn + o->src) * blk,
+                        blk);
+            }
+        }
+        n_plan = kn_kvcopy_plan(ops, n_ops, n_layers, nb, ns, blk, plan);
+        ck_assert_int_le(n_plan, n_ops * 2 * n_layers);
+        for (int32_t i = 0; i < n_plan; i++) {
+            uint8_t *sb = plan[i].kind == KV_OP_SWAP_IN ? host : dev;
+            uint8_t *db = plan[i].kind == KV_OP_SWAP_OUT ? host : dev;
+
+            /* cudaMemcpyAsync semantics: the ranges of one copy never overlap */
+            ck_assert(sb != db || plan[i].src_off + plan[i].bytes <= plan[i].dst_off ||
+                      plan[i].dst_off + plan[i].bytes <= plan[i].src_off ||
+                      plan[i].src_off == plan[i].dst_off);
+            memcpy(db + plan[i].dst_off, sb + plan[i].src_off, plan[i].bytes);
+        }
+        ck_assert(memcmp(dev, dev_ref, dev_n) == 0);
+        ck_assert(memcmp(host, host_ref, host_n) == 0);
+    }
+    /* A 150-block swap-out run is one range per layer and kind. */
+    kv_op_t big[150];
+    kn_kvcopy_t *bp = xmalloc(sizeof(*bp) * 150 * 2 * n_layers);
+    for (int32_t i = 0; i < 150; i++) {
+        big[i] = (kv_op_t){KV_OP_SWAP_OUT, 10 + i, 20 + i};
+    }
+    ck_assert_int_eq(kn_kvcopy_plan(big, 150, n_layers, 200, 200, blk, bp), 2 * n_layers);
+    ck_assert_uint_eq(bp[0].bytes, 150 * blk);
+    free(bp);
+    free(dev);
+    free(host);
+    free(dev_ref);
+    free(host_ref);
+    free(plan);
+}
+END_TEST
+
+Suite *
+cuda_emu_suite(void)
+{
+    Suite *s = suite_create("cuda_emu");
+    TCase *tc = tcase_create("kernels");
+
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, setup, NULL);
+    tcase_add_test(tc, test_convert);
+    tcase_add_loop_test(tc, test_embed, 0, 2);
+    tcase_add_loop_test(tc, test_rmsnorm, 0, 2);
+    tcase_add_test(tc, test_rope);
+    tcase_add_loop_test(tc, test_bias_silu_add_gather, 0, 2);
+    tcase_add_test(tc, test_bias_matches_reference);
+    tcase_add_loop_test(tc, test_kv_write, 0, 2);
+    tcase_add_loop_test(tc, test_attention, 0, 10);
+    tcase_add_test(tc, test_emulator_catches_misuse);
+    tcase_add_test(tc, test_kvcopy_plan);
+    suite_add_tcase(s, tc);
+    return s;
+}
