@@ -616,6 +616,26 @@ START_TEST(test_queue_full_is_error)
 }
 END_TEST
 
+START_TEST(test_create_errors)
+{
+    eng_config_t c = cfg_default();
+    engine_t *e = NULL;
+    char err[256] = "";
+
+    load_model();
+    chan_init(&outbox, NULL, NULL);
+    c.rt.num_blocks = 1;
+    ck_assert_int_ne(engine_create(&c, model, &outbox, &e, err, sizeof(err)), ST_OK);
+    ck_assert(e == NULL && err[0] != '\0');
+    c = cfg_default();
+    c.rt.device = "cuda";
+    err[0] = '\0';
+    ck_assert_int_ne(engine_create(&c, model, &outbox, &e, err, sizeof(err)), ST_OK);
+    ck_assert(e == NULL && strstr(err, "cuda") != NULL);
+    chan_fini(&outbox);
+}
+END_TEST
+
 /* ---- the thread -------------------------------------------------------- */
 
 START_TEST(test_thread_and_channels)
@@ -713,6 +733,7 @@ scheduler_engine_suite(void)
     tcase_add_test(tc, test_flooding_tenant_bounded_ttft);
     tcase_add_test(tc, test_queue_full_is_error);
     tcase_add_test(tc, test_thread_and_channels);
+    tcase_add_test(tc, test_create_errors);
     suite_add_tcase(s, tc);
     return s;
 }
