@@ -666,7 +666,7 @@ def write_gguf(a):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hf-dir")
     p.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
