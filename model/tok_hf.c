@@ -5,9 +5,9 @@
  * tokenizer is never silently wrong):
  *   model          BPE: vocab, merges ("a b" strings or [a, b] pairs),
  *                  byte_fallback, ignore_merges, fuse_unk, unk_token
- *   normalizer     Sequence, Prepend("▁"), Replace(" " -> "▁"), and NFC /
- *                  NFKC, accepted as identity (the input is expected to be
- *                  normalized already; documented limitation)
+ *   normalizer     Sequence, Prepend("▁"), Replace(" " -> "▁"), NFC (applied
+ *                  first, whatever its place in the Sequence: the other two
+ *                  commute with it)
  *   pre_tokenizer  Sequence, Split (Regex or String pattern, every
  *                  behaviour, invert), ByteLevel (add_prefix_space,
  *                  use_regex), Digits, Metaspace, Whitespace,
@@ -200,8 +200,8 @@ load_normalizer(tok_tokenizer_t *t, const cJSON *n, int depth, char *err, size_t
             return ST_OK;
         }
     }
-    if (strcmp(type, "NFC") == 0 || strcmp(type, "NFKC") == 0) {
-        LOG_DEBUG("normalizer %s treated as identity", type);
+    if (strcmp(type, "NFC") == 0) {
+        t->nfc = 1;
         return ST_OK;
     }
     snprintf(err, errlen, "unsupported normalizer %s", type);

@@ -1115,7 +1115,13 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
     const tok_tokenizer_t *t = e->t;
     const char *subj;
     int src = 0;
+    char *nfc = NULL;
+    size_t nfc_len;
 
+    if (t->nfc && (nfc = tok__nfc(s, n, &nfc_len)) != NULL) {
+        s = nfc;
+        n = nfc_len;
+    }
     e->buf.n = 0;
     sb_reserve(&e->buf, n + 8);
     if (add_prefix && !(t->prefix_if_absent && s[0] == ' ')) {
@@ -1137,6 +1143,7 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
     } else {
         sb_add(&e->buf, s, n);
     }
+    free(nfc); /* s is not used past this point */
 
     if (t->n_pre == 0) {
         if (!t->meta_split) {

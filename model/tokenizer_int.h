@@ -89,6 +89,7 @@ struct tok_tokenizer {
     int fuse_unk;
     int prefix;           /* TOK_PREFIX_* */
     int prefix_if_absent; /* Metaspace: no prefix when the segment starts with a space */
+    int nfc;              /* normalizer NFC */
     int replace_space;    /* ' ' becomes "▁" before the model (SentencePiece) */
     int bl_prefix_space;  /* ByteLevel add_prefix_space */
     int strip_lead;       /* decoder drops one leading space of the text */
@@ -146,6 +147,11 @@ int tok__add_pre_regex(tok_tokenizer_t *t, const char *pattern, size_t len, int 
                        int invert, char *err, size_t errlen);
 /* Builds byte_ids, the added-token index and the decoded pieces. */
 int tok__finish(tok_tokenizer_t *t, char *err, size_t errlen);
+
+/* NFC of s[0..n) (tok_nfc.c): a malloc'd NUL-terminated copy with its
+ * length in *out_len, or NULL when s is in NFC already (always the case
+ * below U+0300). Invalid UTF-8 bytes pass through unchanged. */
+char *tok__nfc(const char *s, size_t n, size_t *out_len);
 
 /* The GPT-2 byte-level alphabet: the code point standing for byte b. */
 uint32_t tok__byte_to_cp(uint8_t b);

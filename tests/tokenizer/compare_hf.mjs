@@ -103,6 +103,19 @@ const extraAdded = (base) => [
   { id: base + 1, content: "Mr.", single_word: false, lstrip: false, rstrip: false, normalized: false, special: false },
 ];
 variants.push(
+  { name: "llama3+nfc", base: llama3, normalizer: { type: "NFC" } },
+  {
+    name: "austen+nfc",
+    base: austen,
+    normalizer: {
+      type: "Sequence",
+      normalizers: [
+        { type: "NFC" },
+        { type: "Prepend", prepend: "\u2581" },
+        { type: "Replace", pattern: { String: " " }, content: "\u2581" },
+      ],
+    },
+  },
   { name: "austen+added-tokens", base: austen, added: extraAdded(1024) },
   { name: "llama3+added-tokens", base: llama3, added: extraAdded(128256) },
 );

@@ -15,6 +15,7 @@
 #include "common/util.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer_int.h"
 #include "tests/tokenizer/tok_test.h"
 
 static tok_tokenizer_t *
@@ -274,6 +275,61 @@ START_TEST(test_stream_random_ids)
 }
 END_TEST
 
+/* NFC (tok_nfc.c), the normalizer of Qwen2-style tokenizer.json files; its
+ * tables agree with Python's unicodedata on random strings (checked when
+ * they were generated) and compare_hf.mjs checks it through node. */
+static void
+assert_nfc(const char *in, const char *want)
+{
+    size_t len;
+    char *out = tok__nfc(in, strlen(in), &len);
+
+    if (out == NULL) {
+        ck_assert_str_eq(in, want); /* already NFC */
+        return;
+    }
+    ck_assert_uint_eq(len, strlen(want));
+    ck_assert_str_eq(out, want);
+    free(out);
+}
+
+START_TEST(test_nfc)
+{
+    size_t len;
+    const char *plain = "plain ASCII and caf\xc3\xa9";
+
+    ck_assert_ptr_null(tok__nfc(plain, strlen(plain), &len)); /* quick check */
+    assert_nfc("A\xcc\x8a", "\xc3\x85");                      /* A + ring */
+    assert_nfc("\xe2\x84\xab", "\xc3\x85");                   /* ANGSTROM SIGN (singleton) */
+    assert_nfc("\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81"); /* jamo -> GAG */
+    /* a + acute + ogonek: reordered (ogonek 202 < acute 230), then composed. */
+    assert_nfc("a\xcc\x81\xcc\xa8", "\xc4\x85\xcc\x81");
+    /* An invalid byte is a starter that composes with nothing. */
+    assert_nfc("e\xff\xcc\x81", "e\xff\xcc\x81");
+    /* A leading combining mark stays. */
+    assert_nfc("\xcc\x81"
+               "e",
+               "\xcc\x81"
+               "e");
+
+    /* A very long run of combining marks stays linear (counting sort). */
+    size_t n = 200001;
+    char *big = malloc(n + 1);
+    big[0] = 'a';
+    for (size_t i = 1; i + 1 < n; i += 2) {
+        big[i] = (char)0xcc;
+        big[i + 1] = (char)((i / 2) % 2 ? 0x81 : 0xa8); /* acute / ogonek alternate */
+    }
+    big[n] = '\0';
+    char *out = tok__nfc(big, n, &len);
+    ck_assert_ptr_nonnull(out);
+    ck_assert(utf8_valid(out, len));
+    ck_assert_uint_eq(len, n - 1); /* a + ogonek -> U+0105 (2 bytes): one byte less */
+    free(out);
+    free(big);
+}
+END_TEST
+
 /* Invalid UTF-8: deterministic ids that keep the bytes, and a decoder that
  * turns each maximal ill-formed subsequence into one U+FFFD. */
 START_TEST(test_invalid_utf8)
@@ -456,6 +512,7 @@ tokenizer_hf_suite(void)
     tcase_add_test(tc, test_stream_errors);
     tcase_add_test(tc, test_decode_special);
     tcase_add_test(tc, test_stream_random_ids);
+    tcase_add_test(tc, test_nfc);
     tcase_add_test(tc, test_invalid_utf8);
     tcase_add_test(tc, test_load_errors);
     tcase_add_test(tc, test_austen_gguf_matches_json);
