@@ -729,9 +729,30 @@ plan_add_row(sched_t *s, sched_seq_t *q, int32_t n_new)
     }
 }
 
-/* Victim for preemption: not yet planned this step, from the tenant with
- * the most weighted service, then the lowest priority, then the most
- * recently admitted. */
+/* Preemption order: > 0 when a should be preempted before b. The tenant
+ * with the most weighted service first, then the lowest priority (largest
+ * value), then the most recently admitted. */
+static int
+victim_cmp(sched_t *s, const sched_seq_t *a, const sched_seq_t *b)
+{
+    double va = seq_tenant(s, a)->vtc, vb = seq_tenant(s, b)->vtc;
+
+    if (va != vb) {
+        return va > vb ? 1 : -1;
+    }
+    if (a->req->r.priority != b->req->r.priority) {
+        return a->req->r.priority > b->req->r.priority ? 1 : -1;
+    }
+    if (a->admit_no != b->admit_no) {
+        return a->admit_no > b->admit_no ? 1 : -1;
+    }
+    return (a->choice > b->choice) - (a->choice < b->choice);
+}
+
+/* Victim for preemption among the running sequences not yet planned this
+ * step (blockmgr forbids preempting one that reserved this step). The
+ * step plans in the opposite order (sort_running), so the unplanned ones
+ * are always the first candidates anyway. */
 static sched_seq_t *
 pick_victim(sched_t *s)
 {
@@ -741,32 +762,27 @@ pick_victim(sched_t *s)
     LIST_FOREACH(it, &s->running)
     {
         sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
-        if (q->step_no == s->step_no) {
-            continue;
-        }
-        if (best == NULL) {
-            best = q;
-            continue;
-        }
-        double vq = seq_tenant(s, q)->vtc, vb = seq_tenant(s, best)->vtc;
-        if (vq != vb) {
-            if (vq > vb) {
-                best = q;
-            }
-            continue;
-        }
-        if (q->req->r.priority != best->req->r.priority) {
-            if (q->req->r.priority > best->req->r.priority) {
-                best = q;
-            }
-            continue;
-        }
-        if (q->admit_no > best->admit_no ||
-            (q->admit_no == best->admit_no && q->choice > best->choice)) {
+        if (q->step_no != s->step_no && (best == NULL || victim_cmp(s, q, best) > 0)) {
             best = q;
         }
     }
     return best;
+}
+
+/* Sorts v[0..n) most protected first (insertion sort: n <= max_num_seqs
+ * and the order changes little from step to step). */
+static void
+sort_running(sched_t *s, sched_seq_t **v, int32_t n)
+{
+    for (int32_t i = 1; i < n; i++) {
+        sched_seq_t *q = v[i];
+        int32_t j = i;
+        while (j > 0 && victim_cmp(s, v[j - 1], q) > 0) {
+            v[j] = v[j - 1];
+            j--;
+        }
+        v[j] = q;
+    }
 }
 
 static void
@@ -1048,7 +1064,10 @@ sched_step(sched_t *s, sched_plan_t *plan)
         CHECK(n_snap < s->cfg.max_num_seqs);
         s->snap[n_snap++] = LIST_ENTRY(it, sched_seq_t, node);
     }
-    /* Pass 0: decodes; pass 1: partial prefills. Both in admission order.
+    sort_running(s, s->snap, n_snap);
+    /* Pass 0: decodes; pass 1: partial prefills. Both in protection order
+     * (least served tenant, highest priority, oldest first): when blocks
+     * run out, the ones still unplanned are the ones to preempt.
      * A sequence preempted or finished meanwhile is no longer RUNNING;
      * nothing is freed during the step (see reap_dead), so the snapshot
      * stays valid. */

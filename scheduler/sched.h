@@ -24,7 +24,9 @@
  *   (priority, arrival).
  *
  *   A step: (1) running decodes, (2) running partial prefills, both in
- *   admission order, each reserving its blocks and preempting when
+ *   protection order (the reverse of the victim order below, so the
+ *   sequences still unplanned when blocks run out are the right victims),
+ *   each reserving its blocks and preempting when
  *   blockmgr says ST_EAGAIN; (3) swapped sequences come back when nothing
  *   was preempted this step; (4) only when nothing is swapped, new or
  *   recomputed sequences are admitted by tenant fair share. Budgets:

@@ -390,6 +390,43 @@ START_TEST(test_victim_is_lowest_priority_latest)
 }
 END_TEST
 
+START_TEST(test_victim_from_most_served_tenant)
+{
+    fake_cfg_t c = fake_cfg_default();
+    sched_tenant_stats_t t0, t1;
+    sched_stats_t st;
+
+    c.n_tenants = 2;
+    c.tenants[0].weight = 1.0;
+    c.tenants[1].weight = 1.0;
+    c.num_blocks = 25; /* 24 usable blocks of 4 tokens */
+    c.swap_blocks = 100;
+    fake_env_init(&env, &c);
+    /* Tenant 0 runs three sequences; tenant 1 comes later with one, so
+     * tenant 1's is the most recently admitted, but tenant 0 has been
+     * served more (3 tokens a step against 1) when blocks run out. */
+    for (uint64_t id = 1; id <= 3; id++) {
+        ck_assert_int_eq(fake_submit(&env, id, 0, 16, (uint32_t)id, 40), ST_OK);
+    }
+    fake_step(&env, NULL);
+    fake_step(&env, NULL);
+    ck_assert_int_eq(fake_submit(&env, 4, 1, 4, 4, 40), ST_OK);
+    do {
+        fake_step(&env, NULL);
+        sched_get_stats(env.sched, &st);
+    } while (st.preempt_swap == 0 && env.step < 200);
+    sched_get_tenant_stats(env.sched, 0, &t0);
+    sched_get_tenant_stats(env.sched, 1, &t1);
+    ck_assert_msg(t0.vtc > t1.vtc && t0.swapped > 0 && t1.swapped == 0,
+                  "step %lld: vtc %.1f / %.1f, swapped %u / %u, preempted %llu",
+                  (long long)env.step, t0.vtc, t1.vtc, t0.swapped, t1.swapped,
+                  (unsigned long long)st.preempt_swap);
+    ck_assert_uint_eq(t1.swapped, 0);
+    fake_run(&env, 1000);
+    fake_env_fini(&env);
+}
+END_TEST
+
 START_TEST(test_alone_outgrowing_pool_finishes_length)
 {
     fake_cfg_t c = fake_cfg_default();
@@ -954,6 +991,7 @@ scheduler_sched_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_preempt_swap_and_recompute_same_output);
     tcase_add_test(tc, test_victim_is_lowest_priority_latest);
+    tcase_add_test(tc, test_victim_from_most_served_tenant);
     tcase_add_test(tc, test_alone_outgrowing_pool_finishes_length);
     suite_add_tcase(s, tc);
 
