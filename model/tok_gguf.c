@@ -18,6 +18,7 @@
  */
 #define LOG_MODULE "tokenizer"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,44 @@ get_id_or(const gguf_file_t *g, const char *key, int32_t n_vocab)
     return (int32_t)v;
 }
 
+/* llama.cpp sets a few token attributes from the model name: Phi-3's
+ * added tokens swallow the whitespace after them (so "<|user|>\n" does not
+ * leave a newline to encode), except <unk>, <s> and <|endoftext|>. */
+static void
+apply_name_attrs(const gguf_file_t *g, tok_tokenizer_t *t)
+{
+    const char *name;
+    size_t len;
+    char lower[128];
+
+    if (gguf_get_str(g, "general.name", &name, &len) != ST_OK) {
+        return;
+    }
+    if (len >= sizeof(lower)) {
+        len = sizeof(lower) - 1;
+    }
+    for (size_t i = 0; i < len; i++) {
+        lower[i] = (char)tolower((unsigned char)name[i]);
+    }
+    lower[len] = '\0';
+    if (strstr(lower, "phi-3") == NULL && strstr(lower, "phi3") == NULL) {
+        return;
+    }
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        tok_entry_t *e = &t->tokens[id];
+        if (e->added) {
+            e->rstrip = 1;
+        }
+    }
+    static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
+    for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++) {
+        int32_t id = tok_find(t, keep[i]);
+        if (id >= 0) {
+            t->tokens[id].rstrip = 0;
+        }
+    }
+}
+
 int
 tok_load_gguf(const gguf_file_t *g, tok_tokenizer_t **out, char *err, size_t errlen)
 {
@@ -195,6 +234,7 @@ tok_load_gguf(const gguf_file_t *g, tok_tokenizer_t **out, char *err, size_t err
     t->bos = get_id_or(g, "tokenizer.ggml.bos_token_id", t->n_vocab);
     t->eos = get_id_or(g, "tokenizer.ggml.eos_token_id", t->n_vocab);
     t->unk = get_id_or(g, "tokenizer.ggml.unknown_token_id", t->n_vocab);
+    apply_name_attrs(g, t);
 
     if (spm) {
         int space_prefix = get_bool_or(g, "tokenizer.ggml.add_space_prefix", 1);

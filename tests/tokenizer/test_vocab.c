@@ -154,6 +154,44 @@ START_TEST(test_vocab_roundtrip)
 }
 END_TEST
 
+/* Special tokens under TOK_PARSE_SPECIAL / TOK_ADD_SPECIAL, llama.cpp
+ * style: SentencePiece puts "\u2581" after a special token, and Phi-3's
+ * added tokens swallow the whitespace that follows them. */
+START_TEST(test_vocab_special)
+{
+    char path[1024], err[512] = "";
+    gguf_file_t *g = NULL;
+    tok_tokenizer_t *t = NULL;
+    int32_t *ids;
+    size_t n;
+    const char *text = "<|user|>\nHello<|end|>\n<|assistant|>";
+
+    snprintf(path, sizeof(path), "%s/tests/fixtures/vocab/ggml-vocab-phi-3.gguf", tt_root());
+    ck_assert_msg(gguf_open(path, &g, err, sizeof(err)) == ST_OK, "%s", err);
+    ck_assert_msg(tok_load_gguf(g, &t, err, sizeof(err)) == ST_OK, "%s", err);
+    gguf_close(g);
+    ck_assert_int_eq(tok_bos_id(t), 1);
+    ck_assert_int_eq(tok_eos_id(t), 32000);
+    ck_assert_int_eq(
+        tok_encode(t, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids, &n), ST_OK);
+    ck_assert_uint_eq(n, 5);
+    ck_assert_int_eq(ids[0], 1);
+    ck_assert_int_eq(ids[1], tok_find(t, "<|user|>"));
+    ck_assert_int_eq(ids[2], tok_find(t, "\xe2\x96\x81Hello"));
+    ck_assert_int_eq(ids[3], tok_find(t, "<|end|>"));
+    ck_assert_int_eq(ids[4], tok_find(t, "<|assistant|>"));
+    free(ids);
+    /* Without parsing, the same text is plain text. */
+    ck_assert_int_eq(tok_encode(t, text, strlen(text), 0, &ids, &n), ST_OK);
+    ck_assert_uint_gt(n, 10);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert(!tok_is_special(t, ids[i]));
+    }
+    free(ids);
+    tok_destroy(t);
+}
+END_TEST
+
 Suite *
 tokenizer_vocab_suite(void)
 {
@@ -163,6 +201,7 @@ tokenizer_vocab_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_vocab_vectors, 0, (int)N_VOCABS);
     tcase_add_loop_test(tc, test_vocab_roundtrip, 0, (int)N_VOCABS);
+    tcase_add_test(tc, test_vocab_special);
     suite_add_tcase(s, tc);
     return s;
 }
