@@ -23,6 +23,7 @@
  * seed always gives the same token.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -664,17 +665,20 @@ smp_pick(smp_ctx_t *c, const float *v, int32_t n, double u)
 /* The random path: weights, truncation and one draw. logits[] has had bias
  * and penalties applied; max is its finite maximum. */
 static int32_t
-smp_draw(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, const float *logits, float max)
+smp_draw(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, const float *logits, float max,
+         double total)
 {
     float *v = c->cand_v;
     int32_t *id = c->cand_id;
     int32_t n = c->vocab, i;
     int ident = 1; /* id[i] == i, not materialized yet */
-    double total;
 
     /* Weights exp((l - max) / T) in (0, 1]; the best token has weight 1
-     * and survives every truncation; -inf and NaN logits get 0. */
-    total = smp_exp_sum(logits, v, n, max, 1.0f / p->temperature);
+     * and survives every truncation; -inf and NaN logits get 0. At T = 1
+     * the log-sum-exp pass has already written them (total >= 0). */
+    if (total < 0.0) {
+        total = smp_exp_sum(logits, v, n, max, 1.0f / p->temperature);
+    }
     if (p->top_k > 0 && p->top_k < n) {
         n = smp_trunc_top_k(c, ident, n, p->top_k);
         ident = 0;
@@ -713,7 +717,8 @@ smp_sample(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, float *logits,
     int32_t vocab, argmax = 0, n_top = 0, token;
     float max, top_v[SMP_MAX_LOGPROBS];
     int32_t top_i[SMP_MAX_LOGPROBS];
-    double lse;
+    double lse, sum;
+    bool random;
     int rc;
 
     if (c == NULL || p == NULL || logits == NULL || out == NULL) {
@@ -741,8 +746,12 @@ smp_sample(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, float *logits,
         argmax++;
     }
 
-    /* Log-softmax after bias and penalties, before temperature. */
-    lse = (double)max + log(smp_exp_sum(logits, NULL, vocab, max, 1.0f));
+    /* Log-softmax after bias and penalties, before temperature; at T = 1
+     * its terms are the sampling weights, kept in cand_v for smp_draw. */
+    random = p->temperature >= SMP_TEMP_EPS;
+    sum =
+        smp_exp_sum(logits, random && p->temperature == 1.0f ? c->cand_v : NULL, vocab, max, 1.0f);
+    lse = (double)max + log(sum);
     if (p->n_logprobs > 0) {
         for (int32_t i = 0; i < vocab; i++) {
             float x = logits[i];
@@ -753,7 +762,7 @@ smp_sample(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, float *logits,
         }
     }
 
-    token = p->temperature < SMP_TEMP_EPS ? argmax : smp_draw(c, p, rng, logits, max);
+    token = random ? smp_draw(c, p, rng, logits, max, p->temperature == 1.0f ? sum : -1.0) : argmax;
 
     out->token = token;
     out->logprob = (float)((double)logits[token] - lse);
