@@ -338,13 +338,11 @@ engine_step(engine_t *e)
     sched_set_clock(e->sched, t0);
     sched_step(e->sched, &plan);
     ops = bm_pool_ops(e->pool, &n_ops);
-    if (n_ops > 0) {
-        rc = mdl_runtime_kv_ops(e->rt, ops, (int32_t)n_ops);
-        bm_pool_ops_clear(e->pool);
-        if (rc != ST_OK) {
-            engine_fail(e, rc, "KV block copy");
-            return 0;
-        }
+    rc = n_ops > 0 ? mdl_runtime_kv_ops(e->rt, ops, (int32_t)n_ops) : ST_OK;
+    bm_pool_ops_clear(e->pool); /* every step (blockmgr's step contract) */
+    if (rc != ST_OK) {
+        engine_fail(e, rc, "KV block copy");
+        return 0;
     }
     t1 = now_ns();
     e->ns_plan += t1 - t0;
