@@ -589,7 +589,10 @@ sched_submit(sched_t *s, eng_request_t *req)
     req->prompt = NULL;
     req->sampling.bias = NULL;
     rq->arrival = ++s->arrival_no;
-    rq->cap = min_i32(s->cfg.max_model_len, req->n_prompt + req->max_tokens);
+    /* 64-bit sum: max_tokens may be as large as INT32_MAX. */
+    rq->cap = (int64_t)req->n_prompt + req->max_tokens < s->cfg.max_model_len
+                  ? req->n_prompt + req->max_tokens
+                  : s->cfg.max_model_len;
     rq->n_live = req->n;
     rq->fork_pending = req->n > 1;
     rq->seqs = xcalloc((size_t)req->n, sizeof(*rq->seqs));

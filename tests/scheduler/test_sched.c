@@ -116,7 +116,7 @@ START_TEST(test_context_length_stops)
 
     c.max_model_len = 32;
     fake_env_init(&env, &c);
-    ck_assert_int_eq(fake_submit(&env, 1, 0, 20, 1, 100), ST_OK);
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 20, 1, INT32_MAX), ST_OK);
     ck_assert_int_eq(fake_submit(&env, 2, 0, 32, 1, 4), ST_ETOOLONG);
     fake_run(&env, 100);
     ck_assert_int_eq(env.out[1][0].n_tokens, 12);
