@@ -3225,7 +3225,6 @@ str_split(rstate_t *rs, val_t s, val_t sep, int64_t maxsplit, bool from_right)
     if (sep.t == V_NONE || sep.t == V_UNDEF) {
         /* runs of whitespace, no empty items */
         size_t i = 0, k;
-        vlist_t *tmp = list_new(cx, 4);
 
         if (!from_right) {
             while (i < n) {
@@ -3261,7 +3260,6 @@ str_split(rstate_t *rs, val_t s, val_t sep, int64_t maxsplit, bool from_right)
             if (maxsplit < 0 || (int64_t)all.u.l->n <= maxsplit + 1) {
                 return all;
             }
-            (void)tmp;
             {
                 size_t keep = all.u.l->n - (size_t)maxsplit;
                 const char *st = all.u.l->v[0].u.s.p;
@@ -3883,9 +3881,8 @@ call_value(rstate_t *rs, val_t f, const cargs_t *a)
 
 /* Evaluates a call-like node's arguments (kids, names/kids2). */
 static void
-eval_args(rstate_t *rs, const cnode_t *n, cargs_t *a, int skip)
+eval_args(rstate_t *rs, const cnode_t *n, cargs_t *a)
 {
-    (void)skip;
     a->npos = n->nkids;
     a->nkw = n->nkids2;
     a->pos = n->nkids ? ar_alloc(rs->cx, (size_t)n->nkids * sizeof(val_t)) : NULL;
@@ -4838,7 +4835,7 @@ apply_filter_node(rstate_t *rs, const cnode_t *n, val_t input)
     val_t v = n->a == NULL ? input : apply_filter_node(rs, n->a, input);
     cargs_t a;
 
-    eval_args(rs, n, &a, 0);
+    eval_args(rs, n, &a);
     rs->cx->line = n->line;
     return apply_filter(rs, n->name, v, &a);
 }
@@ -4897,7 +4894,7 @@ eval_node(rstate_t *rs, const cnode_t *n)
         val_t f = eval(rs, n->a);
         cargs_t a;
 
-        eval_args(rs, n, &a, 0);
+        eval_args(rs, n, &a);
         cx->line = n->line;
         return call_value(rs, f, &a);
     }
@@ -4905,7 +4902,7 @@ eval_node(rstate_t *rs, const cnode_t *n)
         val_t v = eval(rs, n->a);
         cargs_t a;
 
-        eval_args(rs, n, &a, 0);
+        eval_args(rs, n, &a);
         cx->line = n->line;
         return apply_filter(rs, n->name, v, &a);
     }
@@ -4913,7 +4910,7 @@ eval_node(rstate_t *rs, const cnode_t *n)
         val_t v = eval(rs, n->a);
         cargs_t a;
 
-        eval_args(rs, n, &a, 0);
+        eval_args(rs, n, &a);
         cx->line = n->line;
         return v_bool(apply_test(rs, n->name, v, &a));
     }
