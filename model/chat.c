@@ -190,7 +190,14 @@ struct vlist {
 struct vdict {
     size_t n, cap;
     val_t *k, *v;
+    /* Open-addressing index of hashable keys (str, int, float, bool, none)
+     * once the dict has more than DICT_INDEX_MIN entries: big JSON objects
+     * from requests must not make every insertion a linear scan. */
+    uint32_t *idx; /* [idx_cap] entry number or UINT32_MAX */
+    size_t idx_cap;
 };
+
+#define DICT_INDEX_MIN 16
 
 typedef struct vmethod {
     val_t self;
@@ -313,9 +320,59 @@ str_eq(val_t a, const char *s, size_t n)
 
 static bool val_eq(val_t a, val_t b);
 
+/* Hash consistent with val_eq: 1 == 1.0 == true hash alike. false when the
+ * key is not indexed (tuples and unhashables: found by a linear scan). */
+static bool
+val_hash(val_t v, uint64_t *h)
+{
+    uint64_t x;
+
+    switch (v.t) {
+    case V_STR:
+        x = 1469598103934665603ULL;
+        for (size_t i = 0; i < v.u.s.n; i++) {
+            x = (x ^ (unsigned char)v.u.s.p[i]) * 1099511628211ULL;
+        }
+        break;
+    case V_BOOL:
+    case V_INT:
+        x = (uint64_t)v.u.i * 0x9e3779b97f4a7c15ULL;
+        break;
+    case V_FLOAT:
+        if (v.u.f == floor(v.u.f) && fabs(v.u.f) < 9e18) {
+            x = (uint64_t)(int64_t)v.u.f * 0x9e3779b97f4a7c15ULL;
+        } else {
+            memcpy(&x, &v.u.f, sizeof(x));
+            x *= 0xbf58476d1ce4e5b9ULL;
+        }
+        break;
+    case V_NONE:
+        x = 0x51ed270b27ULL;
+        break;
+    default:
+        return false;
+    }
+    *h = x ^ (x >> 29);
+    return true;
+}
+
 static val_t *
 dict_find(const vdict_t *d, val_t key)
 {
+    uint64_t h;
+
+    if (d->idx != NULL && val_hash(key, &h)) {
+        for (size_t j = h & (d->idx_cap - 1);; j = (j + 1) & (d->idx_cap - 1)) {
+            uint32_t e = d->idx[j];
+
+            if (e == UINT32_MAX) {
+                return NULL;
+            }
+            if (val_eq(d->k[e], key)) {
+                return &d->v[e];
+            }
+        }
+    }
     for (size_t i = 0; i < d->n; i++) {
         if (val_eq(d->k[i], key)) {
             return &d->v[i];
@@ -324,17 +381,26 @@ dict_find(const vdict_t *d, val_t key)
     return NULL;
 }
 
+static void
+dict_index_put(vdict_t *d, uint32_t e)
+{
+    uint64_t h;
+
+    if (!val_hash(d->k[e], &h)) {
+        return;
+    }
+    for (size_t j = h & (d->idx_cap - 1);; j = (j + 1) & (d->idx_cap - 1)) {
+        if (d->idx[j] == UINT32_MAX) {
+            d->idx[j] = e;
+            return;
+        }
+    }
+}
+
 static val_t *
 dict_find_str(const vdict_t *d, const char *s)
 {
-    size_t n = strlen(s);
-
-    for (size_t i = 0; i < d->n; i++) {
-        if (str_eq(d->k[i], s, n)) {
-            return &d->v[i];
-        }
-    }
-    return NULL;
+    return dict_find(d, v_strn(s, strlen(s)));
 }
 
 static void
@@ -362,6 +428,23 @@ dict_set(cx_t *cx, vdict_t *d, val_t key, val_t v)
     d->k[d->n] = key;
     d->v[d->n] = v;
     d->n++;
+    if (d->n > DICT_INDEX_MIN) {
+        if (d->idx == NULL || d->n * 2 > d->idx_cap) {
+            size_t cap = 64;
+
+            while (cap < d->n * 4) {
+                cap *= 2;
+            }
+            d->idx = ar_alloc(cx, cap * sizeof(uint32_t));
+            memset(d->idx, 0xff, cap * sizeof(uint32_t));
+            d->idx_cap = cap;
+            for (size_t i = 0; i < d->n; i++) {
+                dict_index_put(d, (uint32_t)i);
+            }
+        } else {
+            dict_index_put(d, (uint32_t)(d->n - 1));
+        }
+    }
 }
 
 /* ---- string buffers (arena-backed, bounded by cx->max_out) ---------------- */

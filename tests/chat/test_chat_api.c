@@ -213,6 +213,30 @@ START_TEST(test_opts)
 }
 END_TEST
 
+/* A big JSON object (the dict index path), duplicate keys keep the last
+ * value in the first position (Python's json), int and float keys agree. */
+START_TEST(test_big_dict)
+{
+    chat_render_opts_t o = {0};
+    size_t cap = 20000 * 24 + 64, n = 0;
+    char *json = malloc(cap), *out;
+
+    n += (size_t)snprintf(json + n, cap - n, "{\"big\": {");
+    for (int i = 0; i < 20000; i++) {
+        n += (size_t)snprintf(json + n, cap - n, "%s\"k%d\": %d", i ? ", " : "", i, i);
+    }
+    snprintf(json + n, cap - n, ", \"k7\": -7}}");
+    o.extra_json = json;
+    ck_assert_int_eq(render("{{ big | length }} {{ big['k19999'] }} {{ big.k7 }} {{ big.nope is "
+                            "defined }} {% set d = {1: 'one', 'x': 2} %}{{ d[1.0] }}",
+                            &o, &out),
+                     ST_OK);
+    ck_assert_str_eq(out, "20000 19999 -7 False one");
+    free(out);
+    free(json);
+}
+END_TEST
+
 typedef struct deep_job {
     const char *src;
     int rc;
@@ -273,6 +297,7 @@ chat_api_suite(void)
     tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_opts);
     tcase_add_test(tc, test_deep_recursion_small_stack);
+    tcase_add_test(tc, test_big_dict);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;
