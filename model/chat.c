@@ -48,6 +48,7 @@
 #define CHAT_MAX_ITERATIONS 1000000L /* loop iterations per render */
 #define CHAT_MAX_SOURCE ((size_t)1 << 20)
 #define CHAT_ARENA_BASE ((size_t)64 << 20)
+#define CHAT_MAX_WORK 200000000L /* about a second of scanning and comparing */
 
 /* ==== errors and arenas ================================================== */
 
@@ -69,6 +70,7 @@ typedef struct cx {
     char msg[256];
     arena_t *ar;
     size_t max_out; /* bound on every string built */
+    long work;      /* units of work done by a render (CHAT_MAX_WORK) */
     int line;       /* line of the node being rendered or the token being parsed */
 } cx_t;
 
@@ -85,6 +87,24 @@ cx_fail(cx_t *cx, int status, const char *fmt, ...)
     va_end(ap);
     cx->status = status;
     longjmp(cx->jb, 1);
+}
+
+/* The render running on this thread, for the work budget of helpers that
+ * do not take the context (string search, comparisons). NULL while
+ * compiling. */
+static _Thread_local cx_t *tl_cx;
+
+/* Counts n units of work; a render that scans or compares more than
+ * CHAT_MAX_WORK units in total (quadratic loops over big inputs) fails
+ * with ST_ETOOLONG instead of hanging the thread. */
+static void
+charge(size_t n)
+{
+    cx_t *cx = tl_cx;
+
+    if (cx != NULL && (cx->work += (long)(n + 1)) > CHAT_MAX_WORK) {
+        cx_fail(cx, ST_ETOOLONG, "line %d: template work limit exceeded", cx->line);
+    }
 }
 
 static void
@@ -373,6 +393,7 @@ dict_find(const vdict_t *d, val_t key)
             }
         }
     }
+    charge(d->n);
     for (size_t i = 0; i < d->n; i++) {
         if (val_eq(d->k[i], key)) {
             return &d->v[i];
@@ -2325,6 +2346,7 @@ put_repr(rstate_t *rs, sbuf_t *b, val_t v)
 {
     cx_t *cx = rs->cx;
 
+    charge(0);
     if (++rs->call_depth > CHAT_MAX_DEPTH) {
         r_fail(rs, "value nested too deeply");
     }
@@ -2435,6 +2457,7 @@ to_str(rstate_t *rs, val_t v)
 static bool
 val_eq(val_t a, val_t b)
 {
+    charge(0);
     if (is_num(a) && is_num(b)) {
         if (a.t == V_FLOAT || b.t == V_FLOAT) {
             return num_f(a) == num_f(b);
@@ -2486,6 +2509,7 @@ val_eq(val_t a, val_t b)
 static int
 val_cmp(rstate_t *rs, val_t a, val_t b)
 {
+    charge(0);
     if (is_num(a) && is_num(b)) {
         if (a.t == V_FLOAT || b.t == V_FLOAT) {
             double x = num_f(a), y = num_f(b);
@@ -2518,6 +2542,7 @@ val_cmp(rstate_t *rs, val_t a, val_t b)
 static size_t
 u8_len(const char *p, size_t n)
 {
+    charge(n / 8);
     size_t k = 0;
 
     for (size_t i = 0; i < n; i++) {
@@ -2530,6 +2555,7 @@ u8_len(const char *p, size_t n)
 static size_t
 u8_off(const char *p, size_t n, size_t idx)
 {
+    charge(idx / 8);
     size_t i = 0;
 
     while (i < n && idx > 0) {
@@ -2548,6 +2574,7 @@ as_items(rstate_t *rs, val_t v, bool undef_ok)
 {
     cx_t *cx = rs->cx;
 
+    charge(v.t == V_LIST ? v.u.l->n : (v.t == V_DICT ? v.u.d->n : 0));
     switch (v.t) {
     case V_LIST:
         if (v.u.l->err != NULL) {
@@ -3043,6 +3070,7 @@ key_order(rstate_t *rs, val_t a, val_t b)
 static void
 json_dump(rstate_t *rs, sbuf_t *b, val_t v, const jopts_t *o, int level)
 {
+    charge(0);
     cx_t *cx = rs->cx;
 
     if (level > CHAT_MAX_DEPTH) {
@@ -3246,6 +3274,7 @@ str_strip(val_t s, const val_t *chars, bool left, bool right)
 static const char *
 memfind(const char *h, size_t hn, const char *nd, size_t nn)
 {
+    charge(hn);
     if (nn == 0) {
         return h;
     }
@@ -3260,6 +3289,7 @@ memfind(const char *h, size_t hn, const char *nd, size_t nn)
 static const char *
 memrfind(const char *h, size_t hn, const char *nd, size_t nn)
 {
+    charge(hn);
     if (nn > hn) {
         return NULL;
     }
@@ -4936,6 +4966,7 @@ eval(rstate_t *rs, const cnode_t *n)
     if (++rs->eval_depth > CHAT_MAX_EVAL_DEPTH) {
         cx_fail(rs->cx, ST_ETOOLONG, "line %d: template evaluation nested too deeply", n->line);
     }
+    charge(0);
     v = eval_node(rs, n);
     rs->eval_depth--;
     return v;
@@ -5529,10 +5560,13 @@ static int
 render_run(rjob_t *j)
 {
     if (setjmp(j->cx.jb) != 0) {
+        tl_cx = NULL;
         return j->cx.status;
     }
+    tl_cx = &j->cx;
     render_globals(j);
     render_body(&j->rs, j->t->body, j->t->nbody, &j->buf);
+    tl_cx = NULL;
     return ST_OK;
 }
 

@@ -187,6 +187,12 @@ START_TEST(test_limits)
     /* a huge string repetition is refused, not attempted */
     expect_error("{{ 'x' * 10000000000 }}", ST_ETOOLONG, NULL);
     expect_error("{{ range(100000000) | length }}", ST_ETOOLONG, NULL);
+    /* quadratic scans end in a work limit, not a hung thread */
+    expect_error("{% set s = 'x' * 100000 %}{% for i in range(100000) %}{% if 'y' in s %}"
+                 "{% endif %}{% endfor %}",
+                 ST_ETOOLONG, "work");
+    expect_error("{% set l = range(50000) | list %}{{ (l + l) | unique | list | length }}",
+                 ST_ETOOLONG, "work");
 }
 END_TEST
 
