@@ -27,8 +27,9 @@
  *
  * Safety: the interpreter is meant for untrusted templates. Parsing depth,
  * evaluation nesting (the C stack stays under about 1 MiB), macro call
- * depth, loop iterations, memory and output size are bounded;
- * exceeding a bound is an error (ST_ETOOLONG), never a crash. Lists, dicts
+ * depth, loop iterations, work (string scans and comparisons, about a
+ * second's worth), memory and output size are bounded; exceeding a bound
+ * is an error (ST_ETOOLONG), never a crash or a hang. Lists, dicts
  * and strings are immutable (as in jinja2's immutable sandbox); only
  * namespace() objects can be assigned to.
  *
