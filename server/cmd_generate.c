@@ -379,6 +379,8 @@ cmd_generate(int argc, char **argv)
     memcpy(g.hist, ids, sizeof(int32_t) * n_ids);
     g.n_hist = g.n_prompt;
 
+    double t_start = now_s(), t_first;
+
     /* Prefill in chunks; the last chunk's logits give the first token. */
     for (int32_t at = 0; at < g.n_prompt; at += chunk) {
         int32_t n = g.n_prompt - at < chunk ? g.n_prompt - at : chunk;
@@ -401,6 +403,7 @@ cmd_generate(int argc, char **argv)
     tok_stream_t ts;
     char piece[256];
 
+    t_first = now_s();
     smp_rng_seed(&rng, o.seed);
     /* The prompt goes through the detokenizer first so that the first
      * generated piece keeps its leading space (SentencePiece strips it
@@ -459,6 +462,11 @@ cmd_generate(int argc, char **argv)
     }
 
     int32_t n_gen = g.n_hist - g.n_prompt;
+    double t_end = now_s();
+
+    LOG_INFO("prompt %d tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.1f tok/s)",
+             g.n_prompt, t_first - t_start, g.n_prompt / (t_first - t_start + 1e-9), n_gen,
+             t_end - t_first, n_gen / (t_end - t_first + 1e-9));
     int n_tail = tok_stream_flush(&ts, piece, sizeof(piece));
 
     if (n_tail > 0) {
