@@ -131,6 +131,7 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
         et->max_waiting = ct->max_waiting;
         et->max_kv_share = ct->max_kv_share;
         snprintf(et->salt, sizeof(et->salt), "%s", ct->prefix_cache_salt);
+        et->tokens_per_minute = ct->tokens_per_minute;
     }
     LOG_INFO("KV cache: %d blocks of %d tokens (%.1f MiB), swap %d blocks, context %d",
              e->rt.num_blocks, cfg->block_size,

@@ -783,6 +783,25 @@ lp_add(const srv_req_t *r, srv_choice_t *ch, cJSON *lp, const smp_result_t *t)
     srv_buf_free(&txt);
 }
 
+/* The prompt of choice ci as text (echo): as given, or decoded from ids. */
+static void
+prompt_text(const srv_req_t *r, int32_t ci, srv_buf_t *out)
+{
+    const srv_prompt_t *pr = &r->p.prompts[ci / r->p.n];
+
+    if (pr->text != NULL) {
+        srv_buf_add(out, pr->text, pr->text_len);
+    } else {
+        char *dec = NULL;
+        size_t dl = 0;
+        if (tok_decode(r->s->tok, pr->ids, (size_t)pr->n_ids, 1, &dec, &dl) == ST_OK) {
+            srv_token_text(dec, dl, out);
+        }
+        free(dec);
+    }
+    srv_buf_add(out, "", 0);
+}
+
 /* ---- generation: streaming ---------------------------------------------------------------- */
 
 static void
@@ -817,7 +836,7 @@ stream_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
         return;
     }
     if (piece->len == 0 && lp == NULL && finish == NULL &&
-        (r->ep != SRV_EP_CHAT || ch->role_sent)) {
+        (r->ep != SRV_EP_CHAT || ch->role_sent) && (!r->p.echo || ch->echo_sent)) {
         return;
     }
     /* Hand-built: one chunk per token and choice is the hot path of the
@@ -850,7 +869,16 @@ stream_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
         srv_buf_adds(&r->out, "},");
     } else {
         srv_buf_adds(&r->out, "\"text\":");
-        srv_json_string(&r->out, piece->data ? piece->data : "", piece->len);
+        if (r->p.echo && !ch->echo_sent) {
+            srv_buf_t t = {0};
+            prompt_text(r, ci, &t);
+            srv_buf_add(&t, piece->data ? piece->data : "", piece->len);
+            srv_json_string(&r->out, t.data, t.len);
+            srv_buf_free(&t);
+        } else {
+            srv_json_string(&r->out, piece->data ? piece->data : "", piece->len);
+        }
+        ch->echo_sent = 1;
         srv_buf_adds(&r->out, ",");
     }
     srv_buf_adds(&r->out, "\"logprobs\":");
@@ -917,17 +945,7 @@ build_body(srv_req_t *r)
             cJSON_AddNullToObject(m, "refusal");
         } else if (r->p.echo) {
             srv_buf_t t = {0};
-            const srv_prompt_t *pr = &r->p.prompts[ci / r->p.n];
-            if (pr->text != NULL) {
-                srv_buf_add(&t, pr->text, pr->text_len);
-            } else {
-                char *dec = NULL;
-                size_t dl = 0;
-                if (tok_decode(r->s->tok, pr->ids, (size_t)pr->n_ids, 1, &dec, &dl) == ST_OK) {
-                    srv_token_text(dec, dl, &t);
-                }
-                free(dec);
-            }
+            prompt_text(r, ci, &t);
             srv_buf_adds(&t, text);
             cJSON_AddStringToObject(c, "text", t.data ? t.data : "");
             srv_buf_free(&t);

@@ -56,6 +56,7 @@ typedef struct srv_choice {
     const char *finish;      /* NULL while running */
     int engine_done;         /* FINISHED received */
     int role_sent;           /* chat stream: role delta sent */
+    int echo_sent;           /* completions stream: prompt echoed */
     uint64_t t_last_ns;
 } srv_choice_t;
 

@@ -99,6 +99,15 @@ test('token id prompts and echo', async () => {
     model: MODEL_NAME, prompt: 'Emma', max_tokens: 5, temperature: 0, echo: true,
   }));
   assert.equal(echo.choices[0].text, 'Emma' + byText.choices[0].text);
+  let streamed = '';
+  for await (const chunk of await client.completions.create({
+    model: MODEL_NAME, prompt: tok.json.tokens, max_tokens: 5, temperature: 0, echo: true,
+    stream: true,
+  })) {
+    checked('CreateCompletionStreamResponse', chunk);
+    streamed += chunk.choices[0]?.text ?? '';
+  }
+  assert.equal(streamed, 'Emma' + byText.choices[0].text);
   const det = await postJson(srv.base, '/detokenize', { tokens: tok.json.tokens });
   assert.equal(det.status, 200);
   assert.match(det.json.prompt, /Emma/);
