@@ -1,8 +1,13 @@
 /* kn_emu.c - the thread-block emulator behind the cuda-emu tests (see
- * kn_emu.h). Coroutines are ucontext_t with 64 KiB stacks; the scheduler
- * context runs the threads round-robin between barrier releases.
+ * kn_emu.h). Coroutines have 64 KiB stacks; the scheduler runs the
+ * threads round-robin between barrier releases. makecontext/setcontext
+ * start a coroutine; every later switch is _setjmp/_longjmp, which (unlike
+ * swapcontext) makes no sigprocmask system call: a shuffle costs two
+ * switches per lane, and the emulated forward pass makes millions.
  */
+#undef _FORTIFY_SOURCE /* longjmp_chk rejects jumps between stacks */
 #include <math.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,14 +21,16 @@ enum { EMU_RUN, EMU_WAIT_BLOCK, EMU_WAIT_WARP, EMU_DONE };
 #define EMU_STACK (64 * 1024)
 
 typedef struct emu_thread {
-    ucontext_t ctx;
+    ucontext_t ctx; /* the start */
+    jmp_buf jb;     /* where it waits */
+    int started;
     int state;
     kn_thr_t thr;
     char *stack;
 } emu_thread_t;
 
 typedef struct emu_block {
-    ucontext_t sched;
+    jmp_buf sched;
     emu_thread_t *th;
     int nthr;
     int cur;
@@ -33,7 +40,7 @@ typedef struct emu_block {
     const void *args;
 } emu_block_t;
 
-static emu_block_t *emu_cur; /* the block being run (one launch at a time) */
+static _Thread_local emu_block_t *emu_cur; /* the block this thread is running */
 
 static void
 emu_entry(void)
@@ -43,7 +50,7 @@ emu_entry(void)
 
     b->body(&t->thr, b->smem, b->args);
     t->state = EMU_DONE;
-    /* uc_link returns to the scheduler. */
+    _longjmp(b->sched, 1); /* never returns */
 }
 
 static void
@@ -52,7 +59,9 @@ emu_wait(emu_block_t *b, int state)
     emu_thread_t *t = &b->th[b->cur];
 
     t->state = state;
-    swapcontext(&t->ctx, &b->sched);
+    if (_setjmp(t->jb) == 0) {
+        _longjmp(b->sched, 1);
+    }
 }
 
 void
@@ -128,6 +137,21 @@ emu_release(emu_block_t *b)
     return b->nthr;
 }
 
+/* Runs thread i until it waits or ends. Its own frame, so that the
+ * scheduler loop's variables never live across a _setjmp. */
+static __attribute__((noinline)) void
+emu_resume(emu_block_t *b, int i)
+{
+    b->cur = i;
+    if (_setjmp(b->sched) == 0) {
+        if (!b->th[i].started) {
+            b->th[i].started = 1;
+            setcontext(&b->th[i].ctx);
+        }
+        _longjmp(b->th[i].jb, 1);
+    }
+}
+
 static int
 emu_run_block(emu_block_t *b)
 {
@@ -136,8 +160,7 @@ emu_run_block(emu_block_t *b)
             int i = (epoch & 1) ? b->nthr - 1 - k : k;
 
             if (b->th[i].state == EMU_RUN) {
-                b->cur = i;
-                swapcontext(&b->sched, &b->th[i].ctx);
+                emu_resume(b, i);
             }
         }
         int r = emu_release(b);
@@ -184,6 +207,7 @@ kn_emu_launch(kn_emu_body_fn body, const void *args, int gx, int gy, int nthr, s
                 emu_thread_t *t = &b.th[i];
 
                 t->state = EMU_RUN;
+                t->started = 0;
                 t->thr.tid = i;
                 t->thr.nthr = nthr;
                 t->thr.bx = bx;
@@ -194,7 +218,7 @@ kn_emu_launch(kn_emu_body_fn body, const void *args, int gx, int gy, int nthr, s
                 getcontext(&t->ctx);
                 t->ctx.uc_stack.ss_sp = t->stack;
                 t->ctx.uc_stack.ss_size = EMU_STACK;
-                t->ctx.uc_link = &b.sched;
+                t->ctx.uc_link = NULL;
                 makecontext(&t->ctx, emu_entry, 0);
             }
             rc = emu_run_block(&b);

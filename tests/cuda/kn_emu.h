@@ -14,7 +14,8 @@
  * reached by every thread of the block, a shuffle not reached by every
  * lane of the warp, threads waiting on different barriers.
  *
- * Thread: one launch at a time per process (the coroutines share state).
+ * Thread: any; one launch at a time per thread (rank threads of the
+ * emulated tensor-parallel tests each run their own).
  */
 #ifndef TESTS_CUDA_KN_EMU_H
 #define TESTS_CUDA_KN_EMU_H

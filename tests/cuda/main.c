@@ -1,14 +1,18 @@
-/* main.c - the emulated CUDA kernel suite (runs on CPU, suite cuda-emu). */
+/* main.c - the emulated CUDA kernels and the CUDA backend's forward pass on
+ * emulated device operations (run on CPU, suite cuda-emu). */
 #include <check.h>
 #include <stdlib.h>
 
 Suite *cuda_emu_suite(void);
+Suite *cuda_devemu_suite(void);
 
 int
 main(void)
 {
     SRunner *sr = srunner_create(cuda_emu_suite());
     int failed;
+
+    srunner_add_suite(sr, cuda_devemu_suite());
 
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);

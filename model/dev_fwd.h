@@ -1,0 +1,126 @@
+/* dev_fwd.h - one tensor-parallel rank of the GPU forward pass, written
+ * against a table of device operations (mdl_dev_ops_t) instead of the
+ * CUDA API.
+ *
+ * model/backend_cuda.c supplies the operations with CUDA (cudaMalloc,
+ * cudaMemcpyAsync on the rank's stream, the kernels of kernels/cuda,
+ * cublasGemmEx, ncclAllReduce); tests/cuda/test_devemu.c supplies them on
+ * the host (the same kernel bodies under the thread-block emulator, a
+ * reference GEMM, the CPU all-reduce of kernels/comm.h). So everything the
+ * CUDA backend does besides calling CUDA -- weight sharding and upload in
+ * 16-bit, buffer shapes and strides, the batch staging layout, the layer
+ * loop, the KV pool regions and the copy/swap plan -- runs in CI and is
+ * compared with the CPU backend.
+ *
+ * Memory: "device" pointers come from ops->alloc, "pinned" host pointers
+ * from ops->alloc_host. A rank allocates everything in mdl_dev_rank_init()
+ * and mdl_dev_rank_alloc_kv(); forward and kv_ops allocate nothing.
+ *
+ * Thread: each rank's functions on that rank's own thread (the one that
+ * owns the device).
+ */
+#ifndef MODEL_DEV_FWD_H
+#define MODEL_DEV_FWD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kvop.h"
+#include "kernels/cuda/kn_cuda_body.h"
+#include "kernels/cuda/kn_kvcopy.h"
+#include "model/model.h"
+#include "model/tp.h"
+
+/* Every function returns ST_OK or a negative ST_* (after logging the
+ * failing call by name). ctx is the rank's context. Asynchronous ones are
+ * ordered on the rank's one stream; sync waits for all of them. */
+typedef struct mdl_dev_ops {
+    int (*alloc)(void *ctx, void **p, size_t bytes);      /* device, zeroed */
+    void (*free)(void *ctx, void *p);                     /* NULL is a no-op */
+    int (*alloc_host)(void *ctx, void **p, size_t bytes); /* pinned host, zeroed */
+    void (*free_host)(void *ctx, void *p);
+    int (*upload)(void *ctx, void *dst, const void *src, size_t bytes); /* synchronous */
+    /* dst <- src, bytes, on the stream; kind says which sides are host:
+     * KV_OP_COPY device->device, KV_OP_SWAP_OUT device->host,
+     * KV_OP_SWAP_IN host->device. */
+    int (*copy)(void *ctx, void *dst, const void *src, size_t bytes, kv_op_kind_t kind);
+    int (*sync)(void *ctx);
+    /* Kernels, launch shapes as kn_cuda_body.h documents. */
+    int (*embed)(void *ctx, const kn_embed_args_t *a, int32_t n_tok);
+    int (*rmsnorm)(void *ctx, const kn_rmsnorm_args_t *a, int32_t n_tok);
+    int (*rope)(void *ctx, const kn_rope_args_t *a, int32_t n_tok);
+    int (*bias)(void *ctx, const kn_bias_args_t *a, int32_t n_tok);
+    int (*kv_write)(void *ctx, const kn_kv_write_args_t *a, int32_t n_tok);
+    int (*silu_mul)(void *ctx, const kn_silu_mul_args_t *a, int32_t n_tok);
+    int (*add)(void *ctx, const kn_add_args_t *a);
+    int (*gather)(void *ctx, const kn_gather_args_t *a, int32_t n_rows);
+    int (*attention)(void *ctx, const kn_attn_cuda_args_t *a, int32_t n_tok);
+    /* y (n_tok, d_out) f32 = x (n_tok, d_in) 16-bit @ w^T, w (d_out, d_in)
+     * 16-bit; row-major device memory, f32 accumulation. */
+    int (*gemm)(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y,
+                int32_t n_tok, int32_t d_in, int32_t d_out);
+    /* In-place sum over the ranks of (n) f32 device memory; NULL at T = 1. */
+    int (*allreduce)(void *ctx, float *buf, size_t n);
+} mdl_dev_ops_t;
+
+typedef struct mdl_dev_layer {
+    uint16_t *attn_norm, *ffn_norm; /* (dim) */
+    uint16_t *wq;                   /* (n_q * hd, dim) */
+    uint16_t *wk, *wv;              /* (n_kv * hd, dim) */
+    uint16_t *bq, *bk, *bv;         /* (n_q * hd), (n_kv * hd) or NULL */
+    uint16_t *wo;                   /* (dim, n_q * hd): this rank's columns */
+    uint16_t *w_gate, *w_up;        /* (n_f, dim) */
+    uint16_t *w_down;               /* (dim, n_f): this rank's columns */
+} mdl_dev_layer_t;
+
+typedef struct mdl_dev_rank {
+    const mdl_dev_ops_t *ops;
+    void *ctx;
+    const mdl_model_t *m;
+    mdl_runtime_config_t rc;
+    kn_dt_t dt; /* weights, KV cache, GEMM inputs */
+    int32_t rank;
+    mdl_tp_shard_t sh;
+    mdl_dev_layer_t *layers; /* [n_layers] (host array of device pointers) */
+    uint16_t *embd;          /* (vocab, dim) */
+    uint16_t *out_norm;      /* (dim) */
+    uint16_t *lm_head;       /* (vocab, dim), rank 0 only */
+    float *inv_freq;         /* (hd / 2) */
+    size_t blk_bytes;        /* one block of one layer and kind */
+    uint8_t *kv;             /* [n_layers][2][num_blocks][blk_bytes] device */
+    uint8_t *swap;           /* [n_layers][2][swap_blocks][blk_bytes] pinned, or NULL */
+    kn_kvcopy_t *plan;       /* [2 * n_layers * (num_blocks + swap_blocks)] host */
+    /* Activations, device, T = max_num_batched_tokens rows, S = max_num_seqs. */
+    float *x, *part;     /* (T, dim) residual, row-parallel partial */
+    float *q;            /* (T, n_q * hd) */
+    float *k, *v;        /* (T, n_kv * hd) */
+    float *gate, *up;    /* (T, n_f) */
+    uint16_t *h16;       /* (T, max(dim, n_f, n_q * hd)) GEMM input */
+    float *hrows;        /* (S, dim) */
+    float *logits_dev;   /* (S, vocab), rank 0 */
+    float *logits_host;  /* (S, vocab) pinned, rank 0 */
+    int32_t *stage_host; /* pinned batch staging */
+    int32_t *stage_dev;
+    size_t stage_len; /* int32 entries */
+} mdl_dev_rank_t;
+
+/* Shards and uploads the weights of rank `rank` of rc->tp_size and
+ * allocates its activations (not the KV pool). rk is zeroed by the
+ * caller; on failure the caller still calls mdl_dev_rank_fini(). */
+int mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const mdl_model_t *m,
+                      const mdl_runtime_config_t *rc, int32_t rank, kn_dt_t dt);
+/* Bytes of the KV pool (device) that mdl_dev_rank_alloc_kv() will take. */
+size_t mdl_dev_rank_kv_bytes(const mdl_dev_rank_t *rk);
+/* The KV pool (device) and swap tier (pinned host). */
+int mdl_dev_rank_alloc_kv(mdl_dev_rank_t *rk);
+/* Frees everything; safe on a partly initialized rank. */
+void mdl_dev_rank_fini(mdl_dev_rank_t *rk);
+
+/* Validated ops, in order, then sync. */
+int mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops);
+/* One step (b validated by the runtime) then sync. Rank 0 leaves
+ * [b->n_logits][vocab] f32 in rk->logits_host. Every rank must run it:
+ * the all-reduces pair the ranks up. */
+int mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b);
+
+#endif /* MODEL_DEV_FWD_H */

@@ -1,0 +1,592 @@
+/* test_devemu.c - the CUDA backend's forward pass (model/dev_fwd.c) on
+ * emulated device operations, against the CPU backend.
+ *
+ * The operations: "device" memory is host memory, kernels are the bodies
+ * of kernels/cuda/kn_cuda_body.h under the thread-block emulator, the GEMM
+ * is a reference loop over the 16-bit operands with f32 output (what
+ * cublasGemmEx computes), the all-reduce is kernels/comm.h's. Everything
+ * else -- weight sharding and 16-bit upload, strides, the batch staging,
+ * the layer loop, KV regions, the copy/swap plan, tensor parallelism --
+ * is the code the CUDA backend runs.
+ *
+ * Checks, through chunked prefill, batched decodes and KV copies/swaps:
+ *   T = 1 (f16 and bf16) against the CPU backend (f32): logits NMSE under
+ *   2e-6 (f16) / 5e-4 (bf16) per step, and the same argmax wherever the
+ *   CPU's top-2 margin is above 0.1;
+ *   T = 2 and 4 against emulated T = 1: NMSE under 1e-5 (f16).
+ * Models: the default model and synthetic ones (1 KV head replicated, QKV
+ * biases), as in test_tp.c.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "common/xmalloc.h"
+#include "kernels/comm.h"
+#include "model/dev_fwd.h"
+#include "model/model.h"
+#include "model/model_int.h"
+#include "tests/cuda/kn_emu.h"
+
+/* ---- emulated device operations ------------------------------------------------ */
+
+typedef struct emu_ctx {
+    kn_comm_t *comm;
+    int rank;
+} emu_ctx_t;
+
+static int
+eo_alloc(void *ctx, void **p, size_t bytes)
+{
+    (void)ctx;
+    *p = xcalloc(1, bytes);
+    return ST_OK;
+}
+
+static void
+eo_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+static int
+eo_upload(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    memcpy(dst, src, bytes);
+    return ST_OK;
+}
+
+static int
+eo_copy(void *ctx, void *dst, const void *src, size_t bytes, kv_op_kind_t kind)
+{
+    (void)ctx;
+    (void)kind;
+    memcpy(dst, src, bytes); /* the plan never overlaps a range with itself */
+    return ST_OK;
+}
+
+static int
+eo_sync(void *ctx)
+{
+    (void)ctx;
+    return ST_OK;
+}
+
+#define EO_KERNEL(name, args_t, gx, gy, nthr, smem)                                                \
+    static void run_##name(const kn_thr_t *t, float *sm, const void *a)                            \
+    {                                                                                              \
+        kn_##name##_body(t, sm, a);                                                                \
+    }                                                                                              \
+    static int eo_##name(void *ctx, const args_t *a, int32_t n)                                    \
+    {                                                                                              \
+        (void)ctx;                                                                                 \
+        return kn_emu_launch(run_##name, a, (gx), (gy), (nthr), (smem)) == 0 ? ST_OK : ST_EINVAL;  \
+    }
+
+EO_KERNEL(embed, kn_embed_args_t, n, 1, 32, 0)
+EO_KERNEL(rmsnorm, kn_rmsnorm_args_t, n, 1, 64, 2)
+EO_KERNEL(rope, kn_rope_args_t, n, 1, 32, 0)
+EO_KERNEL(bias, kn_bias_args_t, n, 1, 32, 0)
+EO_KERNEL(kv_write, kn_kv_write_args_t, n, 1, 32, 0)
+EO_KERNEL(silu_mul, kn_silu_mul_args_t, n, 1, 32, 0)
+EO_KERNEL(gather, kn_gather_args_t, n, 1, 32, 0)
+EO_KERNEL(attention, kn_attn_cuda_args_t, a->n_kv_heads, n, 64,
+          kn_attn_smem_floats(a->n_heads / a->n_kv_heads, a->head_dim))
+
+static void
+run_add(const kn_thr_t *t, float *sm, const void *a)
+{
+    kn_add_body(t, sm, a);
+}
+
+static int
+eo_add(void *ctx, const kn_add_args_t *a)
+{
+    (void)ctx;
+    return kn_emu_launch(run_add, a, (int)((a->n + 127) / 128), 1, 32, 0) == 0 ? ST_OK : ST_EINVAL;
+}
+
+static int
+eo_gemm(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y, int32_t n_tok,
+        int32_t d_in, int32_t d_out)
+{
+    float *xf = xmalloc(sizeof(float) * (size_t)d_in);
+
+    (void)ctx;
+    for (int32_t t = 0; t < n_tok; t++) {
+        for (int32_t i = 0; i < d_in; i++) {
+            xf[i] = kn_ld16(x, (size_t)t * d_in + i, dt);
+        }
+        for (int32_t o = 0; o < d_out; o++) {
+            float acc = 0.0f;
+
+            for (int32_t i = 0; i < d_in; i++) {
+                acc += xf[i] * kn_ld16(w, (size_t)o * d_in + i, dt);
+            }
+            y[(size_t)t * d_out + o] = acc;
+        }
+    }
+    free(xf);
+    return ST_OK;
+}
+
+static int
+eo_allreduce(void *ctx, float *buf, size_t n)
+{
+    emu_ctx_t *c = ctx;
+
+    kn_comm_allreduce_sum(c->comm, c->rank, buf, n);
+    return ST_OK;
+}
+
+static const mdl_dev_ops_t emu_ops = {
+    .alloc = eo_alloc,
+    .free = eo_free,
+    .alloc_host = eo_alloc,
+    .free_host = eo_free,
+    .upload = eo_upload,
+    .copy = eo_copy,
+    .sync = eo_sync,
+    .embed = eo_embed,
+    .rmsnorm = eo_rmsnorm,
+    .rope = eo_rope,
+    .bias = eo_bias,
+    .kv_write = eo_kv_write,
+    .silu_mul = eo_silu_mul,
+    .add = eo_add,
+    .gather = eo_gather,
+    .attention = eo_attention,
+    .gemm = eo_gemm,
+    .allreduce = eo_allreduce,
+};
+
+/* ---- an emulated device "runtime": T ranks on rank threads ---------------------- */
+
+typedef struct emu_dev {
+    int32_t tp;
+    mdl_dev_ops_t ops;
+    emu_ctx_t ctx[4];
+    mdl_dev_rank_t fw[4];
+    kn_comm_t *comm;
+    kn_ranks_t *threads;
+    const mdl_batch_t *b;
+    const kv_op_t *kv;
+    int32_t n_kv;
+} emu_dev_t;
+
+static int
+emu_rank_forward(void *arg, int r)
+{
+    emu_dev_t *e = arg;
+
+    return mdl_dev_rank_forward(&e->fw[r], e->b);
+}
+
+static int
+emu_rank_kv(void *arg, int r)
+{
+    emu_dev_t *e = arg;
+
+    return mdl_dev_rank_kv_ops(&e->fw[r], e->kv, e->n_kv);
+}
+
+static emu_dev_t *
+emu_dev_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, kn_dt_t dt)
+{
+    emu_dev_t *e = xcalloc(1, sizeof(*e));
+
+    e->tp = rc->tp_size;
+    e->ops = emu_ops;
+    if (e->tp == 1) {
+        e->ops.allreduce = NULL; /* as the CUDA backend at T = 1 */
+    }
+    ck_assert_int_eq(kn_comm_create(e->tp, &e->comm), ST_OK);
+    ck_assert_int_eq(kn_ranks_create(e->tp, &e->threads), ST_OK);
+    for (int32_t r = 0; r < e->tp; r++) {
+        e->ctx[r].comm = e->comm;
+        e->ctx[r].rank = r;
+        ck_assert_int_eq(mdl_dev_rank_init(&e->fw[r], &e->ops, &e->ctx[r], m, rc, r, dt), ST_OK);
+        ck_assert_int_eq(mdl_dev_rank_alloc_kv(&e->fw[r]), ST_OK);
+    }
+    return e;
+}
+
+static void
+emu_dev_destroy(emu_dev_t *e)
+{
+    for (int32_t r = 0; r < e->tp; r++) {
+        mdl_dev_rank_fini(&e->fw[r]);
+    }
+    kn_ranks_destroy(e->threads);
+    kn_comm_destroy(e->comm);
+    free(e);
+}
+
+/* ---- the script (as test_tp.c) ------------------------------------------------------ */
+
+#define BS 8
+#define NBLK 48
+#define SWAPB 8
+#define MAXB 12
+#define NSEQ 3
+
+static uint64_t rs;
+
+static uint32_t
+rnd(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (uint32_t)(rs >> 32);
+}
+
+typedef struct tseq {
+    int32_t ids[MAXB * BS];
+    int32_t done;
+    int32_t table[MAXB];
+} tseq_t;
+
+/* The logits of one step, from the CPU runtime or an emulated device. */
+typedef struct side {
+    mdl_runtime_t *cpu; /* or */
+    emu_dev_t *dev;
+} side_t;
+
+static const float *
+side_forward(side_t *s, const mdl_batch_t *b)
+{
+    const float *l = NULL;
+
+    if (s->cpu != NULL) {
+        ck_assert_int_eq(mdl_forward(s->cpu, b, &l), ST_OK);
+        return l;
+    }
+    s->dev->b = b;
+    ck_assert_int_eq(kn_ranks_run(s->dev->threads, emu_rank_forward, s->dev), ST_OK);
+    return s->dev->fw[0].logits_host;
+}
+
+static void
+side_kv(side_t *s, const kv_op_t *ops, int32_t n)
+{
+    if (s->cpu != NULL) {
+        ck_assert_int_eq(mdl_runtime_kv_ops(s->cpu, ops, n), ST_OK);
+        return;
+    }
+    s->dev->kv = ops;
+    s->dev->n_kv = n;
+    ck_assert_int_eq(kn_ranks_run(s->dev->threads, emu_rank_kv, s->dev), ST_OK);
+}
+
+typedef struct cmp {
+    double nmse_bound;
+    double worst;
+    int32_t vocab;
+} cmp_t;
+
+static void
+compare(cmp_t *c, const float *ref, const float *got, int32_t rows)
+{
+    for (int32_t r = 0; r < rows; r++) {
+        const float *a = ref + (size_t)r * c->vocab, *g = got + (size_t)r * c->vocab;
+        double num = 0.0, den = 0.0;
+        int32_t best = 0, second = -1, gbest = 0;
+
+        for (int32_t i = 0; i < c->vocab; i++) {
+            num += ((double)g[i] - a[i]) * ((double)g[i] - a[i]);
+            den += (double)a[i] * a[i];
+            if (a[i] > a[best]) {
+                second = best;
+                best = i;
+            } else if (i > 0 && (second < 0 || a[i] > a[second])) {
+                second = i;
+            }
+            if (g[i] > g[gbest]) {
+                gbest = i;
+            }
+        }
+        if (num / den > c->worst) {
+            c->worst = num / den;
+        }
+        ck_assert_msg(num / den < c->nmse_bound, "row %d: logits NMSE %g", r, num / den);
+        ck_assert_msg(gbest == best || a[best] - a[second] < 0.1f,
+                      "row %d: argmax %d, reference %d (margin %g)", r, gbest, best,
+                      a[best] - a[second]);
+    }
+}
+
+static void
+step(side_t *ref, side_t *got, cmp_t *c, tseq_t *seqs, const int32_t *n_new)
+{
+    int32_t tok[128], pos[128], slot[128], qs[NSEQ + 1], ctx[NSEQ], bt[NSEQ * MAXB], rows[NSEQ];
+    int32_t n = 0, ns = 0;
+
+    qs[0] = 0;
+    for (int32_t s = 0; s < NSEQ; s++) {
+        if (n_new[s] == 0) {
+            continue;
+        }
+        tseq_t *q = &seqs[s];
+
+        for (int32_t i = 0; i < n_new[s]; i++) {
+            int32_t ix = q->done + i;
+
+            tok[n] = q->ids[ix];
+            pos[n] = ix;
+            slot[n] = q->table[ix / BS] * BS + ix % BS;
+            n++;
+        }
+        q->done += n_new[s];
+        ctx[ns] = q->done;
+        memcpy(bt + ns * MAXB, q->table, sizeof(q->table));
+        rows[ns] = n - 1;
+        qs[++ns] = n;
+    }
+    mdl_batch_t b = {
+        .n_tokens = n,
+        .tokens = tok,
+        .positions = pos,
+        .slot_mapping = slot,
+        .n_seqs = ns,
+        .query_start = qs,
+        .context_len = ctx,
+        .block_tables = bt,
+        .max_blocks = MAXB,
+        .logits_rows = rows,
+        .n_logits = ns,
+    };
+    float *lr = xmalloc(sizeof(float) * (size_t)ns * c->vocab);
+
+    memcpy(lr, side_forward(ref, &b), sizeof(float) * (size_t)ns * c->vocab);
+    compare(c, lr, side_forward(got, &b), ns);
+    free(lr);
+}
+
+static void
+both_kv(side_t *a, side_t *b, const kv_op_t *ops, int32_t n)
+{
+    side_kv(a, ops, n);
+    side_kv(b, ops, n);
+}
+
+static void
+run_script(side_t *ref, side_t *got, cmp_t *c)
+{
+    tseq_t seqs[NSEQ];
+    int32_t next_blk;
+    kv_op_t ops[2 * MAXB];
+    int32_t n_ops = 0;
+
+    rs = 0xabcdefULL;
+    for (int32_t s = 0; s < NSEQ; s++) {
+        memset(&seqs[s], 0, sizeof(seqs[s]));
+        for (int32_t i = 0; i < MAXB * BS; i++) {
+            seqs[s].ids[i] = 3 + (int32_t)(rnd() % (uint32_t)(c->vocab - 3));
+        }
+        for (int32_t b = 0; b < 6; b++) {
+            seqs[s].table[b] = 1 + b * NSEQ + s;
+        }
+    }
+    next_blk = 1 + 6 * NSEQ;
+
+    int32_t s1[NSEQ] = {13, 5, 0}, s2[NSEQ] = {9, 1, 20}, d[NSEQ] = {1, 1, 1};
+    step(ref, got, c, seqs, s1);
+    step(ref, got, c, seqs, s2);
+    step(ref, got, c, seqs, d);
+
+    for (int32_t b = 0; b * BS < seqs[0].done; b++) {
+        ops[n_ops++] = (kv_op_t){KV_OP_COPY, seqs[0].table[b], next_blk};
+        seqs[0].table[b] = next_blk++;
+    }
+    both_kv(ref, got, ops, n_ops);
+    n_ops = 0;
+    for (int32_t b = 0; b * BS < seqs[1].done; b++) {
+        ops[n_ops++] = (kv_op_t){KV_OP_SWAP_OUT, seqs[1].table[b], 1 + b};
+    }
+    both_kv(ref, got, ops, n_ops);
+    n_ops = 0;
+    for (int32_t b = 0; b * BS < seqs[1].done; b++) {
+        ops[n_ops++] = (kv_op_t){KV_OP_COPY, seqs[2].table[0], seqs[1].table[b]};
+    }
+    both_kv(ref, got, ops, n_ops);
+    n_ops = 0;
+    for (int32_t b = 0; b * BS < seqs[1].done; b++) {
+        ops[n_ops++] = (kv_op_t){KV_OP_SWAP_IN, 1 + b, next_blk};
+        seqs[1].table[b] = next_blk++;
+    }
+    both_kv(ref, got, ops, n_ops);
+    step(ref, got, c, seqs, d);
+    step(ref, got, c, seqs, d);
+}
+
+static mdl_runtime_config_t
+script_config(int32_t tp)
+{
+    mdl_runtime_config_t rc = {.num_blocks = NBLK,
+                               .swap_blocks = SWAPB,
+                               .block_size = BS,
+                               .max_num_batched_tokens = 64,
+                               .max_num_seqs = NSEQ,
+                               .max_blocks_per_seq = MAXB,
+                               .n_threads = 1,
+                               .tp_size = tp};
+    return rc;
+}
+
+/* Emulated device at T = 1 against the CPU backend. */
+static double
+vs_cpu(const mdl_model_t *m, kn_dt_t dt)
+{
+    char err[256];
+    mdl_runtime_config_t rc = script_config(1);
+    side_t ref = {0}, got = {0};
+    cmp_t c = {.nmse_bound = dt == KN_DT_F16 ? 2e-6 : 5e-4, .vocab = m->cfg.vocab_size};
+
+    ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
+    got.dev = emu_dev_create(m, &rc, dt);
+    run_script(&ref, &got, &c);
+    mdl_runtime_destroy(ref.cpu);
+    emu_dev_destroy(got.dev);
+    return c.worst;
+}
+
+/* Emulated device at T = tp against T = 1. */
+static double
+vs_tp1(const mdl_model_t *m, int32_t tp)
+{
+    mdl_runtime_config_t rc1 = script_config(1), rct = script_config(tp);
+    side_t ref = {0}, got = {0};
+    cmp_t c = {.nmse_bound = 1e-5, .vocab = m->cfg.vocab_size};
+
+    ref.dev = emu_dev_create(m, &rc1, KN_DT_F16);
+    got.dev = emu_dev_create(m, &rct, KN_DT_F16);
+    run_script(&ref, &got, &c);
+    emu_dev_destroy(ref.dev);
+    emu_dev_destroy(got.dev);
+    return c.worst;
+}
+
+START_TEST(test_devemu_default_model)
+{
+    const char *dir = getenv("KVSERVE_TEST_MODEL");
+    mdl_model_t *m;
+    char err[256];
+
+    ck_assert_msg(dir != NULL, "KVSERVE_TEST_MODEL is not set");
+    ck_assert_msg(mdl_model_load(dir, &m, err, sizeof(err)) == ST_OK, "%s", err);
+    printf("default model, emulated device vs cpu: f16 NMSE %.3g, bf16 NMSE %.3g\n",
+           vs_cpu(m, KN_DT_F16), vs_cpu(m, KN_DT_BF16));
+    printf("default model, emulated device T=2 vs T=1: NMSE %.3g\n", vs_tp1(m, 2));
+    mdl_model_destroy(m);
+}
+END_TEST
+
+/* A small synthetic model (weights in [-scale, scale]), as test_tp.c. */
+typedef struct synth {
+    mdl_model_t m;
+    float *buf;
+} synth_t;
+
+static float *
+synth_take(float **p, size_t n, float scale)
+{
+    float *r = *p;
+
+    for (size_t i = 0; i < n; i++) {
+        r[i] = ((float)(rnd() & 0xffff) / 65536.0f * 2.0f - 1.0f) * scale;
+    }
+    *p += n;
+    return r;
+}
+
+static void
+synth_init(synth_t *s, int32_t n_heads, int32_t n_kv, int bias)
+{
+    mdl_config_t *c = &s->m.cfg;
+    float *p;
+
+    memset(s, 0, sizeof(*s));
+    rs = 0x5eed0000ULL + (uint64_t)n_kv;
+    snprintf(c->arch, sizeof(c->arch), "llama");
+    c->vocab_size = 97;
+    c->head_dim = 8;
+    c->n_heads = n_heads;
+    c->n_kv_heads = n_kv;
+    c->dim = 40;
+    c->n_layers = 2;
+    c->ffn_dim = 64;
+    c->max_pos = 128;
+    c->norm_eps = 1e-5f;
+    c->rope_theta = 10000.0f;
+    c->qkv_bias = bias;
+    int32_t qd = n_heads * c->head_dim, kvd = n_kv * c->head_dim;
+    size_t total = (size_t)c->vocab_size * c->dim * 2 + c->dim +
+                   (size_t)c->n_layers *
+                       ((size_t)qd * c->dim + 2 * (size_t)kvd * c->dim + qd + 2 * kvd +
+                        (size_t)c->dim * qd + 2 * (size_t)c->dim + 3 * (size_t)c->ffn_dim * c->dim);
+
+    s->buf = xmalloc(sizeof(float) * total);
+    p = s->buf;
+    s->m.tok_embd = synth_take(&p, (size_t)c->vocab_size * c->dim, 1.0f);
+    s->m.lm_head = synth_take(&p, (size_t)c->vocab_size * c->dim, 0.3f);
+    s->m.out_norm = synth_take(&p, (size_t)c->dim, 1.0f);
+    s->m.layers = xcalloc((size_t)c->n_layers, sizeof(mdl_layer_t));
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        mdl_layer_t *L = &s->m.layers[l];
+
+        L->attn_norm = synth_take(&p, (size_t)c->dim, 1.0f);
+        L->ffn_norm = synth_take(&p, (size_t)c->dim, 1.0f);
+        L->wq = synth_take(&p, (size_t)qd * c->dim, 0.3f);
+        L->wk = synth_take(&p, (size_t)kvd * c->dim, 0.3f);
+        L->wv = synth_take(&p, (size_t)kvd * c->dim, 0.3f);
+        L->bq = synth_take(&p, (size_t)qd, 0.2f);
+        L->bk = synth_take(&p, (size_t)kvd, 0.2f);
+        L->bv = synth_take(&p, (size_t)kvd, 0.2f);
+        if (!bias) {
+            L->bq = L->bk = L->bv = NULL;
+        }
+        L->wo = synth_take(&p, (size_t)c->dim * qd, 0.2f);
+        L->w_gate = synth_take(&p, (size_t)c->ffn_dim * c->dim, 0.2f);
+        L->w_up = synth_take(&p, (size_t)c->ffn_dim * c->dim, 0.2f);
+        L->w_down = synth_take(&p, (size_t)c->dim * c->ffn_dim, 0.2f);
+    }
+}
+
+START_TEST(test_devemu_synthetic)
+{
+    /* (n_heads, n_kv, bias, T) */
+    static const int32_t cases[][4] = {{4, 1, 1, 2}, {4, 1, 0, 4}, {8, 2, 1, 4}};
+    synth_t s;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        synth_init(&s, cases[i][0], cases[i][1], cases[i][2]);
+        double e_cpu = vs_cpu(&s.m, KN_DT_F16);
+        double e_tp = vs_tp1(&s.m, cases[i][3]);
+
+        printf("synthetic %d/%d heads%s: emulated vs cpu NMSE %.3g, T=%d vs T=1 NMSE %.3g\n",
+               cases[i][0], cases[i][1], cases[i][2] ? " + bias" : "", e_cpu, cases[i][3], e_tp);
+        free(s.m.layers);
+        free(s.buf);
+    }
+}
+END_TEST
+
+Suite *
+cuda_devemu_suite(void)
+{
+    Suite *s = suite_create("cuda_devemu");
+    TCase *tc = tcase_create("forward");
+
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, test_devemu_synthetic);
+    tcase_add_test(tc, test_devemu_default_model);
+    suite_add_tcase(s, tc);
+    return s;
+}
