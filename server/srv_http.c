@@ -1174,7 +1174,7 @@ on_error(srv_req_t *r, srv_job_t *job, const eng_msg_error_t *e)
         srv_err_set(&r->err, status, NULL, "%s",
                     e->message[0] ? e->message : st_str(e->status));
         if (status == 429) {
-            r->s->metrics.rejected_429++;
+            r->s->metrics.tenant[r->tenant].rejected++;
         }
         job->open = 0; /* do not cancel the job that failed */
         cancel_jobs(r);
@@ -1341,7 +1341,7 @@ start_generation(srv_req_t *r)
         srv_error_t e429;
         srv_err_set(&e429, 429, NULL, "the server has %u requests in flight; retry later",
                     s->n_gen);
-        s->metrics.rejected_429++;
+        s->metrics.tenant[r->tenant].rejected++;
         return queue_error(r, &e429);
     }
     r->n_jobs = r->p.n_prompts;

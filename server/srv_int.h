@@ -206,6 +206,7 @@ typedef struct srv_tenant_metrics {
     srv_hist_t itl;
     srv_hist_t e2e;
     uint64_t finished_stop, finished_length, finished_abort, finished_error;
+    uint64_t rejected;          /* 429: queue full */
     uint64_t prompt_tokens, generation_tokens;
 } srv_tenant_metrics_t;
 
@@ -215,7 +216,6 @@ typedef struct srv_metrics {
     srv_tenant_metrics_t tenant[ENG_MAX_TENANTS];
     uint64_t http_requests[SRV_EP_COUNT][6]; /* by status class 1xx..5xx, [0] unused */
     uint64_t disconnects;
-    uint64_t rejected_429;
     uint32_t open_connections;
     uint32_t in_flight;
 } srv_metrics_t;

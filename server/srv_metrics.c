@@ -183,6 +183,12 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
                        (unsigned long long)tm->finished_abort, tn,
                        (unsigned long long)tm->finished_error);
     }
+    header(out, "kvserve:requests_rejected_total", "counter",
+           "Requests refused with 429 because a queue was full.");
+    for (int32_t t = 0; t < m->n_tenants; t++) {
+        srv_buf_printf(out, "kvserve:requests_rejected_total{tenant=\"%s\"} %llu\n",
+                       m->tenant_names[t], (unsigned long long)m->tenant[t].rejected);
+    }
     header(out, "kvserve:time_to_first_token_seconds", "histogram", "Time to first token.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
         snprintf(lab, sizeof(lab), "tenant=\"%s\"", m->tenant_names[t]);

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import OpenAI from 'openai';
 import {
-  API_KEY, MODEL_NAME, authHeaders, parseRaw, postJson, rawRequest, startServer, tmpFile,
+  API_KEY, MODEL_NAME, authHeaders, getMetrics, metricValue, parseRaw, postJson, rawRequest, startServer, tmpFile,
   validate, waitKvEmpty,
 } from './lib.mjs';
 
@@ -187,6 +187,9 @@ test('429 with Retry-After when a tenant queue is full', async () => {
     for (const r of results) {
       assert.ok(r.status === 200 || r.status === 429, `${r.status} ${r.text}`);
     }
+    const m = await getMetrics(s2.base);
+    assert.equal(metricValue(m, 'kvserve:requests_rejected_total', 'tenant="small"'),
+      limited.length);
     await waitKvEmpty(s2.base);
   } finally {
     const st = await s2.stop();
