@@ -205,6 +205,7 @@ struct vlist {
     bool tuple;
     bool gen;        /* a jinja2 generator (map / select ...): always true, no len */
     const char *err; /* a generator whose input was bad: fails when iterated */
+    char view;       /* 'k', 'v', 'i': a dict.keys() / values() / items() view */
 };
 
 struct vdict {
@@ -289,6 +290,7 @@ list_new(cx_t *cx, size_t cap)
     l->tuple = false;
     l->gen = false;
     l->err = NULL;
+    l->view = 0;
     l->v = cap ? ar_alloc(cx, cap * sizeof(val_t)) : NULL;
     return l;
 }
@@ -2362,6 +2364,12 @@ put_repr(rstate_t *rs, sbuf_t *b, val_t v)
             sb_puts(cx, b, "<generator object>");
             break;
         }
+        if (v.u.l->view) {
+            sb_puts(cx, b,
+                    v.u.l->view == 'k'   ? "dict_keys("
+                    : v.u.l->view == 'v' ? "dict_values("
+                                         : "dict_items(");
+        }
         sb_putc(cx, b, v.u.l->tuple ? '(' : '[');
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i) {
@@ -2373,6 +2381,9 @@ put_repr(rstate_t *rs, sbuf_t *b, val_t v)
             sb_putc(cx, b, ',');
         }
         sb_putc(cx, b, v.u.l->tuple ? ')' : ']');
+        if (v.u.l->view) {
+            sb_putc(cx, b, ')');
+        }
         break;
     case V_DICT:
     case V_NS:
@@ -2708,6 +2719,9 @@ do_slice(rstate_t *rs, val_t obj, val_t *sv)
     if (obj.t == V_UNDEF) {
         r_undefined(rs, obj);
     }
+    if (obj.t == V_LIST && (obj.u.l->gen || obj.u.l->view)) {
+        return v_undef_named(NULL); /* not subscriptable: jinja2 gives undefined */
+    }
     if (obj.t == V_STR) {
         vlist_t *cps = as_items(rs, obj, false);
         sbuf_t b = {0};
@@ -2901,6 +2915,9 @@ get_attr(rstate_t *rs, val_t obj, const char *name)
     case V_STR:
         return name_in(name, str_methods) ? v_method(rs, obj, name) : v_undef_named(name);
     case V_LIST:
+        if (obj.u.l->gen || obj.u.l->view) {
+            return v_undef_named(name); /* generators and views: no list methods */
+        }
         return name_in(name, list_methods) ? v_method(rs, obj, name) : v_undef_named(name);
     case V_LOOP:
         return loop_attr(rs, obj.u.loop, name);
@@ -2926,7 +2943,7 @@ get_item(rstate_t *rs, val_t obj, val_t key)
     }
     case V_LIST:
     case V_STR:
-        if (obj.t == V_LIST && obj.u.l->gen) {
+        if (obj.t == V_LIST && (obj.u.l->gen || obj.u.l->view)) {
             return v_undef_named(NULL); /* generators are not subscriptable */
         }
         if (key.t == V_INT || key.t == V_BOOL) {
@@ -3099,8 +3116,9 @@ json_dump(rstate_t *rs, sbuf_t *b, val_t v, const jopts_t *o, int level)
         json_str(cx, b, v.u.s.p, v.u.s.n, o->ensure_ascii);
         break;
     case V_LIST:
-        if (v.u.l->gen) {
-            r_fail(rs, "Object of type generator is not JSON serializable");
+        if (v.u.l->gen || v.u.l->view) {
+            r_fail(rs, "Object of type %s is not JSON serializable",
+                   v.u.l->gen ? "generator" : "dict view");
         }
         if (v.u.l->n == 0) {
             sb_puts(cx, b, "[]");
@@ -3791,6 +3809,17 @@ dict_items(rstate_t *rs, vdict_t *d, int what)
     return v_list(l);
 }
 
+/* dict.keys() / values() / items(): views print as dict_keys([...]), are
+ * not subscriptable and not JSON serializable, as in Python */
+static val_t
+dict_view(rstate_t *rs, vdict_t *d, int what)
+{
+    val_t v = dict_items(rs, d, what);
+
+    v.u.l->view = (char)what;
+    return v;
+}
+
 static val_t
 call_method(rstate_t *rs, vmethod_t *m, const cargs_t *a)
 {
@@ -3805,13 +3834,13 @@ call_method(rstate_t *rs, vmethod_t *m, const cargs_t *a)
             return p ? *p : arg(a, 1, "default", v_none);
         }
         if (strcmp(m->name, "items") == 0) {
-            return dict_items(rs, self.u.d, 'i');
+            return dict_view(rs, self.u.d, 'i');
         }
         if (strcmp(m->name, "keys") == 0) {
-            return dict_items(rs, self.u.d, 'k');
+            return dict_view(rs, self.u.d, 'k');
         }
         if (strcmp(m->name, "values") == 0) {
-            return dict_items(rs, self.u.d, 'v');
+            return dict_view(rs, self.u.d, 'v');
         }
         if (strcmp(m->name, "copy") == 0) {
             return self;
