@@ -25,6 +25,9 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#ifdef __clang__ /* clang ignores GCC target pragmas */
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#endif
 
 /* The few-row GEMM with intrinsics: a tile of 4 weight rows x NT tokens
  * keeps 4 * NT vector accumulators in registers; horizontal sums happen
@@ -101,18 +104,91 @@ kn_gemm_small_avx2_intr(const float *x, const float *w, float *y, int32_t m, int
     }
 }
 
+/* Eight horizontal sums at once (lane j = sum of v[j]): a transpose-and-
+ * add tree, the AVX2 counterpart of kn_hsum16_avx512. */
+static inline __m256
+kn_hsum8_avx2(const __m256 v[8])
+{
+    __m256 a[4], b[2];
+
+    for (int k = 0; k < 4; k++) {
+        a[k] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                             _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    }
+    for (int k = 0; k < 2; k++) {
+        __m256d lo = _mm256_unpacklo_pd(_mm256_castps_pd(a[2 * k]), _mm256_castps_pd(a[2 * k + 1]));
+        __m256d hi = _mm256_unpackhi_pd(_mm256_castps_pd(a[2 * k]), _mm256_castps_pd(a[2 * k + 1]));
+
+        b[k] = _mm256_add_ps(_mm256_castpd_ps(lo), _mm256_castpd_ps(hi));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20),
+                         _mm256_permute2f128_ps(b[0], b[1], 0x31));
+}
+
+/* Attention scores (the few-row GEMM contract, no accumulate), eight keys
+ * at a time; see kn_scores_avx512. */
+static void
+kn_scores_avx2(const float *x, const float *w, float *y, int32_t m, int32_t k, int32_t d_out,
+               int32_t r0, int32_t r1, int accumulate)
+{
+    (void)accumulate;
+    for (int32_t j0 = r0; j0 < r1; j0 += 8) {
+        int32_t nj = r1 - j0 < 8 ? r1 - j0 : 8;
+        const float *kr[8];
+
+        for (int j = 0; j < 8; j++) {
+            kr[j] = w + (size_t)(j0 + (j < nj ? j : 0)) * k; /* spare lanes reread row 0 */
+        }
+        for (int32_t t = 0; t < m; t++) {
+            const float *q = x + (size_t)t * k;
+            __m256 acc[8];
+            float out[8];
+            int32_t i = 0;
+
+            for (int j = 0; j < 8; j++) {
+                acc[j] = _mm256_setzero_ps();
+            }
+            for (; i + 8 <= k; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + i);
+
+                for (int j = 0; j < 8; j++) {
+                    acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[j] + i), acc[j]);
+                }
+            }
+            _mm256_storeu_ps(out, kn_hsum8_avx2(acc));
+            for (int j = 0; j < nj; j++) {
+                float v = out[j];
+
+                for (int32_t r = i; r < k; r++) {
+                    v += q[r] * kr[j][r];
+                }
+                y[(size_t)t * d_out + j0 + j] = v;
+            }
+        }
+    }
+}
+
+#define KN_ATT_SCORES kn_scores_avx2
 #define KN_GEMM_SMALL kn_gemm_small_avx2_intr
 #define KN_SFX(name) name##_avx2
 #define KN_TABLE kn__impl_avx2
 #include "kernels/cpu/kn_simd_body.inc"
 #undef KN_SFX
 #undef KN_TABLE
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
 
 #undef KN_GEMM_SMALL
+#undef KN_ATT_SCORES
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))), \
+                             apply_to = function)
+#endif
 
 static inline __attribute__((always_inline)) void
 kn_gs_tile_avx512(const float *x, const float *w, float *y, int32_t k, int32_t d_out, int32_t t0,
@@ -276,6 +352,9 @@ kn_scores_avx512(const float *x, const float *w, float *y, int32_t m, int32_t k,
 #undef KN_TABLE
 #undef KN_GEMM_SMALL
 #undef KN_ATT_SCORES
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
 
 #else
