@@ -4,13 +4,14 @@
  * DESIGN. Per rank and step, everything on the rank's one stream:
  *
  *   stage = tokens | positions | slots | query_start | context_len |
- *           logits_rows | block_tables        one pinned int32 buffer, one copy
+ *           logits_rows | block_tables | query tiles   one pinned buffer, one copy
  *   x = embed(tokens)                                   (T, dim) f32
  *   per layer:
  *     h16 = rmsnorm(x)
  *     q, k, v = h16 Wq_r^T, h16 Wk_r^T, h16 Wv_r^T      GEMMs, f32 out (+ bias)
  *     rope(q, k); kv_write(k, v -> cache via slot_mapping)
- *     a16 = paged_attention(q, cache, block_tables)
+ *     a16 = paged_attention(q, cache, block_tables)   decode kernel when every
+ *           sequence has one new token, else the query-tile (prefill) kernel
  *     p = a16 Wo_r^T; all-reduce(p); x += p
  *     h16 = rmsnorm(x); g16 = silu(h16 Wg_r^T) * h16 Wu_r^T
  *     p = g16 Wd_r^T; all-reduce(p); x += p
@@ -152,7 +153,7 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
     if (lq > h16_cols) {
         h16_cols = lq;
     }
-    rk->stage_len = 4 * T + 3 * S + 1 + S * (size_t)rc->max_blocks_per_seq;
+    rk->stage_len = 5 * T + 3 * S + 1 + S * (size_t)rc->max_blocks_per_seq;
     if ((st = dev_alloc(rk, &rk->x, sizeof(float) * T * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->part, sizeof(float) * T * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->q, sizeof(float) * T * lq)) != ST_OK ||
@@ -284,7 +285,10 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     int32_t *h = rk->stage_host;
     size_t o_pos = (size_t)T, o_slot = o_pos + T, o_qs = o_slot + T, o_ctx = o_qs + S + 1;
     size_t o_rows = o_ctx + S, o_bt = o_rows + (size_t)b->n_logits;
-    size_t n_int = o_bt + (size_t)S * b->max_blocks;
+    size_t o_tiles = o_bt + (size_t)S * b->max_blocks, n_int = o_tiles;
+    const int32_t group = c->n_heads / c->n_kv_heads;
+    const int32_t q_tile = kn_attn_prefill_q_tile(group);
+    int32_t n_tiles = 0;
 
     memcpy(h, b->tokens, sizeof(int32_t) * T);
     memcpy(h + o_pos, b->positions, sizeof(int32_t) * T);
@@ -295,6 +299,14 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
         memcpy(h + o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
     }
     memcpy(h + o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * b->max_blocks);
+    if (T > S) { /* prefill chunks present: query tiles for the prefill kernel */
+        for (int32_t s = 0; s < S; s++) {
+            for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += q_tile) {
+                h[o_tiles + (size_t)n_tiles++] = t0;
+            }
+        }
+        n_int += (size_t)n_tiles;
+    }
     DEV_TRY(o->copy(cx, rk->stage_dev, h, sizeof(int32_t) * n_int, KV_OP_SWAP_IN));
     const int32_t *d = rk->stage_dev;
 
@@ -340,7 +352,13 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
         DEV_TRY(o->rope(cx, &rq, T));
         DEV_TRY(o->rope(cx, &rkk, T));
         DEV_TRY(o->kv_write(cx, &kw, T)); /* every new K/V lands before attention reads */
-        DEV_TRY(o->attention(cx, &aa, T));
+        if (n_tiles > 0) {
+            kn_attn_prefill_args_t pa = {aa, d + o_tiles, q_tile};
+
+            DEV_TRY(o->attention_prefill(cx, &pa, n_tiles));
+        } else {
+            DEV_TRY(o->attention(cx, &aa, T)); /* decodes only */
+        }
         DEV_TRY(o->gemm(cx, dt, rk->h16, L->wo, rk->part, T, lq, dim));
         if (o->allreduce != NULL) {
             DEV_TRY(o->allreduce(cx, rk->part, (size_t)T * dim));

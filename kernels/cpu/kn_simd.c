@@ -15,9 +15,11 @@
 
 #define KN_SFX(name) name##_generic
 #define KN_TABLE kn__impl_generic
+#define KN_VW 4 /* floats per vector register */
 #include "kernels/cpu/kn_simd_body.inc"
 #undef KN_SFX
 #undef KN_TABLE
+#undef KN_VW
 
 #if defined(__x86_64__) || defined(__i386__)
 
@@ -25,9 +27,6 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-#ifdef __clang__ /* clang ignores GCC target pragmas */
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#endif
 
 /* The few-row GEMM with intrinsics: a tile of 4 weight rows x NT tokens
  * keeps 4 * NT vector accumulators in registers; horizontal sums happen
@@ -172,12 +171,11 @@ kn_scores_avx2(const float *x, const float *w, float *y, int32_t m, int32_t k, i
 #define KN_GEMM_SMALL kn_gemm_small_avx2_intr
 #define KN_SFX(name) name##_avx2
 #define KN_TABLE kn__impl_avx2
+#define KN_VW 8
 #include "kernels/cpu/kn_simd_body.inc"
 #undef KN_SFX
 #undef KN_TABLE
-#ifdef __clang__
-#pragma clang attribute pop
-#endif
+#undef KN_VW
 #pragma GCC pop_options
 
 #undef KN_GEMM_SMALL
@@ -185,10 +183,6 @@ kn_scores_avx2(const float *x, const float *w, float *y, int32_t m, int32_t k, i
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
-#ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))), \
-                             apply_to = function)
-#endif
 
 static inline __attribute__((always_inline)) void
 kn_gs_tile_avx512(const float *x, const float *w, float *y, int32_t k, int32_t d_out, int32_t t0,
@@ -347,14 +341,13 @@ kn_scores_avx512(const float *x, const float *w, float *y, int32_t m, int32_t k,
 #define KN_GEMM_SMALL kn_gemm_small_avx512_intr
 #define KN_SFX(name) name##_avx512
 #define KN_TABLE kn__impl_avx512
+#define KN_VW 16
 #include "kernels/cpu/kn_simd_body.inc"
 #undef KN_SFX
 #undef KN_TABLE
+#undef KN_VW
 #undef KN_GEMM_SMALL
 #undef KN_ATT_SCORES
-#ifdef __clang__
-#pragma clang attribute pop
-#endif
 #pragma GCC pop_options
 
 #else

@@ -627,4 +627,186 @@ kn_attention_body(const kn_thr_t *t, float *smem, const kn_attn_cuda_args_t *a)
     }
 }
 
+/* ---- paged attention for prefill chunks ----------------------------------------
+ * Same batch and contract as kn_attention_body, but one thread block per
+ * (KV head, query tile): up to q_tile consecutive query tokens of one
+ * sequence (tile t starts at token tile_start[t] and ends at q_tile
+ * tokens or at the sequence's end). Every K/V tile is loaded into shared
+ * memory once and serves q_tile * group query rows, instead of being
+ * read again for every token as the decode kernel does. Keys run from the
+ * first token's lo to the last token's hi; per row, keys past its causal
+ * bound or before its window get probability 0:
+ *
+ *   per key tile:  load      K, V rows of the tile (16-bit) to shared memory
+ *                  scores    thread per (row, key): dot over head_dim
+ *                  softmax   warp per row, lane per key (masked: -inf)
+ *                  values    thread per (row, dim): acc = acc * alpha + p V
+ *
+ *   tile_start: (n_tiles) int32, token index of each tile's first token
+ * Launch: grid (n_kv_heads, n_tiles), block a multiple of 32, shared
+ * kn_attn_prefill_smem_floats() floats. Host memory note: the launcher
+ * raises the kernel's dynamic shared memory limit when above 48 KiB. */
+typedef struct kn_attn_prefill_args {
+    kn_attn_cuda_args_t a; /* the decode kernel's arguments */
+    const int32_t *tile_start;
+    int32_t q_tile;
+} kn_attn_prefill_args_t;
+
+/* Shared floats: q, acc (rows x hd), p (rows x tile), m, l, alpha (rows),
+ * K and V tiles (tile x hd 16-bit each, i.e. tile x hd floats for both). */
+static inline size_t
+kn_attn_prefill_smem_floats(int32_t q_tile, int32_t group, int32_t head_dim)
+{
+    size_t rows = (size_t)q_tile * (size_t)group;
+
+    return rows * (2 * (size_t)head_dim + KN_ATTN_TILE + 3) +
+           (size_t)KN_ATTN_TILE * (size_t)head_dim;
+}
+
+/* Query tokens per tile: about 32 query rows per block. */
+static inline int32_t
+kn_attn_prefill_q_tile(int32_t group)
+{
+    int32_t q = 32 / group;
+
+    return q < 1 ? 1 : q > 16 ? 16 : q;
+}
+
+KN_DEV void
+kn_attention_prefill_body(const kn_thr_t *t, float *smem, const kn_attn_prefill_args_t *pa)
+{
+    const kn_attn_cuda_args_t *a = &pa->a;
+    const int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    const int32_t kvh = t->bx, h0 = kvh * group, t0 = pa->tile_start[t->by];
+    const int32_t lane = t->tid % KN_WARP, warp = t->tid / KN_WARP, n_warps = t->nthr / KN_WARP;
+    int32_t s = 0, n_q, rows, first, lo0, hi1;
+
+    {
+        int32_t a0 = 0, a1 = a->n_seqs - 1;
+
+        while (a0 < a1) {
+            int32_t mid = (a0 + a1 + 1) / 2;
+
+            if (a->query_start[mid] <= t0) {
+                a0 = mid;
+            } else {
+                a1 = mid - 1;
+            }
+        }
+        s = a0;
+    }
+    n_q = a->query_start[s + 1] - t0 < pa->q_tile ? a->query_start[s + 1] - t0 : pa->q_tile;
+    rows = n_q * group;
+    /* Context index of token t0 + i is first + i. */
+    first = a->context_len[s] - (a->query_start[s + 1] - t0);
+    lo0 = 0;
+    if (a->sliding_window > 0 && first - a->sliding_window + 1 > 0) {
+        lo0 = first - a->sliding_window + 1;
+    }
+    hi1 = first + n_q - 1;
+
+    const size_t R = (size_t)pa->q_tile * group; /* shared arrays sized for a full tile */
+    float *q_s = smem;                           /* [R][hd], row = i * group + g */
+    float *acc = q_s + R * hd;                   /* [R][hd] */
+    float *p = acc + R * hd;                     /* [R][tile] */
+    float *m_s = p + R * KN_ATTN_TILE;           /* [R] */
+    float *l_s = m_s + R;                        /* [R] */
+    float *al_s = l_s + R;                       /* [R] */
+    uint16_t *k_s = (uint16_t *)(al_s + R);      /* [tile][hd] */
+    uint16_t *v_s = k_s + (size_t)KN_ATTN_TILE * hd;
+    const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
+
+    for (int32_t j = t->tid; j < rows * hd; j += t->nthr) {
+        int32_t row = j / hd, d = j % hd, i = row / group, g = row % group;
+
+        q_s[j] = a->q[(size_t)(t0 + i) * a->q_stride + (size_t)(h0 + g) * hd + d] * a->scale;
+        acc[j] = 0.0f;
+    }
+    for (int32_t row = t->tid; row < rows; row += t->nthr) {
+        m_s[row] = -INFINITY;
+        l_s[row] = 0.0f;
+    }
+    KN_SYNC(t);
+
+    for (int32_t j0 = lo0; j0 <= hi1; j0 += KN_ATTN_TILE) {
+        int32_t n_keys = hi1 - j0 + 1 < KN_ATTN_TILE ? hi1 - j0 + 1 : KN_ATTN_TILE;
+
+        /* Load the K/V tile once for every row. */
+        for (int32_t e = t->tid; e < n_keys * hd; e += t->nthr) {
+            int32_t jj = e / hd, d = e % hd, j = j0 + jj;
+            size_t src = (((size_t)bt[j / a->block_size] * a->n_kv_heads + kvh) * a->block_size +
+                          (size_t)(j % a->block_size)) *
+                             hd +
+                         d;
+
+            k_s[e] = a->k_cache[src];
+            v_s[e] = a->v_cache[src];
+        }
+        KN_SYNC(t);
+
+        /* Scores, masked per row to [lo(i), hi(i)]. */
+        for (int32_t e = t->tid; e < rows * KN_ATTN_TILE; e += t->nthr) {
+            int32_t row = e / KN_ATTN_TILE, jj = e % KN_ATTN_TILE, j = j0 + jj;
+            int32_t hi = first + row / group;
+            int32_t lo = a->sliding_window > 0 && hi - a->sliding_window + 1 > 0
+                             ? hi - a->sliding_window + 1
+                             : 0;
+            float d = -INFINITY;
+
+            if (jj < n_keys && j <= hi && j >= lo) {
+                const float *qr = q_s + (size_t)row * hd;
+                const uint16_t *kr = k_s + (size_t)jj * hd;
+
+                d = 0.0f;
+                for (int32_t i = 0; i < hd; i++) {
+                    d += qr[i] * kn_ld16(kr, (size_t)i, a->dt);
+                }
+            }
+            p[e] = d;
+        }
+        KN_SYNC(t);
+
+        /* Online softmax, warp per row. A row may have no key in this tile
+         * (all masked): its max stays, its p are 0. */
+        for (int32_t row = warp; row < rows; row += n_warps) {
+            float *pr = p + (size_t)row * KN_ATTN_TILE;
+            float v = pr[lane];
+            float m_old = m_s[row];
+            float m_new = fmaxf(m_old, kn_warp_max(t, v));
+            float e = m_new == -INFINITY || v == -INFINITY ? 0.0f : expf(v - m_new);
+            float sum = kn_warp_sum(t, e);
+
+            pr[lane] = e;
+            if (lane == 0) {
+                float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+
+                al_s[row] = alpha;
+                l_s[row] = l_s[row] * alpha + sum;
+                m_s[row] = m_new;
+            }
+        }
+        KN_SYNC(t);
+
+        /* Values: thread per (row, dim). */
+        for (int32_t e = t->tid; e < rows * hd; e += t->nthr) {
+            int32_t row = e / hd, d = e % hd;
+            const float *pr = p + (size_t)row * KN_ATTN_TILE;
+            float o = acc[e] * al_s[row];
+
+            for (int32_t jj = 0; jj < n_keys; jj++) {
+                o += pr[jj] * kn_ld16(v_s, (size_t)jj * hd + d, a->dt);
+            }
+            acc[e] = o;
+        }
+        KN_SYNC(t);
+    }
+
+    for (int32_t e = t->tid; e < rows * hd; e += t->nthr) {
+        int32_t row = e / hd, d = e % hd, i = row / group, g = row % group;
+
+        kn_st16(a->out, (size_t)(t0 + i) * a->n_heads * hd + (size_t)(h0 + g) * hd + d,
+                acc[e] / l_s[row], a->dt);
+    }
+}
+
 #endif /* KERNELS_CUDA_KN_CUDA_BODY_H */
