@@ -9,10 +9,14 @@
  *
  * For every SUBMIT the engine sends zero or more DELTA messages per choice,
  * then exactly one FINISHED per choice, or one ERROR for the request (after
- * which nothing more comes for that id). A CANCEL for an unknown or
- * finished id is ignored; a cancelled request still gets its FINISHED
- * messages (reason ENG_FINISH_ABORT), so the loop thread can free its
- * record on the engine's last word. The token that stops a choice on EOS
+ * which nothing more comes for that id; at shutdown or on a device failure
+ * an ERROR also ends a request midway, standing in for the FINISHED of the
+ * choices still open). A CANCEL for an unknown or finished id is ignored;
+ * a cancelled request still gets its FINISHED messages (reason
+ * ENG_FINISH_ABORT, or ENG_FINISH_STOP with as_stop), and its blocks are
+ * free before the next step, so the loop thread can free its record on
+ * the engine's last word. Outbox messages of one engine iteration are sent
+ * together at its end. The token that stops a choice on EOS
  * or a stop id comes in a DELTA like any other (it counts in
  * completion_tokens) and again as FINISHED.stop_token, so the front end
  * can leave it out of the text.
