@@ -16,6 +16,12 @@ typedef enum kv_op_kind {
     KV_OP_COPY = 0,     /* device block src -> device block dst */
     KV_OP_SWAP_OUT = 1, /* device block src -> CPU-tier block dst */
     KV_OP_SWAP_IN = 2,  /* CPU-tier block src -> device block dst */
+    /* The block src was freed while partly filled: its bytes are dead, so
+     * a backend may drop what it keeps beside them (the full-precision
+     * residual of a quantized cache). dst == src. Emitted only when
+     * bm_config_t.drop_ops is set; backends without such state ignore it. */
+    KV_OP_DROP = 3,      /* device tier */
+    KV_OP_DROP_SWAP = 4, /* CPU tier */
 } kv_op_kind_t;
 
 typedef struct kv_op {

@@ -31,6 +31,9 @@ typedef struct mdl_backend {
      * On ST_OK *logits is [n_logits][vocab] f32 host memory owned by the
      * backend, valid until the next forward. */
     int (*forward)(void *state, const mdl_batch_t *b, const float **logits);
+    /* Nonzero: kv_ops() also takes KV_OP_DROP / KV_OP_DROP_SWAP; otherwise
+     * the runtime leaves them out. */
+    int kv_drop_ops;
 } mdl_backend_t;
 
 extern const mdl_backend_t mdl_backend_cpu;

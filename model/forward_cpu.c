@@ -36,7 +36,9 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_cpu.h"
+#include "kernels/cpu/kv_quant.h"
 #include "model/backend.h"
+#include "model/kv_cache.h"
 #include "model/model_int.h"
 
 typedef struct cpu_state {
@@ -48,6 +50,9 @@ typedef struct cpu_state {
     size_t kv_len;     /* bytes mapped */
     float *swap;       /* [n_layers][2][swap_blocks][blk_floats], NULL if none */
     size_t swap_len;
+    /* Any KV dtype but f32: the compressed store (kernels/cpu/kv_quant.h)
+     * holds pool, swap tier and residual slots instead of kv / swap. */
+    kn_kvq_store_t *kvq;
     /* Scratch, rows = max_num_batched_tokens (T). */
     float *x;         /* (T, dim) residual stream */
     float *h;         /* (T, dim) normed */
@@ -99,6 +104,7 @@ cpu_destroy(void *state)
     if (s->swap != NULL) {
         munmap(s->swap, s->swap_len);
     }
+    kn_kvq_store_destroy(s->kvq);
     free(s->scratch);
     free(s->sub_qs);
     free(s->sub_ctx);
@@ -117,10 +123,6 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     cpu_state_t *s;
     int rc_st;
 
-    if (rc->kv_dtype != MDL_KV_F32) {
-        snprintf(err, errlen, "the cpu backend keeps its KV cache in f32 only");
-        return ST_EUNSUPPORTED;
-    }
     if (c->head_dim > KN_ATTN_MAX_HEAD_DIM) {
         snprintf(err, errlen, "head_dim %d exceeds %d", c->head_dim, KN_ATTN_MAX_HEAD_DIM);
         return ST_EUNSUPPORTED;
@@ -132,14 +134,28 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     s->rc = *rc;
     s->blk_floats = kvd * (size_t)rc->block_size;
 
-    s->kv_len = sizeof(float) * 2 * (size_t)c->n_layers * (size_t)rc->num_blocks * s->blk_floats;
-    s->kv = cpu_map(s->kv_len);
-    if (s->kv == NULL) {
+    if (rc->kv_dtype != MDL_KV_F32) {
+        kn_kvq_layout_t lay;
+
+        rc_st = mdl__kv_layout(c, rc->block_size, rc->kv_dtype, &lay, err, errlen);
+        if (rc_st == ST_OK) {
+            rc_st = kn_kvq_store_create(&lay, c->n_layers, rc->num_blocks, rc->swap_blocks,
+                                        mdl__kv_residual_slots(rc), &s->kvq, err, errlen);
+        }
+        if (rc_st != ST_OK) {
+            goto fail;
+        }
+    } else {
+        s->kv_len =
+            sizeof(float) * 2 * (size_t)c->n_layers * (size_t)rc->num_blocks * s->blk_floats;
+        s->kv = cpu_map(s->kv_len);
+    }
+    if (s->kv == NULL && s->kvq == NULL) {
         snprintf(err, errlen, "cannot map a %zu MiB KV pool", s->kv_len >> 20);
         rc_st = ST_ENOMEM;
         goto fail;
     }
-    if (rc->swap_blocks > 0) {
+    if (rc->swap_blocks > 0 && s->kvq == NULL) {
         s->swap_len =
             sizeof(float) * 2 * (size_t)c->n_layers * (size_t)rc->swap_blocks * s->blk_floats;
         s->swap = cpu_map(s->swap_len);
@@ -215,7 +231,13 @@ cpu_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
     int32_t nb = s->rc.num_blocks, ns = s->rc.swap_blocks;
     size_t bytes = s->blk_floats * sizeof(float);
 
+    if (s->kvq != NULL) {
+        return kn_kvq_ops(s->kvq, ops, n_ops);
+    }
     for (int32_t i = 0; i < n_ops; i++) {
+        if (ops[i].kind == KV_OP_DROP || ops[i].kind == KV_OP_DROP_SWAP) {
+            continue; /* f32 keeps nothing beside the blocks */
+        }
         float *src_base = ops[i].kind == KV_OP_SWAP_IN ? s->swap : s->kv;
         float *dst_base = ops[i].kind == KV_OP_SWAP_OUT ? s->swap : s->kv;
         int32_t src_n = ops[i].kind == KV_OP_SWAP_IN ? ns : nb;
@@ -235,6 +257,28 @@ cpu_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
         }
     }
     return ST_OK;
+}
+
+/* Writes one layer's new K/V: f32 pool or the compressed store. */
+static void
+cpu_kv_write(cpu_state_t *s, int32_t layer, float *kc, float *vc, const int32_t *slots, int32_t n)
+{
+    if (s->kvq != NULL) {
+        kn_kvq_write(s->kvq, layer, s->k, s->v, slots, n);
+        return;
+    }
+    kn_cpu_kv_write(kc, vc, s->k, s->v, slots, n, s->c.n_kv_heads, s->rc.block_size,
+                    s->c.head_dim);
+}
+
+static void
+cpu_attend(cpu_state_t *s, int32_t layer, const kn_attn_args_t *aa)
+{
+    if (s->kvq != NULL) {
+        kn_kvq_attention(s->kvq, layer, aa);
+    } else {
+        kn_cpu_attention(aa);
+    }
 }
 
 /* The rest of the last layer for the n_logits rows that need logits, after
@@ -302,7 +346,7 @@ cpu_last_layer(cpu_state_t *s, const mdl_batch_t *b, const mdl_layer_t *L, const
         .sliding_window = c->sliding_window,
         .scale = 1.0f / sqrtf((float)hd),
     };
-    kn_cpu_attention(&aa);
+    cpu_attend(s, c->n_layers - 1, &aa);
     kn_cpu_matmul(s->sub_att, L->wo, NULL, s->hrows, n, qd, dim, 1);
 
     kn_cpu_rmsnorm(s->hrows, L->ffn_norm, s->sub_h, n, dim, c->norm_eps);
@@ -346,8 +390,10 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
 
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mdl_layer_t *L = &m->layers[l];
-        float *kc = cpu_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 0);
-        float *vc = cpu_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 1);
+        float *kc =
+            s->kv != NULL ? cpu_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 0) : NULL;
+        float *vc =
+            s->kv != NULL ? cpu_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 1) : NULL;
         int last = l == c->n_layers - 1 && sub;
 
         kn_cpu_rmsnorm(s->x, L->attn_norm, s->h, T, dim, c->norm_eps);
@@ -358,8 +404,7 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
         kn_cpu_matmul(s->h, L->wv, L->bv, s->v, T, dim, kvd, 0);
         kn_cpu_rope(s->k, T, c->n_kv_heads, hd, s->cos_t, s->sin_t);
         /* All new K/V of this layer land before any attention reads. */
-        kn_cpu_kv_write(kc, vc, s->k, s->v, b->slot_mapping, T, c->n_kv_heads, s->rc.block_size,
-                        hd);
+        cpu_kv_write(s, l, kc, vc, b->slot_mapping, T);
         if (last) {
             cpu_last_layer(s, b, L, kc, vc);
             break;
@@ -367,7 +412,7 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
         kn_cpu_rope(s->q, T, c->n_heads, hd, s->cos_t, s->sin_t);
         aa.k_cache = kc;
         aa.v_cache = vc;
-        kn_cpu_attention(&aa);
+        cpu_attend(s, l, &aa);
         kn_cpu_matmul(s->att, L->wo, NULL, s->x, T, qd, dim, 1);
 
         kn_cpu_rmsnorm(s->x, L->ffn_norm, s->h, T, dim, c->norm_eps);
@@ -397,4 +442,5 @@ const mdl_backend_t mdl_backend_cpu = {
     .destroy = cpu_destroy,
     .kv_ops = cpu_kv_ops,
     .forward = cpu_forward,
+    .kv_drop_ops = 1,
 };

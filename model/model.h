@@ -116,9 +116,20 @@ int mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, md
                        char *err, size_t errlen);
 void mdl_runtime_destroy(mdl_runtime_t *rt);
 
-/* Bytes of one KV block over all layers, K and V, in the cache dtype
- * (for sizing --kv-cache-memory into a block count before creation). */
+/* Bytes of one KV block over all layers, K and V, in the cache dtype,
+ * scales and zero points included (for sizing --kv-cache-memory into a
+ * block count before creation). 0 when the dtype cannot hold this model's
+ * heads (e.g. int4 with head_dim % 8 != 0). AUTO counts as f32. */
 size_t mdl_kv_block_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype);
+/* Bytes of the full-precision residual slots (blocks being filled) a CPU
+ * runtime with this dtype and max_num_seqs allocates per tier; 0 for
+ * f32 / f16 / bf16. */
+size_t mdl_kv_residual_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype,
+                             int32_t max_num_seqs);
+/* "auto", "f32", "f16", "bf16", "fp8_e4m3", "int8", "int4" <-> dtype.
+ * parse: ST_EINVAL for anything else. */
+int mdl_kv_dtype_parse(const char *s, mdl_kv_dtype_t *out);
+const char *mdl_kv_dtype_name(mdl_kv_dtype_t d);
 
 /* Runs queued block copy / swap operations, in order. */
 int mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops);

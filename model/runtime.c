@@ -34,28 +34,6 @@ static const mdl_backend_t *const rt_backends[] = {
 #endif
 };
 
-size_t
-mdl_kv_block_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype)
-{
-    size_t elems =
-        2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)block_size * (size_t)c->head_dim;
-
-    switch (dtype) {
-    case MDL_KV_F16:
-    case MDL_KV_BF16:
-        return elems * 2;
-    case MDL_KV_FP8_E4M3:
-    case MDL_KV_INT8:
-        return elems;
-    case MDL_KV_INT4:
-        return (elems + 1) / 2;
-    case MDL_KV_AUTO: /* f32 on the CPU backend */
-    case MDL_KV_F32:
-    default:
-        return elems * 4;
-    }
-}
-
 int
 mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_runtime_t **out,
                    char *err, size_t errlen)
@@ -151,8 +129,11 @@ mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops)
         int32_t src_max = ops[i].kind == KV_OP_SWAP_IN ? ns : nb;
         int32_t dst_max = ops[i].kind == KV_OP_SWAP_OUT ? ns : nb;
 
-        if (ops[i].kind != KV_OP_COPY && ops[i].kind != KV_OP_SWAP_OUT &&
-            ops[i].kind != KV_OP_SWAP_IN) {
+        if (ops[i].kind == KV_OP_DROP || ops[i].kind == KV_OP_DROP_SWAP) {
+            src_max = ops[i].kind == KV_OP_DROP ? nb : ns;
+            dst_max = src_max;
+        } else if (ops[i].kind != KV_OP_COPY && ops[i].kind != KV_OP_SWAP_OUT &&
+                   ops[i].kind != KV_OP_SWAP_IN) {
             return ST_EINVAL;
         }
         if (ops[i].src < 0 || ops[i].src >= src_max || ops[i].dst < 0 || ops[i].dst >= dst_max) {
@@ -161,7 +142,30 @@ mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops)
             return ST_EINVAL;
         }
     }
-    return n_ops == 0 ? ST_OK : rt->be->kv_ops(rt->state, ops, n_ops);
+    if (n_ops == 0) {
+        return ST_OK;
+    }
+    if (rt->be->kv_drop_ops) {
+        return rt->be->kv_ops(rt->state, ops, n_ops);
+    }
+    /* A backend that keeps nothing beside its blocks gets the runs of
+     * copy / swap ops between the drops. */
+    for (int32_t i = 0; i < n_ops;) {
+        int32_t j = i;
+
+        while (j < n_ops && ops[j].kind != KV_OP_DROP && ops[j].kind != KV_OP_DROP_SWAP) {
+            j++;
+        }
+        if (j > i) {
+            int rc = rt->be->kv_ops(rt->state, ops + i, j - i);
+
+            if (rc != ST_OK) {
+                return rc;
+            }
+        }
+        i = j + 1;
+    }
+    return ST_OK;
 }
 
 /* Everything a kernel would index with, checked against the config. */

@@ -19,6 +19,7 @@ static const cmd_t cmds[] = {
     {"bench", cmd_bench, "offline throughput benchmark of the engine (no HTTP)"},
     {"generate", cmd_generate, "generate text from a prompt on the CPU"},
     {"bench-forward", cmd_bench_forward, "forward-pass tokens/s and memory roofline"},
+    {"perplexity", cmd_perplexity, "perplexity of a text under a KV cache dtype and policy"},
     {NULL, NULL, NULL},
 };
 

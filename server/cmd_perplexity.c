@@ -1,0 +1,567 @@
+/* cmd_perplexity.c - `kvserve perplexity`: perplexity of a model over a
+ * text with a given KV cache dtype and policy, and greedy agreement with
+ * an f32 KV cache, to measure what KV compression costs (issue 8).
+ *
+ * Perplexity uses the strided windows of the Hugging Face recipe: windows
+ * of --ctx tokens start every --stride tokens; each scores only the tokens
+ * the previous window did not, so every token is scored once with at
+ * least ctx - stride tokens of context. Each window starts from an empty
+ * cache (its blocks are dropped) and is fed in chunks of --chunk tokens,
+ * so the KV cache really holds earlier chunks in the tested dtype:
+ * quantized blocks are read by the attention of later chunks exactly as
+ * in serving.
+ *
+ * Greedy agreement (--agree N): N prompts of --prompt-len tokens taken
+ * evenly from the text; an f32-KV runtime generates 32 tokens greedily,
+ * then the tested runtime is teacher-forced on prompt + continuation and
+ * its argmax is compared at each of the 32 positions.
+ */
+#define LOG_MODULE "perplexity"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/xmalloc.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "server/cmds.h"
+
+typedef struct ppl_opts {
+    const char *model;
+    const char *file;
+    mdl_kv_dtype_t dtype;
+    const char *policy;
+    int32_t sink, window; /* tokens; window 0: full attention */
+    int32_t ctx, stride, chunk, block_size, threads;
+    int32_t agree, prompt_len, gen_len;
+    int64_t budget; /* bytes, for the "blocks at a fixed budget" figure */
+} ppl_opts_t;
+
+/* One runtime with a single sequence whose block table is 1 .. max_blocks. */
+typedef struct ppl_run {
+    mdl_runtime_t *rt;
+    int32_t bs, chunk, max_blocks, vocab;
+    int32_t *bt, *pos, *slots, *rows;
+} ppl_run_t;
+
+static void
+run_destroy(ppl_run_t *r)
+{
+    mdl_runtime_destroy(r->rt);
+    free(r->bt);
+    free(r->pos);
+    free(r->slots);
+    free(r->rows);
+    memset(r, 0, sizeof(*r));
+}
+
+static int
+run_create(const mdl_model_t *m, const ppl_opts_t *o, mdl_kv_dtype_t dtype, int32_t max_ctx,
+           ppl_run_t *r)
+{
+    const mdl_config_t *c = mdl_model_config(m);
+    char err[256] = "";
+    int rc;
+
+    memset(r, 0, sizeof(*r));
+    r->bs = o->block_size;
+    r->chunk = o->chunk;
+    r->vocab = c->vocab_size;
+    r->max_blocks = (max_ctx + r->bs - 1) / r->bs + 1;
+    mdl_runtime_config_t rc_cfg = {
+        .device = "cpu",
+        .tp_size = 1,
+        .n_threads = o->threads,
+        .block_size = r->bs,
+        .num_blocks = r->max_blocks + 1,
+        .swap_blocks = 0,
+        .max_num_batched_tokens = r->chunk,
+        .max_num_seqs = r->chunk,
+        .max_blocks_per_seq = r->max_blocks,
+        .kv_dtype = dtype,
+    };
+    rc = mdl_runtime_create(m, &rc_cfg, &r->rt, err, sizeof(err));
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve perplexity: %s KV cache: %s\n", mdl_kv_dtype_name(dtype), err);
+        return rc;
+    }
+    r->bt = xmalloc(sizeof(int32_t) * (size_t)r->max_blocks);
+    for (int32_t i = 0; i < r->max_blocks; i++) {
+        r->bt[i] = i + 1;
+    }
+    r->pos = xmalloc(sizeof(int32_t) * (size_t)r->chunk);
+    r->slots = xmalloc(sizeof(int32_t) * (size_t)r->chunk);
+    r->rows = xmalloc(sizeof(int32_t) * (size_t)r->chunk);
+    return ST_OK;
+}
+
+/* Empties the sequence: every block's residual is dropped. */
+static int
+run_reset(ppl_run_t *r)
+{
+    kv_op_t *ops = xmalloc(sizeof(kv_op_t) * (size_t)r->max_blocks);
+    int rc;
+
+    for (int32_t i = 0; i < r->max_blocks; i++) {
+        ops[i] = (kv_op_t){.kind = KV_OP_DROP, .src = r->bt[i], .dst = r->bt[i]};
+    }
+    rc = mdl_runtime_kv_ops(r->rt, ops, r->max_blocks);
+    free(ops);
+    return rc;
+}
+
+/* Callback per fed token row: logits predict the token after it. */
+typedef void (*ppl_row_cb)(void *arg, int32_t i, const float *logits);
+
+/* Feeds toks[0..n) at context indices kv0 .. kv0 + n - 1 (the sequence
+ * already holds kv0 tokens) with RoPE positions pos0 + index, calling fn
+ * for every row i in [0, n) with its logits. */
+static int
+run_feed(ppl_run_t *r, const int32_t *toks, int32_t n, int32_t kv0, int32_t pos0, ppl_row_cb fn,
+         void *arg)
+{
+    for (int32_t i = 0; i < n; i += r->chunk) {
+        int32_t c = n - i < r->chunk ? n - i : r->chunk;
+        int32_t qs[2] = {0, c}, ctx = kv0 + i + c;
+        const float *logits;
+        int rc;
+
+        for (int32_t t = 0; t < c; t++) {
+            int32_t kv = kv0 + i + t;
+
+            r->pos[t] = pos0 + kv;
+            r->slots[t] = r->bt[kv / r->bs] * r->bs + kv % r->bs;
+            r->rows[t] = t;
+        }
+        mdl_batch_t b = {
+            .n_tokens = c,
+            .tokens = toks + i,
+            .positions = r->pos,
+            .slot_mapping = r->slots,
+            .n_seqs = 1,
+            .query_start = qs,
+            .context_len = &ctx,
+            .block_tables = r->bt,
+            .max_blocks = r->max_blocks,
+            .logits_rows = r->rows,
+            .n_logits = fn != NULL ? c : 1,
+        };
+        if (fn == NULL) {
+            r->rows[0] = c - 1;
+        }
+        rc = mdl_forward(r->rt, &b, &logits);
+        if (rc != ST_OK) {
+            return rc;
+        }
+        if (fn != NULL) {
+            for (int32_t t = 0; t < c; t++) {
+                fn(arg, i + t, logits + (size_t)t * r->vocab);
+            }
+        }
+    }
+    return ST_OK;
+}
+
+static double
+log_prob(const float *logits, int32_t vocab, int32_t tok)
+{
+    double mx = -INFINITY, sum = 0.0;
+
+    for (int32_t v = 0; v < vocab; v++) {
+        mx = logits[v] > mx ? logits[v] : mx;
+    }
+    for (int32_t v = 0; v < vocab; v++) {
+        sum += exp((double)logits[v] - mx);
+    }
+    return (double)logits[tok] - mx - log(sum);
+}
+
+static int32_t
+argmax(const float *logits, int32_t vocab)
+{
+    int32_t best = 0;
+
+    for (int32_t v = 1; v < vocab; v++) {
+        if (logits[v] > logits[best]) {
+            best = v;
+        }
+    }
+    return best;
+}
+
+/* Scoring state for one window: row i predicts toks[i + 1]. */
+typedef struct ppl_score {
+    const int32_t *toks; /* the window's tokens */
+    int32_t first;       /* rows >= first - 1 are scored */
+    int32_t vocab;
+    double nll;
+    int64_t n;
+} ppl_score_t;
+
+static void
+score_row(void *arg, int32_t i, const float *logits)
+{
+    ppl_score_t *s = arg;
+
+    if (i + 1 >= s->first) {
+        s->nll -= log_prob(logits, s->vocab, s->toks[i + 1]);
+        s->n++;
+    }
+}
+
+typedef struct ppl_argmax {
+    int32_t *out; /* argmax of rows [from, from + n) */
+    int32_t from, n, vocab;
+} ppl_argmax_t;
+
+static void
+argmax_row(void *arg, int32_t i, const float *logits)
+{
+    ppl_argmax_t *a = arg;
+
+    if (i >= a->from && i < a->from + a->n) {
+        a->out[i - a->from] = argmax(logits, a->vocab);
+    }
+}
+
+/* Strided-window perplexity over toks[0..n). */
+static int
+perplexity_windows(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32_t n, double *nll,
+                   int64_t *n_scored)
+{
+    int32_t prev_end = 0;
+
+    *nll = 0.0;
+    *n_scored = 0;
+    for (int32_t begin = 0; prev_end < n; begin += o->stride) {
+        int32_t end = begin + o->ctx < n ? begin + o->ctx : n;
+        /* Targets: indices [max(prev_end, begin + 1), end). Rows stop at the
+         * last target's predecessor, so the window feeds end - 1 - begin
+         * tokens plus nothing after. */
+        int32_t first = prev_end > begin + 1 ? prev_end : begin + 1;
+        ppl_score_t sc = {
+            .toks = toks + begin, .first = first - begin, .vocab = r->vocab, .nll = 0, .n = 0};
+        int rc = run_reset(r);
+
+        if (rc == ST_OK && end - 1 - begin > 0) {
+            rc = run_feed(r, toks + begin, end - 1 - begin, 0, 0, score_row, &sc);
+        }
+        if (rc != ST_OK) {
+            return rc;
+        }
+        *nll += sc.nll;
+        *n_scored += sc.n;
+        prev_end = end;
+        if (end == n) {
+            break;
+        }
+    }
+    return ST_OK;
+}
+
+/* Greedy agreement of run t with reference run f over o->agree prompts. */
+static int
+greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t *toks, int32_t n,
+                 int64_t *match, int64_t *total)
+{
+    int32_t P = o->prompt_len, G = o->gen_len;
+    int32_t *seq = xmalloc(sizeof(int32_t) * (size_t)(P + G));
+    int32_t *pred = xmalloc(sizeof(int32_t) * (size_t)G);
+    int rc = ST_OK;
+
+    *match = 0;
+    *total = 0;
+    for (int32_t k = 0; k < o->agree && rc == ST_OK; k++) {
+        int32_t start = (int32_t)((int64_t)k * (n - P - 1) / (o->agree > 1 ? o->agree : 1));
+        ppl_argmax_t am = {.out = seq + P, .from = P - 1, .n = 1, .vocab = f->vocab};
+
+        memcpy(seq, toks + start, sizeof(int32_t) * (size_t)P);
+        rc = run_reset(f);
+        /* Reference: prompt, then one token at a time (greedy, f32 KV). */
+        for (int32_t g = 0; rc == ST_OK && g < G; g++) {
+            if (g == 0) {
+                rc = run_feed(f, seq, P, 0, 0, argmax_row, &am);
+            } else {
+                ppl_argmax_t one = {.out = seq + P + g, .from = 0, .n = 1, .vocab = f->vocab};
+
+                rc = run_feed(f, seq + P + g - 1, 1, P + g - 1, 0, argmax_row, &one);
+            }
+        }
+        if (rc != ST_OK) {
+            break;
+        }
+        /* Tested cache: teacher-forced on prompt + continuation. */
+        ppl_argmax_t tf = {.out = pred, .from = P - 1, .n = G, .vocab = t->vocab};
+
+        rc = run_reset(t);
+        if (rc == ST_OK) {
+            rc = run_feed(t, seq, P + G - 1, 0, 0, argmax_row, &tf);
+        }
+        for (int32_t g = 0; rc == ST_OK && g < G; g++) {
+            *match += pred[g] == seq[P + g];
+            (*total)++;
+        }
+    }
+    free(seq);
+    free(pred);
+    return rc;
+}
+
+static char *
+slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+
+    if (f == NULL) {
+        return NULL;
+    }
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? 2 * cap : 65536;
+            buf = xrealloc(buf, cap);
+        }
+        size_t got = fread(buf + n, 1, 4096, f);
+
+        n += got;
+        if (got < 4096) {
+            break;
+        }
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static void
+usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvserve perplexity --model PATH --file TEXT [OPTIONS]\n\n"
+            "  --model PATH          Hugging Face directory or .gguf file\n"
+            "                        (default models/austen-2.7m)\n"
+            "  --file TEXT           the text to score (UTF-8)\n"
+            "  --kv-cache-dtype X    auto f32 f16 bf16 fp8_e4m3 int8 int4 (default auto: f32)\n"
+            "  --ctx N               window length (default: the model's context)\n"
+            "  --stride N            window start step (default ctx / 2)\n"
+            "  --chunk N             tokens per forward step (default 64)\n"
+            "  --block-size N        tokens per KV block (default 16)\n"
+            "  --threads N           CPU threads (default: all cores)\n"
+            "  --agree N             also: greedy agreement with an f32 KV cache over N\n"
+            "                        prompts (default 0: off)\n"
+            "  --prompt-len N        agreement prompt tokens (default 64)\n"
+            "  --gen-len N           agreement continuation tokens (default 32)\n"
+            "  --budget-mib N        KV memory for the blocks-at-budget figure (default 64)\n"
+            "  --help                this text\n");
+}
+
+static int
+parse_i32(const char *s, int32_t lo, int32_t *out)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v < lo || v > INT32_MAX) {
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
+int
+cmd_perplexity(int argc, char **argv)
+{
+    ppl_opts_t o = {
+        .model = "models/austen-2.7m",
+        .dtype = MDL_KV_AUTO,
+        .policy = "full",
+        .chunk = 64,
+        .block_size = 16,
+        .prompt_len = 64,
+        .gen_len = 32,
+        .budget = 64LL << 20,
+    };
+    mdl_model_t *m = NULL;
+    char err[512] = "";
+    char *text = NULL;
+    int32_t *toks = NULL;
+    size_t n_toks = 0, len = 0;
+    ppl_run_t run = {0}, ref = {0};
+    int status = 1, rc;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int32_t mib = 0;
+        int bad = 0;
+
+        if (strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (v == NULL) {
+            fprintf(stderr, "kvserve perplexity: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (strcmp(a, "--model") == 0) {
+            o.model = v;
+        } else if (strcmp(a, "--file") == 0) {
+            o.file = v;
+        } else if (strcmp(a, "--kv-cache-dtype") == 0) {
+            bad = mdl_kv_dtype_parse(v, &o.dtype) != ST_OK;
+        } else if (strcmp(a, "--ctx") == 0) {
+            bad = parse_i32(v, 2, &o.ctx);
+        } else if (strcmp(a, "--stride") == 0) {
+            bad = parse_i32(v, 1, &o.stride);
+        } else if (strcmp(a, "--chunk") == 0) {
+            bad = parse_i32(v, 1, &o.chunk);
+        } else if (strcmp(a, "--block-size") == 0) {
+            bad = parse_i32(v, 1, &o.block_size);
+        } else if (strcmp(a, "--threads") == 0) {
+            bad = parse_i32(v, 0, &o.threads);
+        } else if (strcmp(a, "--agree") == 0) {
+            bad = parse_i32(v, 0, &o.agree);
+        } else if (strcmp(a, "--prompt-len") == 0) {
+            bad = parse_i32(v, 1, &o.prompt_len);
+        } else if (strcmp(a, "--gen-len") == 0) {
+            bad = parse_i32(v, 1, &o.gen_len);
+        } else if (strcmp(a, "--budget-mib") == 0) {
+            bad = parse_i32(v, 1, &mib);
+            o.budget = (int64_t)mib << 20;
+        } else {
+            fprintf(stderr, "kvserve perplexity: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "kvserve perplexity: bad value for %s: '%s'\n", a, v);
+            return 2;
+        }
+    }
+    if (o.file == NULL) {
+        fprintf(stderr, "kvserve perplexity: --file is required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (o.window > 0 && (o.sink % o.block_size != 0 || o.window % o.block_size != 0)) {
+        fprintf(stderr, "kvserve perplexity: --kv-policy %s: sink and window must be whole "
+                        "blocks of %d tokens\n", o.policy, o.block_size);
+        return 2;
+    }
+    rc = mdl_model_load(o.model, &m, err, sizeof(err));
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve perplexity: %s\n", err);
+        return 1;
+    }
+    const mdl_config_t *c = mdl_model_config(m);
+
+    if (o.ctx <= 0 || o.ctx > c->max_pos) {
+        o.ctx = c->max_pos;
+    }
+    if (o.stride <= 0 || o.stride > o.ctx) {
+        o.stride = o.ctx / 2 > 0 ? o.ctx / 2 : 1;
+    }
+    if (o.window > 0 && o.sink + o.window + o.chunk > c->max_pos) {
+        fprintf(stderr,
+                "kvserve perplexity: sink %d + window %d + chunk %d exceed the model's "
+                "context of %d\n", o.sink, o.window, o.chunk, c->max_pos);
+        goto out;
+    }
+    if (o.agree > 0 && o.prompt_len + o.gen_len > o.ctx) {
+        fprintf(stderr, "kvserve perplexity: --prompt-len + --gen-len exceed --ctx %d\n", o.ctx);
+        goto out;
+    }
+    text = slurp(o.file, &len);
+    if (text == NULL) {
+        fprintf(stderr, "kvserve perplexity: cannot read %s: %s\n", o.file, strerror(errno));
+        goto out;
+    }
+    rc = tok_encode(mdl_model_tokenizer(m), text, len, TOK_ADD_SPECIAL, &toks, &n_toks);
+    if (rc != ST_OK || n_toks < 2 || n_toks > INT32_MAX / 2) {
+        fprintf(stderr, "kvserve perplexity: cannot tokenize %s (%zu tokens)\n", o.file, n_toks);
+        goto out;
+    }
+    if (o.agree > 0 && (int32_t)n_toks < o.prompt_len + o.gen_len + 1) {
+        fprintf(stderr, "kvserve perplexity: the text is too short for --agree\n");
+        goto out;
+    }
+
+    size_t blk = mdl_kv_block_bytes(c, o.block_size, o.dtype);
+    size_t blk16 = mdl_kv_block_bytes(c, o.block_size, MDL_KV_F16);
+    size_t blk32 = mdl_kv_block_bytes(c, o.block_size, MDL_KV_F32);
+
+    if (blk == 0) {
+        char why[256] = "";
+        mdl_runtime_t *probe = NULL;
+        mdl_runtime_config_t pc = {.block_size = o.block_size, .num_blocks = 2, .kv_dtype = o.dtype};
+
+        (void)mdl_runtime_create(m, &pc, &probe, why, sizeof(why));
+        mdl_runtime_destroy(probe);
+        fprintf(stderr, "kvserve perplexity: --kv-cache-dtype %s: %s\n",
+                mdl_kv_dtype_name(o.dtype), why);
+        goto out;
+    }
+    if (run_create(m, &o, o.dtype, o.window > 0 ? o.sink + o.window + o.chunk : o.ctx, &run) !=
+        ST_OK) {
+        goto out;
+    }
+    printf("model %s: %d layers, %d KV heads x %d, context %d\n", o.model, c->n_layers,
+           c->n_kv_heads, c->head_dim, c->max_pos);
+    printf("KV cache %s, block %d: %.1f bytes/token (f32 %.1f, f16 %.1f: %.2fx smaller than f16); "
+           "%lld blocks in %lld MiB (f32: %lld); residual slots %.1f KiB\n",
+           mdl_kv_dtype_name(o.dtype), o.block_size, (double)blk / o.block_size,
+           (double)blk32 / o.block_size, (double)blk16 / o.block_size, (double)blk16 / (double)blk,
+           (long long)(o.budget / (int64_t)blk), (long long)(o.budget >> 20),
+           (long long)(o.budget / (int64_t)blk32),
+           (double)mdl_kv_residual_bytes(c, o.block_size, o.dtype, o.chunk) / 1024.0);
+
+    double nll = 0.0;
+    int64_t n_scored = 0;
+    int32_t max_kv = 0;
+
+    rc = perplexity_windows(&run, &o, toks, (int32_t)n_toks, &nll, &n_scored);
+    if (rc != ST_OK || n_scored == 0) {
+        fprintf(stderr, "kvserve perplexity: forward failed: %s\n", st_str(rc));
+        goto out;
+    }
+    printf("text %s: %zu tokens, %lld scored, ", o.file, n_toks, (long long)n_scored);
+    if (o.window > 0) {
+        printf("policy sink=%d,window=%d (KV held at most %d tokens)\n", o.sink, o.window, max_kv);
+    } else {
+        printf("ctx %d, stride %d\n", o.ctx, o.stride);
+    }
+    printf("perplexity %.4f (mean NLL %.5f nats)\n", exp(nll / (double)n_scored),
+           nll / (double)n_scored);
+    if (o.agree > 0) {
+        int64_t match = 0, total = 0;
+
+        if (run_create(m, &o, MDL_KV_F32, o.ctx, &ref) != ST_OK) {
+            goto out;
+        }
+        rc = greedy_agreement(&ref, &run, &o, toks, (int32_t)n_toks, &match, &total);
+        if (rc != ST_OK) {
+            fprintf(stderr, "kvserve perplexity: forward failed: %s\n", st_str(rc));
+            goto out;
+        }
+        printf("greedy agreement with f32 KV: %.2f%% (%lld of %lld tokens, %d prompts x %d)\n",
+               100.0 * (double)match / (double)total, (long long)match, (long long)total, o.agree,
+               o.gen_len);
+    }
+    status = 0;
+out:
+    run_destroy(&run);
+    run_destroy(&ref);
+    free(toks);
+    free(text);
+    mdl_model_destroy(m);
+    return status;
+}
