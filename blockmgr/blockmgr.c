@@ -295,6 +295,9 @@ blk_put(bm_pool_t *pool, int tier, bm_block_t *b, uint32_t tenant)
         b->hashed = 0;
         list_push_front(&t->lru, &b->lru);
         t->n_free++;
+        if (pool->cfg.drop_ops) {
+            op_push(pool, tier == BM_DEV ? KV_OP_DROP : KV_OP_DROP_SWAP, b->id, b->id);
+        }
     }
 }
 

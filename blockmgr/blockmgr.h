@@ -82,6 +82,11 @@ typedef struct bm_config {
     uint32_t swap_blocks; /* CPU tier; 0 disables swapping and demotion */
     int prefix_caching;   /* 0 disables hashing and lookups */
     float watermark;      /* fraction of device blocks kept for running growth */
+    /* Queue KV_OP_DROP (device) / KV_OP_DROP_SWAP (CPU tier) when a block
+     * that is not cached (partly filled, or unhashed) loses its last
+     * reference, after any op reading it: lets a backend free state kept
+     * beside the block (the residual of a quantized KV cache). */
+    int drop_ops;
 } bm_config_t;
 
 typedef struct bm_stats {

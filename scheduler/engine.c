@@ -523,6 +523,7 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     bc.swap_blocks = (uint32_t)c->rt.swap_blocks;
     bc.prefix_caching = c->prefix_caching;
     bc.watermark = c->watermark;
+    bc.drop_ops = 1; /* quantized KV caches free a dropped block's residual */
     rc = bm_pool_create(&bc, &e->pool);
     if (rc != ST_OK) {
         snprintf(err, errlen, "KV block pool: %s (num_blocks %d, block_size %d)", st_str(rc),

@@ -56,6 +56,7 @@ bench_usage(FILE *f)
                "  --prefix-caching            enable the prefix cache (default off)\n"
                "  --threads T                 CPU threads for the forward (default: all cores)\n"
                "  --seed X                    prompt RNG seed (default 1)\n"
+               "  --kv-cache-dtype D          auto f32 f16 bf16 fp8_e4m3 int8 int4 (default auto)\n"
                "  --help                      this text\n");
 }
 
@@ -137,6 +138,7 @@ cmd_bench(int argc, char **argv)
         {"prefix-caching", no_argument, NULL, 'p'},
         {"threads", required_argument, NULL, 'j'},
         {"seed", required_argument, NULL, 'x'},
+        {"kv-cache-dtype", required_argument, NULL, 'd'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -145,6 +147,7 @@ cmd_bench(int argc, char **argv)
     long n_prompts = 200, in_len = 32, out_len = 64, mns = 64, mnbt = 2048, blocks = 0;
     long bsz = 16, swap = 0, threads = 0, seed = 1;
     int prefix = 0;
+    mdl_kv_dtype_t kv_dtype = MDL_KV_AUTO;
     int c, rc, status = 1;
     char err[512] = "";
     mdl_model_t *model = NULL;
@@ -204,6 +207,13 @@ cmd_bench(int argc, char **argv)
         case 'p':
             prefix = 1;
             break;
+        case 'd':
+            if (mdl_kv_dtype_parse(optarg, &kv_dtype) != ST_OK) {
+                fprintf(stderr, "kvserve bench: bad --kv-cache-dtype '%s'\n", optarg);
+                return 2;
+            }
+            break;
+
         case 'h':
             bench_usage(stdout);
             return 0;
@@ -243,6 +253,7 @@ cmd_bench(int argc, char **argv)
     cfg.rt.n_threads = (int32_t)threads;
     cfg.rt.block_size = (int32_t)bsz;
     cfg.rt.swap_blocks = (int32_t)swap;
+    cfg.rt.kv_dtype = kv_dtype;
     cfg.max_num_seqs = (int32_t)mns;
     cfg.max_num_batched_tokens = (int32_t)(mnbt > in_len ? mnbt : in_len);
     cfg.max_model_len = (int32_t)(in_len + out_len);
@@ -382,14 +393,15 @@ cmd_bench(int argc, char **argv)
                                        : 0.0;
         n_ok++;
     }
-    size_t kv_bytes = mdl_kv_block_bytes(mc, cfg.rt.block_size, MDL_KV_AUTO);
+    size_t kv_bytes = mdl_kv_block_bytes(mc, cfg.rt.block_size, kv_dtype);
     printf("model                  %s\n", model_path);
     printf("requests               %ld (%ld failed), input %ld, output %ld tokens\n", n_prompts,
            n_err, in_len, out_len);
     printf("engine                 max_num_seqs %ld, max_num_batched_tokens %d, "
-           "%d KV blocks x %ld tokens (%.1f MiB), swap %ld\n",
+           "%d KV blocks x %ld tokens (%.1f MiB, %s), swap %ld\n",
            mns, cfg.max_num_batched_tokens, cfg.rt.num_blocks, bsz,
-           (double)kv_bytes * cfg.rt.num_blocks / (1024.0 * 1024.0), swap);
+           (double)kv_bytes * cfg.rt.num_blocks / (1024.0 * 1024.0), mdl_kv_dtype_name(kv_dtype),
+           swap);
     printf("elapsed                %.3f s\n", secs);
     printf("throughput             %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n",
            (double)n_ok / secs, (double)out_tokens / secs,

@@ -562,6 +562,62 @@ START_TEST(test_large_tables_and_many_sequences)
 }
 END_TEST
 
+/* drop_ops: a block freed while partly filled (or unhashed) is announced
+ * with a DROP after every op that reads it; cached full blocks are not. */
+START_TEST(test_drop_ops)
+{
+    bm_config_t cfg = {.block_size = 4, .num_blocks = 9, .swap_blocks = 4, .prefix_caching = 1,
+                       .drop_ops = 1};
+    bm_pool_t *p;
+    int32_t toks[16], slots[16];
+    const kv_op_t *ops;
+    uint32_t n, nb;
+
+    ck_assert_int_eq(bm_pool_create(&cfg, &p), ST_OK);
+    seq_tokens(toks, 6, 100);
+    ck_assert_int_eq(bm_seq_create(p, 1, 0), ST_OK);
+    ck_assert_int_eq(bm_seq_reserve(p, 1, toks, 6, slots), ST_OK);
+    const int32_t *tab = bm_seq_table(p, 1, &nb);
+    int32_t full = tab[0], tail = tab[1];
+
+    /* Swap out: both blocks move, then the device tail is dropped (the full
+     * block stays cached). */
+    ck_assert_int_eq(bm_seq_swap_out(p, 1), ST_OK);
+    ops = bm_pool_ops(p, &n);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_int_eq(ops[0].kind, KV_OP_SWAP_OUT);
+    ck_assert_int_eq(ops[1].kind, KV_OP_SWAP_OUT);
+    ck_assert_int_eq(ops[2].kind, KV_OP_DROP);
+    ck_assert_int_eq(ops[2].src, tail);
+    ck_assert_int_eq(ops[2].dst, tail);
+    ck_assert_int_ne(ops[2].src, full);
+    int32_t cpu_tail = ops[1].dst;
+
+    bm_pool_ops_clear(p);
+    /* Swap in: the CPU tail is dropped after the SWAP_IN that reads it. */
+    ck_assert_int_eq(bm_seq_swap_in(p, 1), ST_OK);
+    ops = bm_pool_ops(p, &n);
+    ck_assert_uint_ge(n, 2);
+    ck_assert_int_eq(ops[n - 1].kind, KV_OP_DROP_SWAP);
+    ck_assert_int_eq(ops[n - 1].src, cpu_tail);
+    for (uint32_t i = 0; i + 1 < n; i++) {
+        ck_assert_int_ne(ops[i].kind, KV_OP_DROP_SWAP);
+    }
+    bm_pool_ops_clear(p);
+    /* Free: only the partial tail is dropped. */
+    tab = bm_seq_table(p, 1, &nb);
+    tail = tab[1];
+    bm_seq_free(p, 1);
+    ops = bm_pool_ops(p, &n);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(ops[0].kind, KV_OP_DROP);
+    ck_assert_int_eq(ops[0].src, tail);
+    bm_pool_ops_clear(p);
+    bm_pool_check(p);
+    bm_pool_destroy(p);
+}
+END_TEST
+
 Suite *
 blockmgr_pool_suite(void)
 {
@@ -582,6 +638,7 @@ blockmgr_pool_suite(void)
     tcase_add_test(tc, test_truncate);
     tcase_add_test(tc, test_watermark_admission);
     tcase_add_test(tc, test_large_tables_and_many_sequences);
+    tcase_add_test(tc, test_drop_ops);
     suite_add_tcase(s, tc);
     return s;
 }
