@@ -96,7 +96,9 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     e->rt.gpu_memory_utilization = (float)cfg->gpu_memory_utilization;
     block_bytes = mdl_kv_block_bytes(mc, cfg->block_size, e->rt.kv_dtype);
     if (block_bytes == 0) {
-        LOG_ERROR("cannot size a KV block");
+        LOG_ERROR("--kv-cache-dtype %s cannot hold this model's KV heads (head_dim %d; int4 "
+                  "needs a multiple of 8)",
+                  cfg->kv_cache_dtype, mc->head_dim);
         return ST_EINVAL;
     }
     if (cfg->num_kv_blocks > 0) {
@@ -136,6 +138,15 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     LOG_INFO("KV cache: %d blocks of %d tokens (%.1f MiB), swap %d blocks, context %d",
              e->rt.num_blocks, cfg->block_size,
              (double)blocks * (double)block_bytes / (1024.0 * 1024.0), e->rt.swap_blocks, ctx);
+    size_t f32_bytes = mdl_kv_block_bytes(mc, cfg->block_size, MDL_KV_F32);
+
+    LOG_INFO("KV cache dtype %s: %.1f bytes/token with scales, %.2fx the blocks of f32 in the "
+             "same memory; residual of blocks being filled %.1f MiB",
+             cfg->kv_cache_dtype, (double)block_bytes / cfg->block_size,
+             (double)f32_bytes / (double)block_bytes,
+             (double)mdl_kv_residual_bytes(mc, cfg->block_size, e->rt.kv_dtype,
+                                           cfg->max_num_seqs) /
+                 (1024.0 * 1024.0));
     return ST_OK;
 }
 
