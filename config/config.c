@@ -411,7 +411,7 @@ expect_text(const opt_t *o, char *buf, size_t len)
     case OT_APIKEY:
     case OT_CONFIG:
     case OT_HELP:
-        snprintf(buf, len, "a non-empty string shorter than %zu bytes", o->size);
+        snprintf(buf, len, "a non-empty UTF-8 string shorter than %zu bytes", o->size);
         break;
     }
 }
@@ -428,7 +428,8 @@ opt_set(const opt_t *o, void *base, const char *value, int *has_api_key)
 
     switch (o->type) {
     case OT_STR:
-        if (strlen(value) >= o->size) {
+        /* Names end up in JSON replies and metric labels: UTF-8 only. */
+        if (strlen(value) >= o->size || !utf8_valid(value, strlen(value))) {
             return ST_EINVAL;
         }
         strcpy(p, value);

@@ -3292,15 +3292,20 @@ str_strip(val_t s, const val_t *chars, bool left, bool right)
 static const char *
 memfind(const char *h, size_t hn, const char *nd, size_t nn)
 {
-    charge(hn);
+    /* Charges what was scanned, up to the match: replace / count / split
+     * call this once per match, and charging the whole rest each time made
+     * a linear loop look quadratic. */
     if (nn == 0) {
+        charge(0);
         return h;
     }
     for (size_t i = 0; i + nn <= hn; i++) {
         if (h[i] == nd[0] && memcmp(h + i, nd, nn) == 0) {
+            charge(i + nn);
             return h + i;
         }
     }
+    charge(hn);
     return NULL;
 }
 

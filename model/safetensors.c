@@ -25,6 +25,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "common/util.h"
 #include "common/xmalloc.h"
 #include "model/loader_int.h"
 
@@ -400,6 +401,11 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
     }
     if (hlen < 2 || p[8] != '{') {
         mdl__seterr(err, errlen, "header is not a JSON object");
+        return ST_EFORMAT;
+    }
+    if (!utf8_valid((const char *)p + 8, (size_t)hlen)) {
+        /* JSON text is UTF-8 (RFC 8259); the reference parser rejects it too. */
+        mdl__seterr(err, errlen, "header is not valid UTF-8");
         return ST_EFORMAT;
     }
     root = cJSON_ParseWithLength((const char *)p + 8, (size_t)hlen);
