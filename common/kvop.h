@@ -22,6 +22,12 @@ typedef enum kv_op_kind {
      * bm_config_t.drop_ops is set; backends without such state ignore it. */
     KV_OP_DROP = 3,      /* device tier */
     KV_OP_DROP_SWAP = 4, /* CPU tier */
+    /* Attention sinks / rolling window (StreamingLLM): every key row of
+     * device block src moves dst positions earlier, i.e. is re-rotated by
+     * RoPE(-dst) (rotations compose), so the kept tokens sit at contiguous
+     * positions after the blocks before them were evicted. dst >= 0. The
+     * block must not be shared. */
+    KV_OP_SHIFT = 5,
 } kv_op_kind_t;
 
 typedef struct kv_op {

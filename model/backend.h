@@ -34,6 +34,9 @@ typedef struct mdl_backend {
     /* Nonzero: kv_ops() also takes KV_OP_DROP / KV_OP_DROP_SWAP; otherwise
      * the runtime leaves them out. */
     int kv_drop_ops;
+    /* Nonzero: kv_ops() takes KV_OP_SHIFT; otherwise the runtime refuses
+     * it with ST_EUNSUPPORTED. */
+    int kv_shift_ops;
 } mdl_backend_t;
 
 extern const mdl_backend_t mdl_backend_cpu;

@@ -212,6 +212,9 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
         .orig_max_pos = c->rope_orig_max_pos,
     };
     kn_cpu_rope_inv_freq(&rp, s->inv_freq);
+    if (s->kvq != NULL) {
+        kn_kvq_store_set_rope(s->kvq, s->inv_freq);
+    }
     kn_cpu_init(rc->n_threads);
     LOG_DEBUG("cpu backend: %s kernels, %d threads, KV pool %zu MiB, scratch %zu MiB",
               kn_isa_name(kn_cpu_isa()), kn_cpu_threads(), s->kv_len >> 20,
@@ -237,6 +240,17 @@ cpu_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
     for (int32_t i = 0; i < n_ops; i++) {
         if (ops[i].kind == KV_OP_DROP || ops[i].kind == KV_OP_DROP_SWAP) {
             continue; /* f32 keeps nothing beside the blocks */
+        }
+        if (ops[i].kind == KV_OP_SHIFT) {
+            /* Re-rotate the block's key rows in place, every layer. */
+            for (int32_t l = 0; l < s->c.n_layers; l++) {
+                float *k = cpu_kv_region(s->kv, nb, s->blk_floats, l, 0) +
+                           (size_t)ops[i].src * s->blk_floats;
+
+                kn_kvq_rotate_rows(k, s->c.n_kv_heads * s->rc.block_size, s->c.head_dim,
+                                   s->inv_freq, ops[i].dst);
+            }
+            continue;
         }
         float *src_base = ops[i].kind == KV_OP_SWAP_IN ? s->swap : s->kv;
         float *dst_base = ops[i].kind == KV_OP_SWAP_OUT ? s->swap : s->kv;
@@ -443,4 +457,5 @@ const mdl_backend_t mdl_backend_cpu = {
     .kv_ops = cpu_kv_ops,
     .forward = cpu_forward,
     .kv_drop_ops = 1,
+    .kv_shift_ops = 1,
 };

@@ -129,6 +129,18 @@ mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops)
         int32_t src_max = ops[i].kind == KV_OP_SWAP_IN ? ns : nb;
         int32_t dst_max = ops[i].kind == KV_OP_SWAP_OUT ? ns : nb;
 
+        if (ops[i].kind == KV_OP_SHIFT) {
+            if (!rt->be->kv_shift_ops) {
+                LOG_ERROR("the %s backend cannot re-rotate KV blocks", rt->be->name);
+                return ST_EUNSUPPORTED;
+            }
+            if (ops[i].src <= 0 || ops[i].src >= nb || ops[i].dst < 0) {
+                LOG_ERROR("kv op %d: shift of block %d by %d out of range", i, ops[i].src,
+                          ops[i].dst);
+                return ST_EINVAL;
+            }
+            continue;
+        }
         if (ops[i].kind == KV_OP_DROP || ops[i].kind == KV_OP_DROP_SWAP) {
             src_max = ops[i].kind == KV_OP_DROP ? nb : ns;
             dst_max = src_max;

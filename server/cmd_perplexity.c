@@ -15,6 +15,11 @@
  * evenly from the text; an f32-KV runtime generates 32 tokens greedily,
  * then the tested runtime is teacher-forced on prompt + continuation and
  * its argmax is compared at each of the 32 positions.
+ *
+ * With --kv-policy sink=S,window=W the whole text is one stream through
+ * attention sinks and a rolling window (model/kv_policy.h): the cache never
+ * holds more than S + W + block + chunk tokens, the model never sees a
+ * position beyond that, and every token is scored, past the context.
  */
 #define LOG_MODULE "perplexity"
 
@@ -27,6 +32,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
+#include "model/kv_policy.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "server/cmds.h"
@@ -36,53 +42,48 @@ typedef struct ppl_opts {
     const char *file;
     mdl_kv_dtype_t dtype;
     const char *policy;
-    int32_t sink, window; /* tokens; window 0: full attention */
+    mdl_kv_policy_t pol; /* window 0: full attention, strided windows */
     int32_t ctx, stride, chunk, block_size, threads;
     int32_t agree, prompt_len, gen_len;
     int64_t budget; /* bytes, for the "blocks at a fixed budget" figure */
 } ppl_opts_t;
 
-/* One runtime with a single sequence whose block table is 1 .. max_blocks. */
+/* A runtime and one streamed sequence on it (model/kv_policy.h). */
 typedef struct ppl_run {
     mdl_runtime_t *rt;
-    int32_t bs, chunk, max_blocks, vocab;
-    int32_t *bt, *pos, *slots, *rows;
+    mdl_kvstream_t *ks;
+    int32_t vocab;
 } ppl_run_t;
 
 static void
 run_destroy(ppl_run_t *r)
 {
+    mdl_kvstream_destroy(r->ks);
     mdl_runtime_destroy(r->rt);
-    free(r->bt);
-    free(r->pos);
-    free(r->slots);
-    free(r->rows);
     memset(r, 0, sizeof(*r));
 }
 
 static int
-run_create(const mdl_model_t *m, const ppl_opts_t *o, mdl_kv_dtype_t dtype, int32_t max_ctx,
-           ppl_run_t *r)
+run_create(const mdl_model_t *m, const ppl_opts_t *o, mdl_kv_dtype_t dtype,
+           const mdl_kv_policy_t *pol, int32_t max_ctx, ppl_run_t *r)
 {
     const mdl_config_t *c = mdl_model_config(m);
+    int32_t max_blocks = (max_ctx + o->block_size - 1) / o->block_size + 1;
     char err[256] = "";
     int rc;
 
     memset(r, 0, sizeof(*r));
-    r->bs = o->block_size;
-    r->chunk = o->chunk;
     r->vocab = c->vocab_size;
-    r->max_blocks = (max_ctx + r->bs - 1) / r->bs + 1;
     mdl_runtime_config_t rc_cfg = {
         .device = "cpu",
         .tp_size = 1,
         .n_threads = o->threads,
-        .block_size = r->bs,
-        .num_blocks = r->max_blocks + 1,
+        .block_size = o->block_size,
+        .num_blocks = max_blocks + 1,
         .swap_blocks = 0,
-        .max_num_batched_tokens = r->chunk,
-        .max_num_seqs = r->chunk,
-        .max_blocks_per_seq = r->max_blocks,
+        .max_num_batched_tokens = o->chunk,
+        .max_num_seqs = o->chunk,
+        .max_blocks_per_seq = max_blocks,
         .kv_dtype = dtype,
     };
     rc = mdl_runtime_create(m, &rc_cfg, &r->rt, err, sizeof(err));
@@ -90,81 +91,12 @@ run_create(const mdl_model_t *m, const ppl_opts_t *o, mdl_kv_dtype_t dtype, int3
         fprintf(stderr, "kvserve perplexity: %s KV cache: %s\n", mdl_kv_dtype_name(dtype), err);
         return rc;
     }
-    r->bt = xmalloc(sizeof(int32_t) * (size_t)r->max_blocks);
-    for (int32_t i = 0; i < r->max_blocks; i++) {
-        r->bt[i] = i + 1;
+    rc = mdl_kvstream_create(r->rt, pol, o->block_size, max_ctx, o->chunk, r->vocab, &r->ks);
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve perplexity: stream: %s\n", st_str(rc));
+        run_destroy(r);
     }
-    r->pos = xmalloc(sizeof(int32_t) * (size_t)r->chunk);
-    r->slots = xmalloc(sizeof(int32_t) * (size_t)r->chunk);
-    r->rows = xmalloc(sizeof(int32_t) * (size_t)r->chunk);
-    return ST_OK;
-}
-
-/* Empties the sequence: every block's residual is dropped. */
-static int
-run_reset(ppl_run_t *r)
-{
-    kv_op_t *ops = xmalloc(sizeof(kv_op_t) * (size_t)r->max_blocks);
-    int rc;
-
-    for (int32_t i = 0; i < r->max_blocks; i++) {
-        ops[i] = (kv_op_t){.kind = KV_OP_DROP, .src = r->bt[i], .dst = r->bt[i]};
-    }
-    rc = mdl_runtime_kv_ops(r->rt, ops, r->max_blocks);
-    free(ops);
     return rc;
-}
-
-/* Callback per fed token row: logits predict the token after it. */
-typedef void (*ppl_row_cb)(void *arg, int32_t i, const float *logits);
-
-/* Feeds toks[0..n) at context indices kv0 .. kv0 + n - 1 (the sequence
- * already holds kv0 tokens) with RoPE positions pos0 + index, calling fn
- * for every row i in [0, n) with its logits. */
-static int
-run_feed(ppl_run_t *r, const int32_t *toks, int32_t n, int32_t kv0, int32_t pos0, ppl_row_cb fn,
-         void *arg)
-{
-    for (int32_t i = 0; i < n; i += r->chunk) {
-        int32_t c = n - i < r->chunk ? n - i : r->chunk;
-        int32_t qs[2] = {0, c}, ctx = kv0 + i + c;
-        const float *logits;
-        int rc;
-
-        for (int32_t t = 0; t < c; t++) {
-            int32_t kv = kv0 + i + t;
-
-            r->pos[t] = pos0 + kv;
-            r->slots[t] = r->bt[kv / r->bs] * r->bs + kv % r->bs;
-            r->rows[t] = t;
-        }
-        mdl_batch_t b = {
-            .n_tokens = c,
-            .tokens = toks + i,
-            .positions = r->pos,
-            .slot_mapping = r->slots,
-            .n_seqs = 1,
-            .query_start = qs,
-            .context_len = &ctx,
-            .block_tables = r->bt,
-            .max_blocks = r->max_blocks,
-            .logits_rows = r->rows,
-            .n_logits = fn != NULL ? c : 1,
-        };
-        if (fn == NULL) {
-            r->rows[0] = c - 1;
-        }
-        rc = mdl_forward(r->rt, &b, &logits);
-        if (rc != ST_OK) {
-            return rc;
-        }
-        if (fn != NULL) {
-            for (int32_t t = 0; t < c; t++) {
-                fn(arg, i + t, logits + (size_t)t * r->vocab);
-            }
-        }
-    }
-    return ST_OK;
 }
 
 static double
@@ -204,7 +136,7 @@ typedef struct ppl_score {
 } ppl_score_t;
 
 static void
-score_row(void *arg, int32_t i, const float *logits)
+score_row(void *arg, int64_t i, const float *logits)
 {
     ppl_score_t *s = arg;
 
@@ -220,7 +152,7 @@ typedef struct ppl_argmax {
 } ppl_argmax_t;
 
 static void
-argmax_row(void *arg, int32_t i, const float *logits)
+argmax_row(void *arg, int64_t i, const float *logits)
 {
     ppl_argmax_t *a = arg;
 
@@ -246,10 +178,10 @@ perplexity_windows(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32
         int32_t first = prev_end > begin + 1 ? prev_end : begin + 1;
         ppl_score_t sc = {
             .toks = toks + begin, .first = first - begin, .vocab = r->vocab, .nll = 0, .n = 0};
-        int rc = run_reset(r);
+        int rc = mdl_kvstream_reset(r->ks);
 
         if (rc == ST_OK && end - 1 - begin > 0) {
-            rc = run_feed(r, toks + begin, end - 1 - begin, 0, 0, score_row, &sc);
+            rc = mdl_kvstream_feed(r->ks, toks + begin, end - 1 - begin, score_row, &sc);
         }
         if (rc != ST_OK) {
             return rc;
@@ -262,6 +194,21 @@ perplexity_windows(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32
         }
     }
     return ST_OK;
+}
+
+/* The whole text as one stream under the policy; every token scored. */
+static int
+perplexity_stream(ppl_run_t *r, const int32_t *toks, int32_t n, double *nll, int64_t *n_scored)
+{
+    ppl_score_t sc = {.toks = toks, .first = 1, .vocab = r->vocab, .nll = 0, .n = 0};
+    int rc = mdl_kvstream_reset(r->ks);
+
+    if (rc == ST_OK) {
+        rc = mdl_kvstream_feed(r->ks, toks, n - 1, score_row, &sc);
+    }
+    *nll = sc.nll;
+    *n_scored = sc.n;
+    return rc;
 }
 
 /* Greedy agreement of run t with reference run f over o->agree prompts. */
@@ -281,15 +228,16 @@ greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t 
         ppl_argmax_t am = {.out = seq + P, .from = P - 1, .n = 1, .vocab = f->vocab};
 
         memcpy(seq, toks + start, sizeof(int32_t) * (size_t)P);
-        rc = run_reset(f);
+        rc = mdl_kvstream_reset(f->ks);
         /* Reference: prompt, then one token at a time (greedy, f32 KV). */
         for (int32_t g = 0; rc == ST_OK && g < G; g++) {
             if (g == 0) {
-                rc = run_feed(f, seq, P, 0, 0, argmax_row, &am);
+                rc = mdl_kvstream_feed(f->ks, seq, P, argmax_row, &am);
             } else {
-                ppl_argmax_t one = {.out = seq + P + g, .from = 0, .n = 1, .vocab = f->vocab};
+                ppl_argmax_t one = {
+                    .out = seq + P + g, .from = P + g - 1, .n = 1, .vocab = f->vocab};
 
-                rc = run_feed(f, seq + P + g - 1, 1, P + g - 1, 0, argmax_row, &one);
+                rc = mdl_kvstream_feed(f->ks, seq + P + g - 1, 1, argmax_row, &one);
             }
         }
         if (rc != ST_OK) {
@@ -298,9 +246,9 @@ greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t 
         /* Tested cache: teacher-forced on prompt + continuation. */
         ppl_argmax_t tf = {.out = pred, .from = P - 1, .n = G, .vocab = t->vocab};
 
-        rc = run_reset(t);
+        rc = mdl_kvstream_reset(t->ks);
         if (rc == ST_OK) {
-            rc = run_feed(t, seq, P + G - 1, 0, 0, argmax_row, &tf);
+            rc = mdl_kvstream_feed(t->ks, seq, P + G - 1, argmax_row, &tf);
         }
         for (int32_t g = 0; rc == ST_OK && g < G; g++) {
             *match += pred[g] == seq[P + g];
@@ -349,6 +297,9 @@ usage(FILE *f)
             "                        (default models/austen-2.7m)\n"
             "  --file TEXT           the text to score (UTF-8)\n"
             "  --kv-cache-dtype X    auto f32 f16 bf16 fp8_e4m3 int8 int4 (default auto: f32)\n"
+            "  --kv-policy P         full (default) or sink=S,window=W in tokens, whole\n"
+            "                        blocks: stream the whole text through attention sinks\n"
+            "                        and a rolling window instead of strided windows\n"
             "  --ctx N               window length (default: the model's context)\n"
             "  --stride N            window start step (default ctx / 2)\n"
             "  --chunk N             tokens per forward step (default 64)\n"
@@ -418,6 +369,8 @@ cmd_perplexity(int argc, char **argv)
             o.file = v;
         } else if (strcmp(a, "--kv-cache-dtype") == 0) {
             bad = mdl_kv_dtype_parse(v, &o.dtype) != ST_OK;
+        } else if (strcmp(a, "--kv-policy") == 0) {
+            o.policy = v;
         } else if (strcmp(a, "--ctx") == 0) {
             bad = parse_i32(v, 2, &o.ctx);
         } else if (strcmp(a, "--stride") == 0) {
@@ -452,9 +405,8 @@ cmd_perplexity(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (o.window > 0 && (o.sink % o.block_size != 0 || o.window % o.block_size != 0)) {
-        fprintf(stderr, "kvserve perplexity: --kv-policy %s: sink and window must be whole "
-                        "blocks of %d tokens\n", o.policy, o.block_size);
+    if (mdl_kv_policy_parse(o.policy, o.block_size, &o.pol, err, sizeof(err)) != ST_OK) {
+        fprintf(stderr, "kvserve perplexity: --kv-policy: %s\n", err);
         return 2;
     }
     rc = mdl_model_load(o.model, &m, err, sizeof(err));
@@ -470,10 +422,13 @@ cmd_perplexity(int argc, char **argv)
     if (o.stride <= 0 || o.stride > o.ctx) {
         o.stride = o.ctx / 2 > 0 ? o.ctx / 2 : 1;
     }
-    if (o.window > 0 && o.sink + o.window + o.chunk > c->max_pos) {
+    int32_t stream_ctx = o.pol.sink + o.pol.window + o.block_size + o.chunk;
+
+    if (o.pol.window > 0 && stream_ctx > c->max_pos) {
         fprintf(stderr,
-                "kvserve perplexity: sink %d + window %d + chunk %d exceed the model's "
-                "context of %d\n", o.sink, o.window, o.chunk, c->max_pos);
+                "kvserve perplexity: sink %d + window %d + block %d + chunk %d exceed the "
+                "model's context of %d\n",
+                o.pol.sink, o.pol.window, o.block_size, o.chunk, c->max_pos);
         goto out;
     }
     if (o.agree > 0 && o.prompt_len + o.gen_len > o.ctx) {
@@ -510,8 +465,7 @@ cmd_perplexity(int argc, char **argv)
                 mdl_kv_dtype_name(o.dtype), why);
         goto out;
     }
-    if (run_create(m, &o, o.dtype, o.window > 0 ? o.sink + o.window + o.chunk : o.ctx, &run) !=
-        ST_OK) {
+    if (run_create(m, &o, o.dtype, &o.pol, o.pol.window > 0 ? stream_ctx : o.ctx, &run) != ST_OK) {
         goto out;
     }
     printf("model %s: %d layers, %d KV heads x %d, context %d\n", o.model, c->n_layers,
@@ -528,14 +482,20 @@ cmd_perplexity(int argc, char **argv)
     int64_t n_scored = 0;
     int32_t max_kv = 0;
 
-    rc = perplexity_windows(&run, &o, toks, (int32_t)n_toks, &nll, &n_scored);
+    if (o.pol.window > 0) {
+        rc = perplexity_stream(&run, toks, (int32_t)n_toks, &nll, &n_scored);
+        max_kv = mdl_kvstream_kv_peak(run.ks);
+    } else {
+        rc = perplexity_windows(&run, &o, toks, (int32_t)n_toks, &nll, &n_scored);
+    }
     if (rc != ST_OK || n_scored == 0) {
         fprintf(stderr, "kvserve perplexity: forward failed: %s\n", st_str(rc));
         goto out;
     }
     printf("text %s: %zu tokens, %lld scored, ", o.file, n_toks, (long long)n_scored);
-    if (o.window > 0) {
-        printf("policy sink=%d,window=%d (KV held at most %d tokens)\n", o.sink, o.window, max_kv);
+    if (o.pol.window > 0) {
+        printf("policy sink=%d,window=%d: KV held at most %d tokens, %lld blocks evicted\n",
+               o.pol.sink, o.pol.window, max_kv, (long long)mdl_kvstream_evicted(run.ks));
     } else {
         printf("ctx %d, stride %d\n", o.ctx, o.stride);
     }
@@ -544,7 +504,13 @@ cmd_perplexity(int argc, char **argv)
     if (o.agree > 0) {
         int64_t match = 0, total = 0;
 
-        if (run_create(m, &o, MDL_KV_F32, o.ctx, &ref) != ST_OK) {
+        mdl_kv_policy_t full = {0, 0};
+
+        if (o.pol.window > 0) {
+            fprintf(stderr, "kvserve perplexity: --agree runs without a --kv-policy\n");
+            goto out;
+        }
+        if (run_create(m, &o, MDL_KV_F32, &full, o.ctx, &ref) != ST_OK) {
             goto out;
         }
         rc = greedy_agreement(&ref, &run, &o, toks, (int32_t)n_toks, &match, &total);

@@ -540,6 +540,7 @@ typedef struct kvq_tier {
     size_t len;     /* bytes mapped */
     int32_t n_blocks;
     int32_t *slot_of; /* [n_blocks] residual slot or -1 */
+    int32_t *shift;   /* [n_blocks] pending key re-rotation of quantized codes */
     uint8_t *qv;      /* [n_blocks] codes hold quantized rows (re-take dequantizes) */
     /* Residual slots: each [n_layers][2][n_kv][bs][hd] f32. */
     float *res;
@@ -559,6 +560,7 @@ struct kn_kvq_store {
     size_t slot_floats; /* one slot */
     size_t lk_floats;   /* one layer and kind of a slot: n_kv * bs * hd */
     kvq_tier_t tier[2];
+    float *inv_freq; /* (hd / 2) for SHIFT, NULL until set */
     uint64_t stamp;
     kn_kvq_stats_t st;
 };
@@ -581,6 +583,7 @@ tier_fini(kvq_tier_t *t)
         munmap(t->res, t->res_len);
     }
     free(t->slot_of);
+    free(t->shift);
     free(t->qv);
     free(t->slot_blk);
     free(t->slot_fill);
@@ -597,6 +600,7 @@ kn_kvq_store_destroy(kn_kvq_store_t *st)
     }
     tier_fini(&st->tier[0]);
     tier_fini(&st->tier[1]);
+    free(st->inv_freq);
     free(st);
 }
 
@@ -618,6 +622,7 @@ tier_init(kn_kvq_store_t *st, kvq_tier_t *t, int32_t n_blocks, int32_t n_slots, 
     }
     t->slot_of = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
     t->qv = xcalloc((size_t)n_blocks, 1);
+    t->shift = xcalloc((size_t)n_blocks, sizeof(int32_t));
     for (int32_t i = 0; i < n_blocks; i++) {
         t->slot_of[i] = -1;
     }
@@ -683,6 +688,44 @@ const kn_kvq_layout_t *
 kn_kvq_store_layout(const kn_kvq_store_t *st)
 {
     return &st->L;
+}
+
+void
+kn_kvq_store_set_rope(kn_kvq_store_t *st, const float *inv_freq)
+{
+    size_t half = (size_t)st->L.head_dim / 2;
+
+    if (st->inv_freq == NULL) {
+        st->inv_freq = xmalloc(sizeof(float) * half);
+    }
+    memcpy(st->inv_freq, inv_freq, sizeof(float) * half);
+}
+
+void
+kn_kvq_rotate_rows(float *rows, int32_t n, int32_t head_dim, const float *inv_freq, int32_t delta)
+{
+    const int32_t half = head_dim / 2;
+    float cs[KN_ATTN_MAX_HEAD_DIM / 2], sn[KN_ATTN_MAX_HEAD_DIM / 2];
+
+    if (delta == 0) {
+        return;
+    }
+    for (int32_t i = 0; i < half; i++) {
+        double ang = -(double)delta * (double)inv_freq[i];
+
+        cs[i] = (float)cos(ang);
+        sn[i] = (float)sin(ang);
+    }
+    for (int32_t r = 0; r < n; r++) {
+        float *x = rows + (size_t)r * head_dim;
+
+        for (int32_t i = 0; i < half; i++) {
+            float a = x[i], b = x[i + half];
+
+            x[i] = a * cs[i] - b * sn[i];
+            x[i + half] = b * cs[i] + a * sn[i];
+        }
+    }
 }
 
 size_t
@@ -762,6 +805,7 @@ slot_flush(kn_kvq_store_t *st, kvq_tier_t *t, int32_t s)
         }
     }
     t->qv[blk] = 1;
+    t->shift[blk] = 0; /* residual rows were rotated in place */
     slot_release(t, blk);
 }
 
@@ -814,14 +858,21 @@ slot_for_write(kn_kvq_store_t *st, kvq_tier_t *t, int32_t blk, int32_t layer, in
                 float *dst = slot_at(st, t, s, l, kind);
 
                 for (int32_t h = 0; h < L->n_kv_heads; h++) {
+                    float *rows = dst + (size_t)h * L->block_size * L->head_dim;
+
                     kn_kvq_dequant_rows(L, kind, blk_at(st, t, l, kind, blk), h, 0, L->block_size,
-                                        dst + (size_t)h * L->block_size * L->head_dim);
+                                        rows);
+                    if (kind == 0 && t->shift[blk] != 0) {
+                        kn_kvq_rotate_rows(rows, L->block_size, L->head_dim, st->inv_freq,
+                                           t->shift[blk]);
+                    }
                 }
             }
         }
         t->slot_fill[s] = off;
     }
     t->qv[blk] = 0;
+    t->shift[blk] = 0;
     return s;
 }
 
@@ -891,6 +942,9 @@ read_rows(const kn_kvq_store_t *st, int32_t layer, int kind, int32_t blk, int32_
         return;
     }
     kn_kvq_dequant_rows(L, kind, blk_at(st, t, layer, kind, blk), h, r0, n, out);
+    if (kind == 0 && t->shift[blk] != 0) {
+        kn_kvq_rotate_rows(out, n, L->head_dim, st->inv_freq, t->shift[blk]);
+    }
 }
 
 void
@@ -902,6 +956,51 @@ kn_kvq_read_rows(const kn_kvq_store_t *st, int32_t layer, int kind, int32_t bloc
 
 /* ---- ops ------------------------------------------------------------------------ */
 
+/* SHIFT of one device block by delta positions (see kn_kvq_ops). */
+static void
+shift_block(kn_kvq_store_t *st, int32_t blk, int32_t delta)
+{
+    const kn_kvq_layout_t *L = &st->L;
+    kvq_tier_t *t = &st->tier[KVQ_DEV];
+    const int32_t bs = L->block_size, hd = L->head_dim;
+    float rows[64 * KN_ATTN_MAX_HEAD_DIM];
+    int32_t s = t->slot_of[blk];
+
+    if (delta == 0) {
+        return;
+    }
+    if (kn_kvq_scaled(L->fmt) && s < 0) {
+        t->shift[blk] += delta; /* codes stay; reads rotate */
+        return;
+    }
+    for (int32_t l = 0; l < st->n_layers; l++) {
+        for (int32_t h = 0; h < L->n_kv_heads; h++) {
+            if (s >= 0) {
+                float *k = slot_at(st, t, s, l, 0) + el_index(L, h, 0, 0);
+
+                kn_kvq_rotate_rows(k, t->slot_fill[s], hd, st->inv_freq, delta);
+                continue;
+            }
+            /* f32 / f16 / bf16: rotate the stored rows (re-rounded to the
+             * format), 64 rows at a time. */
+            uint8_t *kb = blk_at(st, t, l, 0, blk);
+
+            for (int32_t r0 = 0; r0 < bs; r0 += 64) {
+                int32_t n = bs - r0 < 64 ? bs - r0 : 64;
+
+                kn_kvq_dequant_rows(L, 0, kb, h, r0, n, rows);
+                kn_kvq_rotate_rows(rows, n, hd, st->inv_freq, delta);
+                for (int32_t r = 0; r < n; r++) {
+                    for (int32_t d = 0; d < hd; d++) {
+                        put_code(L, kb, el_index(L, h, r0 + r, d), rows[(size_t)r * hd + d], 1.0f,
+                                 0.0f);
+                    }
+                }
+            }
+        }
+    }
+}
+
 static void
 copy_block(kn_kvq_store_t *st, kvq_tier_t *ts, int32_t src, kvq_tier_t *td, int32_t dst)
 {
@@ -912,6 +1011,7 @@ copy_block(kn_kvq_store_t *st, kvq_tier_t *ts, int32_t src, kvq_tier_t *td, int3
         memmove(blk_at(st, td, l, 1, dst), blk_at(st, ts, l, 1, src), L->v_stride);
     }
     td->qv[dst] = ts->qv[src];
+    td->shift[dst] = ts->shift[src];
     if (!kn_kvq_scaled(L->fmt)) {
         return;
     }
@@ -960,6 +1060,13 @@ kn_kvq_ops(kn_kvq_store_t *st, const kv_op_t *ops, int32_t n_ops)
         case KV_OP_DROP:
             slot_release(dev, o->src);
             dev->qv[o->src] = 0;
+            dev->shift[o->src] = 0;
+            break;
+        case KV_OP_SHIFT:
+            if (st->inv_freq == NULL || o->dst < 0) {
+                return ST_EINVAL;
+            }
+            shift_block(st, o->src, o->dst);
             break;
         case KV_OP_DROP_SWAP:
             if (swp->n_blocks == 0) {
@@ -967,6 +1074,7 @@ kn_kvq_ops(kn_kvq_store_t *st, const kv_op_t *ops, int32_t n_ops)
             }
             slot_release(swp, o->src);
             swp->qv[o->src] = 0;
+            swp->shift[o->src] = 0;
             break;
         default:
             return ST_EINVAL;

@@ -138,8 +138,17 @@ void kn_kvq_write(kn_kvq_store_t *st, int32_t layer, const float *k, const float
  * ignored; everything else as kn_cpu_attention(). */
 void kn_kvq_attention(const kn_kvq_store_t *st, int32_t layer, const kn_attn_args_t *a);
 
-/* Runs COPY / SWAP_OUT / SWAP_IN / DROP / DROP_SWAP ops in order (ids
- * validated by the caller). ST_EINVAL for a swap op without a swap tier. */
+/* RoPE frequencies (head_dim / 2 floats, copied) for KV_OP_SHIFT. */
+void kn_kvq_store_set_rope(kn_kvq_store_t *st, const float *inv_freq);
+
+/* Runs COPY / SWAP_OUT / SWAP_IN / DROP / DROP_SWAP / SHIFT ops in order
+ * (ids validated by the caller). ST_EINVAL for a swap op without a swap
+ * tier, or a SHIFT before kn_kvq_store_set_rope().
+ *
+ * SHIFT never re-quantizes: a block holding a residual slot has its f32
+ * key rows rotated in place; a quantized block keeps its codes and records
+ * the shift, and every read of its keys rotates the dequantized tile by
+ * -shift in registers (a COPY / SWAP carries the shift along). */
 int kn_kvq_ops(kn_kvq_store_t *st, const kv_op_t *ops, int32_t n_ops);
 
 /* Borrowed bytes of one block (tier 0 device, 1 swap) of one layer and
@@ -152,5 +161,11 @@ int kn_kvq_block_is_residual(const kn_kvq_store_t *st, int tier, int32_t block);
  * sees them (residual rows or dequantized codes) into out (n, hd). */
 void kn_kvq_read_rows(const kn_kvq_store_t *st, int32_t layer, int kind, int32_t block, int32_t h,
                       int32_t r0, int32_t n, float *out);
+
+/* Rotates n rows of head_dim floats (RoPE "rotate_half" pairs i, i + hd/2)
+ * by -delta positions in place: the key rows' re-rotation of a SHIFT.
+ * inv_freq: (hd / 2). Used by the f32 pool too. */
+void kn_kvq_rotate_rows(float *rows, int32_t n, int32_t head_dim, const float *inv_freq,
+                        int32_t delta);
 
 #endif /* KERNELS_CPU_KV_QUANT_H */

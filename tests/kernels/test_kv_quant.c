@@ -472,6 +472,108 @@ START_TEST(test_slot_exhaustion)
 }
 END_TEST
 
+/* RoPE (rotate_half form) of x at position pos, in double. */
+static void
+rope_at(const float *x, float *y, int32_t hd, const float *inv_freq, int32_t pos)
+{
+    for (int32_t i = 0; i < hd / 2; i++) {
+        double a = (double)pos * inv_freq[i], c = cos(a), sn = sin(a);
+
+        y[i] = (float)(x[i] * c - x[i + hd / 2] * sn);
+        y[i + hd / 2] = (float)(x[i + hd / 2] * c + x[i] * sn);
+    }
+}
+
+/* SHIFT re-rotates kept keys: a block written at positions p, shifted by
+ * delta, reads (up to the format's error) as the same keys written from
+ * scratch at p - delta; for f32 and for residual (partial) blocks exactly
+ * so (float rounding). Attention over the shifted store equals attention
+ * over a from-scratch f32 cache. Quantized codes never change. */
+START_TEST(test_shift)
+{
+    const int32_t nkv = 2, bs = 16, hd = 32, delta = 48, pos0 = 80;
+    float inv_freq[16];
+
+    for (int32_t i = 0; i < hd / 2; i++) {
+        inv_freq[i] = (float)pow(10000.0, -2.0 * i / hd);
+    }
+    for (int f = 0; f < N_FMTS; f++) {
+        kn_kvq_layout_t L = layout(all_fmts[f], nkv, bs, hd);
+        kn_kvq_store_t *st;
+        char err[128];
+        static float raw[2][32][2][32]; /* [block][row][head][dim] pre-RoPE */
+        float k[2 * 32], v[2 * 32], got[32 * 32], want[32];
+        uint8_t *codes = malloc(L.k_stride);
+
+        ck_assert_int_eq(kn_kvq_store_create(&L, 1, 4, 0, 4, &st, err, sizeof(err)), ST_OK);
+        kn_kvq_store_set_rope(st, inv_freq);
+        /* Block 1 full (quantized), block 2 with 5 rows (residual). */
+        for (int32_t b = 0; b < 2; b++) {
+            for (int32_t r = 0; r < (b == 0 ? bs : 5); r++) {
+                int32_t slot = (b + 1) * bs + r;
+
+                for (int32_t h = 0; h < nkv; h++) {
+                    for (int32_t d = 0; d < hd; d++) {
+                        raw[b][r][h][d] = frand();
+                        v[h * hd + d] = frand();
+                    }
+                    rope_at(raw[b][r][h], k + h * hd, hd, inv_freq, pos0 + b * bs + r);
+                }
+                kn_kvq_write(st, 0, k, v, &slot, 1);
+            }
+        }
+        memcpy(codes, kn_kvq_block_ptr(st, 0, 0, 0, 1), L.k_stride);
+        kv_op_t ops[] = {{KV_OP_SHIFT, 1, delta}, {KV_OP_SHIFT, 2, delta}};
+
+        ck_assert_int_eq(kn_kvq_ops(st, ops, 2), ST_OK);
+        if (kn_kvq_scaled(all_fmts[f])) {
+            ck_assert(memcmp(codes, kn_kvq_block_ptr(st, 0, 0, 0, 1), L.k_stride) == 0);
+        }
+        for (int32_t b = 0; b < 2; b++) {
+            int32_t n = b == 0 ? bs : 5;
+            /* Exact for f32 storage and for the f32 residual rows. */
+            int exact = all_fmts[f] == KN_KVQ_F32 || (b == 1 && kn_kvq_scaled(all_fmts[f]));
+            double tol = exact                                 ? 2e-5
+                         : all_fmts[f] == KN_KVQ_INT4          ? 0.2
+                         : all_fmts[f] == KN_KVQ_FP8           ? 0.1
+                         : all_fmts[f] == KN_KVQ_INT8          ? 0.02
+                                                               : 0.01;
+
+            for (int32_t h = 0; h < nkv; h++) {
+                kn_kvq_read_rows(st, 0, 0, b + 1, h, 0, n, got);
+                for (int32_t r = 0; r < n; r++) {
+                    rope_at(raw[b][r][h], want, hd, inv_freq, pos0 + b * bs + r - delta);
+                    for (int32_t d = 0; d < hd; d++) {
+                        ck_assert_msg(fabs(got[r * hd + d] - want[d]) <= tol,
+                                      "%s block %d row %d: %g vs %g", kn_kvq_fmt_name(all_fmts[f]),
+                                      b, r, got[r * hd + d], want[d]);
+                    }
+                }
+            }
+        }
+        /* The shift travels with a copy; a drop forgets it. */
+        kv_op_t cp = {KV_OP_COPY, 1, 3};
+
+        ck_assert_int_eq(kn_kvq_ops(st, &cp, 1), ST_OK);
+        assert_same_rows(st, 1, st, 3, 1, nkv, bs, hd);
+        /* A write past the residual rows of the shifted block lands at its
+         * new position unrotated. */
+        int32_t slot = 2 * bs + 5;
+
+        for (int32_t i = 0; i < nkv * hd; i++) {
+            k[i] = 0.25f;
+        }
+        kn_kvq_write(st, 0, k, v, &slot, 1);
+        kn_kvq_read_rows(st, 0, 0, 2, 0, 5, 1, got);
+        for (int32_t d = 0; d < hd; d++) {
+            ck_assert(fabsf(got[d] - 0.25f) <= (kn_kvq_scaled(all_fmts[f]) ? 0.0f : 1e-3f));
+        }
+        free(codes);
+        kn_kvq_store_destroy(st);
+    }
+}
+END_TEST
+
 START_TEST(test_rejects)
 {
     kn_kvq_layout_t L;
@@ -506,6 +608,7 @@ kv_quant_suite(void)
     tcase_add_test(tc, test_attention_vs_dequantized);
     tcase_add_test(tc, test_ops_bit_exact);
     tcase_add_test(tc, test_slot_exhaustion);
+    tcase_add_test(tc, test_shift);
     tcase_add_test(tc, test_rejects);
     suite_add_tcase(s, tc);
     return s;
