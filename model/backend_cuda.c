@@ -196,6 +196,7 @@ CU_OP_KERNEL(kv_write, kn_kv_write_args_t)
 CU_OP_KERNEL(silu_mul, kn_silu_mul_args_t)
 CU_OP_KERNEL(gather, kn_gather_args_t)
 CU_OP_KERNEL(attention, kn_attn_cuda_args_t)
+CU_OP_KERNEL(attention_prefill, kn_attn_prefill_args_t)
 
 static int
 cu_op_add(void *ctx, const kn_add_args_t *a)
@@ -236,7 +237,8 @@ cu_op_allreduce(void *ctx, float *buf, size_t n)
     .free_host = cu_op_free_host, .upload = cu_op_upload, .copy = cu_op_copy, .sync = cu_op_sync,  \
     .embed = cu_op_embed, .rmsnorm = cu_op_rmsnorm, .rope = cu_op_rope, .bias = cu_op_bias,        \
     .kv_write = cu_op_kv_write, .silu_mul = cu_op_silu_mul, .add = cu_op_add,                      \
-    .gather = cu_op_gather, .attention = cu_op_attention, .gemm = cu_op_gemm
+    .gather = cu_op_gather, .attention = cu_op_attention,                                          \
+    .attention_prefill = cu_op_attention_prefill, .gemm = cu_op_gemm
 
 static const mdl_dev_ops_t cu_ops_tp1 = {CU_OPS_COMMON, .allreduce = NULL};
 static const mdl_dev_ops_t cu_ops_tp = {CU_OPS_COMMON, .allreduce = cu_op_allreduce};

@@ -55,6 +55,7 @@ typedef struct mdl_dev_ops {
     int (*add)(void *ctx, const kn_add_args_t *a);
     int (*gather)(void *ctx, const kn_gather_args_t *a, int32_t n_rows);
     int (*attention)(void *ctx, const kn_attn_cuda_args_t *a, int32_t n_tok);
+    int (*attention_prefill)(void *ctx, const kn_attn_prefill_args_t *a, int32_t n_tiles);
     /* y (n_tok, d_out) f32 = x (n_tok, d_in) 16-bit @ w^T, w (d_out, d_in)
      * 16-bit; row-major device memory, f32 accumulation. */
     int (*gemm)(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y,

@@ -47,6 +47,7 @@ KN_KERNEL(silu_mul, kn_silu_mul_args_t)
 KN_KERNEL(add, kn_add_args_t)
 KN_KERNEL(gather, kn_gather_args_t)
 KN_KERNEL(attention, kn_attn_cuda_args_t)
+KN_KERNEL(attention_prefill, kn_attn_prefill_args_t)
 
 extern "C" cudaError_t
 kn_cuda_embed(cudaStream_t s, const kn_embed_args_t *a, int32_t n_tok)
@@ -121,5 +122,26 @@ kn_cuda_attention(cudaStream_t s, const kn_attn_cuda_args_t *a, int32_t n_tok)
         return cudaErrorInvalidValue;
     }
     k_attention<<<grid, KN_ATTN_THREADS, smem, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_attention_prefill(cudaStream_t s, const kn_attn_prefill_args_t *a, int32_t n_tiles)
+{
+    int32_t group = a->a.n_heads / a->a.n_kv_heads;
+    size_t smem = sizeof(float) * kn_attn_prefill_smem_floats(a->q_tile, group, a->a.head_dim);
+    dim3 grid((unsigned)a->a.n_kv_heads, (unsigned)n_tiles);
+
+    if (group > KN_ATTN_MAX_GROUP || a->a.head_dim > 256) {
+        return cudaErrorInvalidValue;
+    }
+    if (smem > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(
+            k_attention_prefill, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) {
+            return e;
+        }
+    }
+    k_attention_prefill<<<grid, KN_ATTN_THREADS, smem, s>>>(*a);
     return cudaGetLastError();
 }

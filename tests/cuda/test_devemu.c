@@ -98,6 +98,8 @@ EO_KERNEL(silu_mul, kn_silu_mul_args_t, n, 1, 32, 0)
 EO_KERNEL(gather, kn_gather_args_t, n, 1, 32, 0)
 EO_KERNEL(attention, kn_attn_cuda_args_t, a->n_kv_heads, n, 64,
           kn_attn_smem_floats(a->n_heads / a->n_kv_heads, a->head_dim))
+EO_KERNEL(attention_prefill, kn_attn_prefill_args_t, a->a.n_kv_heads, n, 64,
+          kn_attn_prefill_smem_floats(a->q_tile, a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
 
 static void
 run_add(const kn_thr_t *t, float *sm, const void *a)
@@ -162,6 +164,7 @@ static const mdl_dev_ops_t emu_ops = {
     .add = eo_add,
     .gather = eo_gather,
     .attention = eo_attention,
+    .attention_prefill = eo_attention_prefill,
     .gemm = eo_gemm,
     .allreduce = eo_allreduce,
 };

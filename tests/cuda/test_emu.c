@@ -150,6 +150,11 @@ run_attention(const kn_thr_t *t, float *smem, const void *a)
 {
     kn_attention_body(t, smem, a);
 }
+static void
+run_attention_prefill(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_attention_prefill_body(t, smem, a);
+}
 
 /* ---- conversions ---------------------------------------------------------- */
 
@@ -373,6 +378,7 @@ static const attn_case_t attn_cases[] = {
     {4, 4, 40, 8, 0, 32},   /* MHA, head_dim not a multiple of 32 */
     {8, 2, 16, 16, 0, 64},  /* group of 4 over 2 warps */
     {6, 2, 32, 16, 23, 64}, /* sliding window */
+    {16, 1, 16, 4, 9, 32},  /* group 16: one query token per prefill tile, short window */
 };
 
 /* A random varlen batch: decodes (1 new token), prefill chunks with a
@@ -456,6 +462,26 @@ check_attention(const attn_case_t *c, kn_dt_t dt)
     }
     ck_assert_double_lt(e, bound16(dt));
 
+    /* The prefill kernel on the same batch: query tiles within sequences. */
+    int32_t tiles[512], n_tiles = 0, q_tile = kn_attn_prefill_q_tile(c->n_heads / c->n_kv);
+
+    for (int32_t s = 0; s < n_seqs; s++) {
+        for (int32_t t0 = qs[s]; t0 < qs[s + 1]; t0 += q_tile) {
+            tiles[n_tiles++] = t0;
+        }
+    }
+    memset(out, 0xff, sizeof(uint16_t) * n_tok * qd);
+    kn_attn_prefill_args_t pa = {a, tiles, q_tile};
+    smem = kn_attn_prefill_smem_floats(q_tile, c->n_heads / c->n_kv, c->hd);
+    ck_assert_int_eq(kn_emu_launch(run_attention_prefill, &pa, c->n_kv, n_tiles, c->nthr, smem), 0);
+    to_f32(out, outf, (size_t)n_tok * qd, dt);
+    e = nmse(outf, ref, (size_t)n_tok * qd);
+    if (!(e < bound16(dt))) {
+        fprintf(stderr, "prefill attention %dx%d hd %d bs %d window %d dt %d: NMSE %g\n",
+                c->n_heads, c->n_kv, c->hd, c->bs, c->window, dt, e);
+    }
+    ck_assert_double_lt(e, bound16(dt));
+
     free(bt);
     free(kc);
     free(vc);
@@ -469,10 +495,10 @@ check_attention(const attn_case_t *c, kn_dt_t dt)
 
 START_TEST(test_attention)
 {
-    const attn_case_t *c = &attn_cases[_i % 5];
-    kn_dt_t dt = (kn_dt_t)(_i / 5);
+    const attn_case_t *c = &attn_cases[_i % 6];
+    kn_dt_t dt = (kn_dt_t)(_i / 6);
 
-    for (int rep = 0; rep < 2; rep++) {
+    for (int rep = 0; rep < 4; rep++) {
         check_attention(c, dt);
     }
 }
@@ -669,7 +695,7 @@ cuda_emu_suite(void)
     tcase_add_loop_test(tc, test_bias_silu_add_gather, 0, 2);
     tcase_add_test(tc, test_bias_matches_reference);
     tcase_add_loop_test(tc, test_kv_write, 0, 2);
-    tcase_add_loop_test(tc, test_attention, 0, 10);
+    tcase_add_loop_test(tc, test_attention, 0, 12);
     tcase_add_test(tc, test_emulator_catches_misuse);
     tcase_add_test(tc, test_kvcopy_plan);
     suite_add_tcase(s, tc);

@@ -2,9 +2,9 @@
  * (meson: SKIP) when cudaGetDeviceCount() fails or finds no device, which
  * is always the case in CI; ready for a machine with a GPU.
  *
- *   kernels:  each kernel of kernels/cuda on random inputs and random block
- *             tables against the CPU reference kernels, NMSE bounds as in
- *             test_emu.c;
+ *   kernels:  the kernels of kernels/cuda (both attention kernels, RMSNorm,
+ *             SiLU*mul, KV write) on random inputs and block tables against
+ *             the CPU reference kernels, NMSE bounds as in test_emu.c;
  *   greedy:   the default model on --device cuda (f16 weights and KV) fed
  *             the CPU backend's greedy tokens: per step the logits agree
  *             (NMSE < 1e-3) and the argmax is the CPU's wherever the CPU's
@@ -166,6 +166,25 @@ test_kernels(kn_dt_t dt)
     kn_cpu_attention_ref(&r);
     EXPECT(nmse(of, ref, (size_t)n_tok * qd) < bound, "attention NMSE %g",
            nmse(of, ref, (size_t)n_tok * qd));
+
+    /* the prefill kernel on the same batch */
+    int32_t tiles[64], n_tiles = 0, q_tile = kn_attn_prefill_q_tile(n_heads / n_kv);
+    for (int32_t s = 0; s < 3; s++) {
+        for (int32_t t0 = qs[s]; t0 < qs[s + 1]; t0 += q_tile) {
+            tiles[n_tiles++] = t0;
+        }
+    }
+    int32_t *dtiles = dev_copy(tiles, sizeof(int32_t) * (size_t)n_tiles);
+    kn_attn_prefill_args_t pa = {aa, dtiles, q_tile};
+    CU(cudaMemset(dout, 0, sizeof(uint16_t) * n_tok * qd));
+    CU(kn_cuda_attention_prefill(NULL, &pa, n_tiles));
+    CU(cudaMemcpy(o16, dout, sizeof(uint16_t) * n_tok * qd, cudaMemcpyDeviceToHost));
+    for (int32_t i = 0; i < n_tok * qd; i++) {
+        of[i] = kn_ld16(o16, (size_t)i, dt);
+    }
+    EXPECT(nmse(of, ref, (size_t)n_tok * qd) < bound, "prefill attention NMSE %g",
+           nmse(of, ref, (size_t)n_tok * qd));
+    cudaFree(dtiles);
 
     /* silu * up */
     float *g = xmalloc(sizeof(float) * n_tok * kvd), *u = xmalloc(sizeof(float) * n_tok * kvd);
