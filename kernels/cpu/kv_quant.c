@@ -33,6 +33,7 @@
 #include "kernels/cpu/kv_quant.h"
 
 #define KVQ_CHUNK 16 /* rows dequantized per tile */
+#define KVQ_GROUP 8  /* query heads per KV head handled at once */
 
 /* ---- element codecs ------------------------------------------------------ */
 
@@ -290,9 +291,12 @@ put_code(const kn_kvq_layout_t *L, uint8_t *data, size_t i, float x, float inv, 
     case KN_KVQ_INT4: {
         float q = nearbyintf((x - zero) * inv);
         uint8_t c = (uint8_t)(q < 0.0f ? 0.0f : q > 15.0f ? 15.0f : q);
-        uint8_t *b = data + i / 2;
+        /* Row byte d % (hd / 2): channel d in the low nibble when d < hd / 2,
+         * in the high nibble otherwise (the two RoPE halves share bytes). */
+        size_t half = (size_t)L->head_dim / 2, d = i % (size_t)L->head_dim;
+        uint8_t *b = data + (i - d) / 2 + d % half;
 
-        *b = (i & 1) ? (uint8_t)((*b & 0x0f) | (c << 4)) : (uint8_t)((*b & 0xf0) | c);
+        *b = d >= half ? (uint8_t)((*b & 0x0f) | (c << 4)) : (uint8_t)((*b & 0xf0) | c);
         break;
     }
     }
@@ -481,20 +485,21 @@ kn_kvq_dequant_rows(const kn_kvq_layout_t *L, int kind, const uint8_t *blk, int3
 
         if (L->fmt == KN_KVQ_INT4) {
             const uint8_t *c = blk + base / 2;
+            const int32_t hh = hd / 2;
 
             if (kind == 0) {
 #pragma omp simd
-                for (int32_t i = 0; i < hd / 2; i++) {
-                    o[2 * i] = (float)(c[i] & 15) * sc[2 * i] + zr[2 * i];
-                    o[2 * i + 1] = (float)(c[i] >> 4) * sc[2 * i + 1] + zr[2 * i + 1];
+                for (int32_t i = 0; i < hh; i++) {
+                    o[i] = (float)(c[i] & 15) * sc[i] + zr[i];
+                    o[i + hh] = (float)(c[i] >> 4) * sc[i + hh] + zr[i + hh];
                 }
             } else {
                 float s = sc[r], z = zr[r];
 
 #pragma omp simd
-                for (int32_t i = 0; i < hd / 2; i++) {
-                    o[2 * i] = (float)(c[i] & 15) * s + z;
-                    o[2 * i + 1] = (float)(c[i] >> 4) * s + z;
+                for (int32_t i = 0; i < hh; i++) {
+                    o[i] = (float)(c[i] & 15) * s + z;
+                    o[i + hh] = (float)(c[i] >> 4) * s + z;
                 }
             }
         } else if (L->fmt == KN_KVQ_INT8) {
@@ -927,31 +932,32 @@ kn_kvq_write(kn_kvq_store_t *st, int32_t layer, const float *k, const float *v,
     }
 }
 
-/* Rows of a block as attention at this layer sees them. */
-static inline void
-read_rows(const kn_kvq_store_t *st, int32_t layer, int kind, int32_t blk, int32_t h, int32_t r0,
-          int32_t n, float *out)
-{
-    const kvq_tier_t *t = &st->tier[KVQ_DEV];
-    const kn_kvq_layout_t *L = &st->L;
-    int32_t s = t->slot_of[blk];
+/* The hot loops, once per ISA (kv_quant_attn.inc). */
+#define KVQ_SFX(name) name##_generic
+#include "kernels/cpu/kv_quant_attn.inc"
+#undef KVQ_SFX
 
-    if (s >= 0 && t->slot_nq[s] <= layer) {
-        memcpy(out, slot_at(st, t, s, layer, kind) + el_index(L, h, r0, 0),
-               sizeof(float) * (size_t)n * L->head_dim);
-        return;
-    }
-    kn_kvq_dequant_rows(L, kind, blk_at(st, t, layer, kind, blk), h, r0, n, out);
-    if (kind == 0 && t->shift[blk] != 0) {
-        kn_kvq_rotate_rows(out, n, L->head_dim, st->inv_freq, t->shift[blk]);
-    }
-}
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define KVQ_SFX(name) name##_avx2
+#include "kernels/cpu/kv_quant_attn.inc"
+#undef KVQ_SFX
+#pragma GCC pop_options
+#define KVQ_HAVE_AVX2 1
+#else
+#define KVQ_HAVE_AVX2 0
+#endif
 
 void
 kn_kvq_read_rows(const kn_kvq_store_t *st, int32_t layer, int kind, int32_t block, int32_t h,
                  int32_t r0, int32_t n, float *out)
 {
-    read_rows(st, layer, kind, block, h, r0, n, out);
+    const float *p = kvq_rows_generic(st, layer, kind, block, h, r0, n, out);
+
+    if (p != out) {
+        memcpy(out, p, sizeof(float) * (size_t)n * st->L.head_dim);
+    }
 }
 
 /* ---- ops ------------------------------------------------------------------------ */
@@ -1108,101 +1114,6 @@ seq_of(const kn_attn_args_t *a, int32_t t)
     return lo;
 }
 
-#define KVQ_GROUP 8 /* query heads per KV head handled at once */
-
-/* Query token t of sequence s against KV head kh: the online softmax of
- * kn_cpu_attention over tiles dequantized one block chunk at a time. */
-static void
-kvq_attn_task(const kn_kvq_store_t *st, int32_t layer, const kn_attn_args_t *a, int32_t t,
-              int32_t s, int32_t kh)
-{
-    const int32_t hd = a->head_dim, bs = a->block_size;
-    const int32_t group = a->n_heads / a->n_kv_heads;
-    const int32_t n_new = a->query_start[s + 1] - a->query_start[s];
-    const int32_t ctx = a->context_len[s] - n_new + (t - a->query_start[s]);
-    const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
-    float kt[KVQ_CHUNK * KN_ATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
-    float vt[KVQ_CHUNK * KN_ATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
-    int32_t lo = 0;
-
-    if (a->sliding_window > 0 && ctx - a->sliding_window + 1 > 0) {
-        lo = ctx - a->sliding_window + 1;
-    }
-    for (int32_t g0 = 0; g0 < group; g0 += KVQ_GROUP) {
-        int32_t ng = group - g0 < KVQ_GROUP ? group - g0 : KVQ_GROUP;
-        float m[KVQ_GROUP], l[KVQ_GROUP], sc[KVQ_CHUNK];
-        float acc[KVQ_GROUP][KN_ATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
-        const float *qg = a->q + ((size_t)t * a->n_heads + (size_t)kh * group + g0) * hd;
-
-        for (int32_t g = 0; g < ng; g++) {
-            m[g] = -INFINITY;
-            l[g] = 0.0f;
-            memset(acc[g], 0, sizeof(float) * (size_t)hd);
-        }
-        for (int32_t j = lo; j <= ctx;) {
-            int32_t blk = bt[j / bs], off = j % bs;
-            int32_t n = bs - off;
-
-            if (n > ctx - j + 1) {
-                n = ctx - j + 1;
-            }
-            if (n > KVQ_CHUNK) {
-                n = KVQ_CHUNK;
-            }
-            read_rows(st, layer, 0, blk, kh, off, n, kt);
-            read_rows(st, layer, 1, blk, kh, off, n, vt);
-            for (int32_t g = 0; g < ng; g++) {
-                const float *qv = qg + (size_t)g * hd;
-                float *ac = acc[g];
-                float mx = m[g], sum = 0.0f;
-
-                for (int32_t jj = 0; jj < n; jj++) {
-                    const float *kr = kt + (size_t)jj * hd;
-                    float d = 0.0f;
-
-#pragma omp simd reduction(+ : d)
-                    for (int32_t i = 0; i < hd; i++) {
-                        d += qv[i] * kr[i];
-                    }
-                    sc[jj] = d * a->scale;
-                    mx = sc[jj] > mx ? sc[jj] : mx;
-                }
-                if (mx > m[g]) {
-                    float corr = expf(m[g] - mx);
-
-                    l[g] *= corr;
-#pragma omp simd
-                    for (int32_t i = 0; i < hd; i++) {
-                        ac[i] *= corr;
-                    }
-                    m[g] = mx;
-                }
-                for (int32_t jj = 0; jj < n; jj++) {
-                    float p = expf(sc[jj] - mx);
-                    const float *vr = vt + (size_t)jj * hd;
-
-                    sum += p;
-#pragma omp simd
-                    for (int32_t i = 0; i < hd; i++) {
-                        ac[i] += p * vr[i];
-                    }
-                }
-                l[g] += sum;
-            }
-            j += n;
-        }
-        for (int32_t g = 0; g < ng; g++) {
-            float *o = a->out + ((size_t)t * a->n_heads + (size_t)kh * group + g0 + g) * hd;
-            float inv = 1.0f / l[g];
-
-#pragma omp simd
-            for (int32_t i = 0; i < hd; i++) {
-                o[i] = acc[g][i] * inv;
-            }
-        }
-    }
-}
-
 static void
 kvq_attn_chunk(void *arg, int i, int n_tasks)
 {
@@ -1211,7 +1122,13 @@ kvq_attn_chunk(void *arg, int i, int n_tasks)
     int32_t t = a->n_tok - 1 - i / a->n_kv_heads;
 
     (void)n_tasks;
-    kvq_attn_task(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
+#if KVQ_HAVE_AVX2
+    if (kn_cpu_isa() != KN_ISA_GENERIC) {
+        kvq_attn_task_avx2(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
+        return;
+    }
+#endif
+    kvq_attn_task_generic(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
 }
 
 void

@@ -13,9 +13,10 @@
  *   K meta: [n_kv][head_dim]   scale (+ zero point) as f16
  *   V meta: [n_kv][block_size] scale (+ zero point) as f16
  *
- * (fp8 keeps only the scale; f16 / bf16 / f32 keep no meta). INT4 packs two
- * channels per byte, channel 2i in the low nibble; the reader unpacks eight
- * channels per 32-bit word, so INT4 needs head_dim % 8 == 0. The meta sits
+ * (fp8 keeps only the scale; f16 / bf16 / f32 keep no meta). INT4 packs
+ * channel i (low nibble) with channel i + head_dim/2 (high nibble), the two
+ * halves RoPE pairs, so unpacking writes two contiguous runs; a row is whole
+ * 32-bit words of eight channels, so INT4 needs head_dim % 8 == 0. The meta sits
  * beside the codes in the same block, so a block copy (copy-on-write, swap,
  * prefix cache) moves the scales with it and stays bit-exact.
  *
