@@ -207,9 +207,12 @@ bm_pool_check(const bm_pool_t *pool)
 
     for (uint32_t i = 0; i < pool->n_ops; i++) {
         const kv_op_t *op = &pool->ops[i];
-        int src_tier = op->kind == KV_OP_SWAP_IN ? BM_CPU : BM_DEV;
-        int dst_tier = op->kind == KV_OP_SWAP_OUT ? BM_CPU : BM_DEV;
-        VERIFY(op->kind == KV_OP_COPY || op->kind == KV_OP_SWAP_OUT || op->kind == KV_OP_SWAP_IN,
+        int src_tier = op->kind == KV_OP_SWAP_IN || op->kind == KV_OP_DROP_SWAP ? BM_CPU : BM_DEV;
+        int dst_tier =
+            op->kind == KV_OP_SWAP_OUT || op->kind == KV_OP_DROP_SWAP ? BM_CPU : BM_DEV;
+        VERIFY(op->kind == KV_OP_COPY || op->kind == KV_OP_SWAP_OUT || op->kind == KV_OP_SWAP_IN ||
+                   (pool->cfg.drop_ops && (op->kind == KV_OP_DROP || op->kind == KV_OP_DROP_SWAP) &&
+                    op->src == op->dst),
                "op %u kind", i);
         VERIFY(op->src >= (int32_t)pool->tier[src_tier].first &&
                    (uint32_t)op->src < pool->tier[src_tier].n_blocks,

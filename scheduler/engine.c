@@ -189,6 +189,19 @@ eng__stats(engine_t *e, eng_stats_t *st)
     st->generation_tokens = ss.generation_tokens;
     st->steps = ss.steps;
     st->n_tenants = (uint32_t)e->cfg.n_tenants;
+    {
+        const mdl_config_t *mc = mdl_model_config(e->model);
+        mdl_kv_dtype_t dt = e->cfg.rt.kv_dtype;
+
+        if (dt == MDL_KV_AUTO) {
+            dt = e->cfg.rt.device != NULL && strcmp(e->cfg.rt.device, "cuda") == 0 ? MDL_KV_BF16
+                                                                                   : MDL_KV_F32;
+        }
+        snprintf(st->kv_dtype, sizeof(st->kv_dtype), "%s", mdl_kv_dtype_name(dt));
+        st->kv_block_tokens = (uint32_t)e->cfg.rt.block_size;
+        st->kv_block_bytes = mdl_kv_block_bytes(mc, e->cfg.rt.block_size, dt);
+        st->kv_block_bytes_f32 = mdl_kv_block_bytes(mc, e->cfg.rt.block_size, MDL_KV_F32);
+    }
     for (int32_t t = 0; t < e->cfg.n_tenants; t++) {
         sched_tenant_stats_t ts;
         eng_tenant_stats_t *o = &st->tenant[t];

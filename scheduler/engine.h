@@ -147,6 +147,14 @@ typedef struct eng_stats {
     uint64_t ns_forward; /* mdl_forward */
     uint64_t ns_sample;  /* smp_sample over every choice */
     uint64_t ns_commit;  /* sched_commit + outbox messages */
+    /* KV cache format (issue 8): dtype name, block size, and the bytes of
+     * one block over all layers in that dtype (scales included) and in f32,
+     * so capacity = kv_total * kv_block_tokens tokens and the compression
+     * ratio is kv_block_bytes_f32 / kv_block_bytes. */
+    char kv_dtype[12];
+    uint32_t kv_block_tokens;
+    uint64_t kv_block_bytes;
+    uint64_t kv_block_bytes_f32;
 } eng_stats_t;
 
 typedef struct eng_msg_stats {

@@ -122,6 +122,29 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
                        "kvserve:kv_blocks{tier=\"cpu\",state=\"cached\"} %u\n",
                        st->kv_total, st->kv_used, st->kv_cached, st->swap_total, st->swap_used,
                        st->swap_cached);
+        if (st->kv_block_bytes > 0 && st->kv_block_tokens > 0) {
+            header(out, "kvserve:kv_cache_capacity_tokens", "gauge",
+                   "Tokens the device KV blocks hold, in the KV cache dtype.");
+            srv_buf_printf(out,
+                           "kvserve:kv_cache_capacity_tokens{model_name=\"%s\","
+                           "dtype=\"%s\"} %llu\n",
+                           model_name, st->kv_dtype,
+                           (unsigned long long)st->kv_total * st->kv_block_tokens);
+            header(out, "kvserve:kv_cache_bytes_per_token", "gauge",
+                   "KV bytes per token over all layers, scales included.");
+            srv_buf_printf(out,
+                           "kvserve:kv_cache_bytes_per_token{model_name=\"%s\","
+                           "dtype=\"%s\"} %.6g\n",
+                           model_name, st->kv_dtype,
+                           (double)st->kv_block_bytes / st->kv_block_tokens);
+            header(out, "kvserve:kv_cache_compression_ratio", "gauge",
+                   "Blocks per byte against an f32 KV cache (capacity gain).");
+            srv_buf_printf(out,
+                           "kvserve:kv_cache_compression_ratio{model_name=\"%s\","
+                           "dtype=\"%s\"} %.6g\n",
+                           model_name, st->kv_dtype,
+                           (double)st->kv_block_bytes_f32 / (double)st->kv_block_bytes);
+        }
         header(out, "kvserve:prefix_cache_queries_total", "counter",
                "Prompt tokens looked up in the prefix cache.");
         srv_buf_printf(out, "kvserve:prefix_cache_queries_total %llu\n",

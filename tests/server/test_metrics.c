@@ -1,6 +1,7 @@
 /* test_metrics.c - histogram buckets and the Prometheus text format. */
 #include <check.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "server/srv_int.h"
@@ -69,6 +70,10 @@ START_TEST(test_metrics_text)
     st.kv_used = 25;
     st.n_tenants = 2;
     st.tenant[1].running = 2;
+    snprintf(st.kv_dtype, sizeof(st.kv_dtype), "int8");
+    st.kv_block_tokens = 16;
+    st.kv_block_bytes = 912 * 16;
+    st.kv_block_bytes_f32 = 3072 * 16;
     srv_hist_observe(&m.tenant[1].ttft, 0.02);
     m.tenant[1].generation_tokens = 7;
     m.http_requests[SRV_EP_COMPLETIONS][2] = 5;
@@ -79,6 +84,12 @@ START_TEST(test_metrics_text)
     ck_assert(strstr(b.data,
                      "kvserve:kv_cache_usage_perc{model_name=\"austen\",tier=\"device\"} 0.25\n"));
     ck_assert(strstr(b.data, "kvserve:kv_blocks{tier=\"device\",state=\"used\"} 25\n"));
+    ck_assert(strstr(b.data, "kvserve:kv_cache_capacity_tokens{model_name=\"austen\","
+                             "dtype=\"int8\"} 1600\n"));
+    ck_assert(strstr(b.data, "kvserve:kv_cache_bytes_per_token{model_name=\"austen\","
+                             "dtype=\"int8\"} 912\n"));
+    ck_assert(strstr(b.data, "kvserve:kv_cache_compression_ratio{model_name=\"austen\","
+                             "dtype=\"int8\"} 3.36842\n"));
     ck_assert(strstr(b.data, "kvserve:tenant_requests{tenant=\"team-b\",queue=\"running\"} 2\n"));
     ck_assert(strstr(b.data, "kvserve:generation_tokens_total{tenant=\"team-b\"} 7\n"));
     ck_assert(strstr(b.data,
