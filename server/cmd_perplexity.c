@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -45,6 +46,7 @@ typedef struct ppl_opts {
     mdl_kv_policy_t pol; /* window 0: full attention, strided windows */
     int32_t ctx, stride, chunk, block_size, threads;
     int32_t agree, prompt_len, gen_len;
+    int32_t decode_ctx; /* > 0: decode benchmark at this context instead */
     int64_t budget; /* bytes, for the "blocks at a fixed budget" figure */
 } ppl_opts_t;
 
@@ -211,6 +213,54 @@ perplexity_stream(ppl_run_t *r, const int32_t *toks, int32_t n, double *nll, int
     return rc;
 }
 
+static double
+now_s(clockid_t clk)
+{
+    struct timespec ts;
+
+    clock_gettime(clk, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Decode speed at a long context: the text (repeated as needed) fills
+ * ctx tokens of one sequence, then gen tokens are decoded one per step
+ * (greedy); only the decode steps are timed, in wall and process CPU
+ * seconds (the host may be shared). */
+static int
+decode_bench(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32_t n)
+{
+    int32_t ctx = o->decode_ctx, *buf = xmalloc(sizeof(int32_t) * (size_t)ctx), next = 0;
+    ppl_argmax_t am = {.out = &next, .from = ctx - 1, .n = 1, .vocab = r->vocab};
+    double w0, c0, w1, c1;
+    int rc;
+
+    for (int32_t i = 0; i < ctx; i++) {
+        buf[i] = toks[i % n];
+    }
+    rc = mdl_kvstream_reset(r->ks);
+    if (rc == ST_OK) {
+        rc = mdl_kvstream_feed(r->ks, buf, ctx, argmax_row, &am);
+    }
+    w0 = now_s(CLOCK_MONOTONIC);
+    c0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
+    for (int32_t g = 0; rc == ST_OK && g < o->gen_len; g++) {
+        ppl_argmax_t one = {.out = &next, .from = ctx + g, .n = 1, .vocab = r->vocab};
+        int32_t tok = next;
+
+        rc = mdl_kvstream_feed(r->ks, &tok, 1, argmax_row, &one);
+    }
+    w1 = now_s(CLOCK_MONOTONIC);
+    c1 = now_s(CLOCK_PROCESS_CPUTIME_ID);
+    free(buf);
+    if (rc == ST_OK) {
+        printf("decode at context %d: %d tokens, %.2f tok/s wall (%.2f ms/token), %.2f ms CPU "
+               "per token\n",
+               ctx, o->gen_len, o->gen_len / (w1 - w0), 1e3 * (w1 - w0) / o->gen_len,
+               1e3 * (c1 - c0) / o->gen_len);
+    }
+    return rc;
+}
+
 /* Greedy agreement of run t with reference run f over o->agree prompts. */
 static int
 greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t *toks, int32_t n,
@@ -309,6 +359,8 @@ usage(FILE *f)
             "                        prompts (default 0: off)\n"
             "  --prompt-len N        agreement prompt tokens (default 64)\n"
             "  --gen-len N           agreement continuation tokens (default 32)\n"
+            "  --decode-bench CTX    instead: time --gen-len decode steps of one sequence\n"
+            "                        after a CTX-token prefill of the text (repeated)\n"
             "  --budget-mib N        KV memory for the blocks-at-budget figure (default 64)\n"
             "  --help                this text\n");
 }
@@ -387,6 +439,8 @@ cmd_perplexity(int argc, char **argv)
             bad = parse_i32(v, 1, &o.prompt_len);
         } else if (strcmp(a, "--gen-len") == 0) {
             bad = parse_i32(v, 1, &o.gen_len);
+        } else if (strcmp(a, "--decode-bench") == 0) {
+            bad = parse_i32(v, 1, &o.decode_ctx);
         } else if (strcmp(a, "--budget-mib") == 0) {
             bad = parse_i32(v, 1, &mib);
             o.budget = (int64_t)mib << 20;
@@ -457,12 +511,29 @@ cmd_perplexity(int argc, char **argv)
     if (blk == 0) {
         char why[256] = "";
         mdl_runtime_t *probe = NULL;
-        mdl_runtime_config_t pc = {.block_size = o.block_size, .num_blocks = 2, .kv_dtype = o.dtype};
+        mdl_runtime_config_t pc = {
+            .block_size = o.block_size, .num_blocks = 2, .kv_dtype = o.dtype};
 
         (void)mdl_runtime_create(m, &pc, &probe, why, sizeof(why));
         mdl_runtime_destroy(probe);
         fprintf(stderr, "kvserve perplexity: --kv-cache-dtype %s: %s\n",
                 mdl_kv_dtype_name(o.dtype), why);
+        goto out;
+    }
+    if (o.decode_ctx > 0) {
+        mdl_kv_policy_t full = {0, 0};
+
+        if (o.decode_ctx + o.gen_len > c->max_pos) {
+            fprintf(stderr, "kvserve perplexity: --decode-bench %d + --gen-len %d exceed the "
+                            "model's context of %d\n", o.decode_ctx, o.gen_len, c->max_pos);
+            goto out;
+        }
+        if (run_create(m, &o, o.dtype, &full, o.decode_ctx + o.gen_len, &run) != ST_OK) {
+            goto out;
+        }
+        printf("KV cache %s, block %d: %.1f bytes/token (f32 %.1f)\n", mdl_kv_dtype_name(o.dtype),
+               o.block_size, (double)blk / o.block_size, (double)blk32 / o.block_size);
+        status = decode_bench(&run, &o, toks, (int32_t)n_toks) == ST_OK ? 0 : 1;
         goto out;
     }
     if (run_create(m, &o, o.dtype, &o.pol, o.pol.window > 0 ? stream_ctx : o.ctx, &run) != ST_OK) {
