@@ -26,7 +26,7 @@ kv_dtype_of(const char *s)
         const char *name;
         mdl_kv_dtype_t v;
     } map[] = {
-        {"auto", MDL_KV_AUTO}, {"f32", MDL_KV_F32},   {"f16", MDL_KV_F16},
+        {"auto", MDL_KV_AUTO}, {"f32", MDL_KV_F32},           {"f16", MDL_KV_F16},
         {"bf16", MDL_KV_BF16}, {"fp8_e4m3", MDL_KV_FP8_E4M3}, {"int8", MDL_KV_INT8},
         {"int4", MDL_KV_INT4},
     };
@@ -144,8 +144,7 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
              "same memory; residual of blocks being filled %.1f MiB",
              cfg->kv_cache_dtype, (double)block_bytes / cfg->block_size,
              (double)f32_bytes / (double)block_bytes,
-             (double)mdl_kv_residual_bytes(mc, cfg->block_size, e->rt.kv_dtype,
-                                           cfg->max_num_seqs) /
+             (double)mdl_kv_residual_bytes(mc, cfg->block_size, e->rt.kv_dtype, cfg->max_num_seqs) /
                  (1024.0 * 1024.0));
     return ST_OK;
 }

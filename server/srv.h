@@ -19,11 +19,11 @@
 #include "scheduler/engine.h"
 
 typedef struct srv_setup {
-    const cfg_t *cfg;             /* borrowed, immutable */
-    const mdl_model_t *model;     /* borrowed, immutable */
-    const char *chat_template;    /* template source, or NULL for the built-in one */
-    eng_config_t eng;             /* the engine to create (copied) */
-    int32_t max_model_len;        /* effective context length */
+    const cfg_t *cfg;          /* borrowed, immutable */
+    const mdl_model_t *model;  /* borrowed, immutable */
+    const char *chat_template; /* template source, or NULL for the built-in one */
+    eng_config_t eng;          /* the engine to create (copied) */
+    int32_t max_model_len;     /* effective context length */
 } srv_setup_t;
 
 /* Creates the outbox and the engine, binds the listening socket, runs the

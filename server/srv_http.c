@@ -56,7 +56,7 @@ static const route_t routes[] = {
 
 #define N_ROUTES ((int)(sizeof(routes) / sizeof(routes[0])))
 
-/* ---- job table ------------------------------------------------------------- */
+/* ---- job table --------------------------------------------------------------- */
 
 static srv_job_t **
 job_slot(srv_t *s, uint64_t id)
@@ -171,7 +171,7 @@ srv_req_maybe_free(srv_req_t *r)
     srv_loop_check_drained(s);
 }
 
-/* ---- responses ------------------------------------------------------------------ */
+/* ---- responses --------------------------------------------------------------- */
 
 static void
 count_status(srv_req_t *r, int status)
@@ -249,7 +249,7 @@ queue_error_msg(srv_req_t *r, int status, const char *param, const char *msg)
     return queue_error(r, &err);
 }
 
-/* ---- header checks ----------------------------------------------------------------- */
+/* ---- header checks ----------------------------------------------------------- */
 
 typedef struct hdr_scan {
     int n_content_length;
@@ -347,8 +347,8 @@ first_call(srv_req_t *r, const char *url, const char *method)
         }
         if (v > (unsigned long long)s->cfg->max_body_bytes) {
             srv_error_t err;
-            srv_err_set(&err, 413, NULL, "request body of %llu bytes exceeds the limit of %lld",
-                        v, (long long)s->cfg->max_body_bytes);
+            srv_err_set(&err, 413, NULL, "request body of %llu bytes exceeds the limit of %lld", v,
+                        (long long)s->cfg->max_body_bytes);
             return queue_error(r, &err);
         }
     }
@@ -363,7 +363,7 @@ first_call(srv_req_t *r, const char *url, const char *method)
     return MHD_YES;
 }
 
-/* ---- simple routes ------------------------------------------------------------------- */
+/* ---- simple routes ----------------------------------------------------------- */
 
 static enum MHD_Result
 do_models(srv_req_t *r)
@@ -495,8 +495,8 @@ do_tokenize(srv_req_t *r)
             return queue_error(r, &err);
         }
         cJSON *agp = cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt");
-        char *text = render_chat(r->s, p.messages, p.n_messages, agp == NULL || cJSON_IsTrue(agp),
-                                 &err);
+        char *text =
+            render_chat(r->s, p.messages, p.n_messages, agp == NULL || cJSON_IsTrue(agp), &err);
         srv_params_free(&p);
         if (text == NULL) {
             cJSON_Delete(root);
@@ -569,7 +569,7 @@ do_detokenize(srv_req_t *r)
     return queue_json(r, 200, out);
 }
 
-/* ---- chat templates ------------------------------------------------------------------- */
+/* ---- chat templates ---------------------------------------------------------- */
 
 int
 srv_http_chat_init(srv_t *s)
@@ -634,7 +634,7 @@ render_chat(srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp, srv_error_
     return out;
 }
 
-/* ---- generation: JSON pieces ----------------------------------------------------------- */
+/* ---- generation: JSON pieces ------------------------------------------------- */
 
 static void
 id_string(const srv_req_t *r, char *buf, size_t cap)
@@ -802,7 +802,7 @@ prompt_text(const srv_req_t *r, int32_t ci, srv_buf_t *out)
     srv_buf_add(out, "", 0);
 }
 
-/* ---- generation: streaming ---------------------------------------------------------------- */
+/* ---- generation: streaming --------------------------------------------------- */
 
 static void
 stream_error_event(srv_req_t *r)
@@ -845,8 +845,10 @@ stream_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
     if (r->chunk_prefix.len == 0) {
         char id[48];
         id_string(r, id, sizeof(id));
-        srv_buf_printf(&r->chunk_prefix, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,"
-                       "\"model\":", id, r->ep == SRV_EP_CHAT ? "chat.completion.chunk" : "text_completion",
+        srv_buf_printf(&r->chunk_prefix,
+                       "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,"
+                       "\"model\":",
+                       id, r->ep == SRV_EP_CHAT ? "chat.completion.chunk" : "text_completion",
                        (long long)r->created);
         srv_json_string(&r->chunk_prefix, r->s->model_name, strlen(r->s->model_name));
         srv_buf_adds(&r->chunk_prefix, ",\"choices\":[{\"index\":");
@@ -923,7 +925,7 @@ choice_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, srv_buf_t *piece, cJSON 
     }
 }
 
-/* ---- generation: the finished body ---------------------------------------------------------- */
+/* ---- generation: the finished body ------------------------------------------- */
 
 static char *
 build_body(srv_req_t *r)
@@ -1035,7 +1037,7 @@ job_done(srv_req_t *r, srv_job_t *job)
     }
 }
 
-/* ---- generation: outbox messages -------------------------------------------------------------- */
+/* ---- generation: outbox messages --------------------------------------------- */
 
 /* A token of stop_token_ids ends its choice and, as in vLLM, is not part of
  * the text (EOS is special and skipped by the detokenizer anyway). */
@@ -1084,7 +1086,8 @@ on_delta(srv_req_t *r, srv_job_t *job, const eng_msg_delta_t *d)
     }
     for (int32_t i = 0; i < d->n_tokens && i < ENG_DELTA_MAX; i++) {
         const smp_result_t *t = &d->tok[i];
-        int n = is_stop_id(&r->p, t->token) ? 0 : tok_stream_push(&ch->ds, t->token, tb, sizeof(tb));
+        int n =
+            is_stop_id(&r->p, t->token) ? 0 : tok_stream_push(&ch->ds, t->token, tb, sizeof(tb));
         ch->n_tokens++;
         tm->generation_tokens++;
         if (lp != NULL) {
@@ -1171,8 +1174,7 @@ on_error(srv_req_t *r, srv_job_t *job, const eng_msg_error_t *e)
     tm->finished_error++;
     if (!r->err.status) {
         int status = http_status_of(e->status);
-        srv_err_set(&r->err, status, NULL, "%s",
-                    e->message[0] ? e->message : st_str(e->status));
+        srv_err_set(&r->err, status, NULL, "%s", e->message[0] ? e->message : st_str(e->status));
         if (status == 429) {
             r->s->metrics.tenant[r->tenant].rejected++;
         }
@@ -1245,7 +1247,7 @@ srv_http_on_msg(srv_t *s, msg_t *m)
     }
 }
 
-/* ---- generation: start ------------------------------------------------------------------------ */
+/* ---- generation: start ------------------------------------------------------- */
 
 static int
 tokenize_prompts(srv_req_t *r, srv_error_t *err)
@@ -1320,8 +1322,8 @@ start_generation(srv_req_t *r)
     }
     r->have_params = 1;
     if (kind == SRV_KIND_CHAT) {
-        char *text = render_chat(s, r->p.messages, r->p.n_messages, r->p.add_generation_prompt,
-                                 &err);
+        char *text =
+            render_chat(s, r->p.messages, r->p.n_messages, r->p.add_generation_prompt, &err);
         if (text == NULL) {
             return queue_error(r, &err);
         }
@@ -1379,7 +1381,7 @@ start_generation(srv_req_t *r)
     return MHD_YES;
 }
 
-/* ---- SSE content reader ------------------------------------------------------------------------- */
+/* ---- SSE content reader ------------------------------------------------------ */
 
 static ssize_t
 sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
@@ -1426,7 +1428,7 @@ queue_stream(srv_req_t *r)
     return ret;
 }
 
-/* ---- the access handler --------------------------------------------------------------------------- */
+/* ---- the access handler ------------------------------------------------------ */
 
 static enum MHD_Result
 dispatch(srv_req_t *r)

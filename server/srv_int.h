@@ -17,10 +17,10 @@
 #include "model/sampler.h"
 #include "scheduler/engine.h"
 
-/* ---- growable byte buffer ------------------------------------------- */
+/* ---- growable byte buffer ---------------------------------------------------- */
 
 typedef struct srv_buf {
-    char *data;   /* NUL-terminated when len > 0 or after srv_buf_add */
+    char *data; /* NUL-terminated when len > 0 or after srv_buf_add */
     size_t len;
     size_t cap;
 } srv_buf_t;
@@ -32,13 +32,13 @@ void srv_buf_printf(srv_buf_t *b, const char *fmt, ...) __attribute__((format(pr
 void srv_buf_consume(srv_buf_t *b, size_t n);
 void srv_buf_free(srv_buf_t *b);
 
-/* ---- errors ----------------------------------------------------------- */
+/* ---- errors ------------------------------------------------------------------ */
 
 typedef struct srv_error {
-    int status;          /* HTTP status; 0 = no error */
-    const char *type;    /* "invalid_request_error", ... */
-    const char *code;    /* NULL -> JSON null */
-    char param[64];      /* "" -> JSON null */
+    int status;       /* HTTP status; 0 = no error */
+    const char *type; /* "invalid_request_error", ... */
+    const char *code; /* NULL -> JSON null */
+    char param[64];   /* "" -> JSON null */
     char message[320];
 } srv_error_t;
 
@@ -50,14 +50,14 @@ char *srv_err_json(const srv_error_t *err);
 /* Default type and code for an HTTP status. */
 void srv_err_defaults(srv_error_t *err);
 
-/* ---- JSON pre-checks ------------------------------------------------- */
+/* ---- JSON pre-checks --------------------------------------------------------- */
 
 /* Checks raw body bytes before cJSON sees them: valid UTF-8, no NUL byte,
  * nesting depth <= max_depth, no \u0000 escape inside strings. Returns 1 when
  * acceptable, else 0 with err filled (400). */
 int srv_json_precheck(const char *s, size_t n, int max_depth, srv_error_t *err);
 
-/* ---- requests --------------------------------------------------------- */
+/* ---- requests ---------------------------------------------------------------- */
 
 enum srv_kind {
     SRV_KIND_COMPLETION = 1,
@@ -68,39 +68,39 @@ enum srv_kind {
 #define SRV_MAX_PROMPTS 64
 
 typedef struct srv_prompt {
-    char *text;        /* NULL when given as token ids */
+    char *text; /* NULL when given as token ids */
     size_t text_len;
-    int32_t *ids;      /* token ids (given, or filled by tokenization) */
+    int32_t *ids; /* token ids (given, or filled by tokenization) */
     int32_t n_ids;
 } srv_prompt_t;
 
 typedef struct srv_chat_msg {
-    char *role;        /* "system", "user", "assistant" */
-    char *content;     /* text parts concatenated */
+    char *role;    /* "system", "user", "assistant" */
+    char *content; /* text parts concatenated */
 } srv_chat_msg_t;
 
 /* Server-side caps used by validation. */
 typedef struct srv_limits {
     int32_t max_n;
-    int32_t max_tokens_cap;     /* cap on max_tokens */
+    int32_t max_tokens_cap; /* cap on max_tokens */
     int32_t max_model_len;
     int32_t vocab_size;
     int32_t max_prompts;
-    int32_t max_logprobs;       /* <= SMP_MAX_LOGPROBS */
-    int max_depth;              /* JSON nesting */
-    const char *model_name;     /* served model name */
+    int32_t max_logprobs;   /* <= SMP_MAX_LOGPROBS */
+    int max_depth;          /* JSON nesting */
+    const char *model_name; /* served model name */
 } srv_limits_t;
 
 typedef struct srv_params {
     int kind;
     int32_t n_prompts;
-    srv_prompt_t *prompts;       /* [n_prompts]; chat: one, filled after rendering */
+    srv_prompt_t *prompts; /* [n_prompts]; chat: one, filled after rendering */
     int32_t n_messages;
-    srv_chat_msg_t *messages;    /* chat only */
-    int add_generation_prompt;   /* chat, default 1 */
+    srv_chat_msg_t *messages;  /* chat only */
+    int add_generation_prompt; /* chat, default 1 */
 
-    int32_t max_tokens;          /* -1: not given */
-    smp_params_t sampling;       /* .bias points into bias below */
+    int32_t max_tokens;    /* -1: not given */
+    smp_params_t sampling; /* .bias points into bias below */
     smp_bias_t *bias;
     uint64_t seed;
     int has_seed;
@@ -109,15 +109,15 @@ typedef struct srv_params {
     int32_t stop_ids[ENG_MAX_STOP_IDS];
     int32_t n_stop_ids;
     int32_t n;
-    int logprobs;                /* 1 when logprobs were asked for */
-    int32_t top_logprobs;        /* number of alternatives per token */
+    int logprobs;         /* 1 when logprobs were asked for */
+    int32_t top_logprobs; /* number of alternatives per token */
     int echo;
     int stream;
     int include_usage;
     int ignore_eos;
     int32_t min_tokens;
     int32_t priority;
-    int skip_special_tokens;     /* default 1 */
+    int skip_special_tokens; /* default 1 */
 } srv_params_t;
 
 /* Parses and validates a request body of the given kind against the
@@ -137,13 +137,13 @@ void srv_params_free(srv_params_t *p);
 int srv_params_check_context(srv_params_t *p, const srv_limits_t *lim, int32_t block_size,
                              int32_t kv_blocks, srv_error_t *err);
 
-/* ---- stop strings ----------------------------------------------------- */
+/* ---- stop strings ------------------------------------------------------------ */
 
 /* Matches stop strings on the detokenized text of one choice, across token
  * boundaries. Text that might be the start of a stop string is held back
  * until it is known not to be. */
 typedef struct srv_stop {
-    const char *const *stop;   /* borrowed */
+    const char *const *stop; /* borrowed */
     int32_t n_stop;
     srv_buf_t held;
     int matched;
@@ -163,20 +163,20 @@ void srv_stop_finish(srv_stop_t *s, srv_buf_t *out);
  * they are (the text is valid UTF-8). Same output as cJSON's printer. */
 void srv_json_string(srv_buf_t *out, const char *s, size_t n);
 
-/* ---- SSE -------------------------------------------------------------- */
+/* ---- SSE --------------------------------------------------------------------- */
 
 /* Appends "data: <json>\n\n". */
 void srv_sse_data(srv_buf_t *out, const char *json);
 /* Appends "data: [DONE]\n\n". */
 void srv_sse_done(srv_buf_t *out);
 
-/* ---- metrics ---------------------------------------------------------- */
+/* ---- metrics ----------------------------------------------------------------- */
 
 #define SRV_HIST_MAX_BUCKETS 24
 
 typedef struct srv_hist {
     int32_t n_buckets;
-    const double *bounds;              /* upper bounds, ascending */
+    const double *bounds;                  /* upper bounds, ascending */
     uint64_t counts[SRV_HIST_MAX_BUCKETS]; /* non-cumulative per bucket */
     uint64_t count;
     double sum;
@@ -206,7 +206,7 @@ typedef struct srv_tenant_metrics {
     srv_hist_t itl;
     srv_hist_t e2e;
     uint64_t finished_stop, finished_length, finished_abort, finished_error;
-    uint64_t rejected;          /* 429: queue full */
+    uint64_t rejected; /* 429: queue full */
     uint64_t prompt_tokens, generation_tokens;
 } srv_tenant_metrics_t;
 
@@ -225,7 +225,7 @@ void srv_metrics_init(srv_metrics_t *m, int32_t n_tenants, const char *const *na
 void srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *model_name,
                         srv_buf_t *out);
 
-/* ---- chat template fallback ------------------------------------------ */
+/* ---- chat template fallback -------------------------------------------------- */
 
 /* Plain template for models without one:
  *   <bos>system: ...\nuser: ...\nassistant: ...\nassistant:
@@ -233,7 +233,7 @@ void srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const cha
 char *srv_chat_render_plain(const srv_chat_msg_t *msgs, int32_t n, int add_generation_prompt,
                             const char *bos);
 
-/* ---- JSON building helpers ------------------------------------------- */
+/* ---- JSON building helpers --------------------------------------------------- */
 
 /* Token text for logprobs: the token's bytes with invalid UTF-8 replaced
  * by U+FFFD (written to out, NUL-terminated). */

@@ -86,7 +86,7 @@ srv_loop_run_mhd(srv_t *s)
     }
 }
 
-/* ---- suspend / resume with a hang-up watch ------------------------------ */
+/* ---- suspend / resume with a hang-up watch ----------------------------------- */
 
 static void
 on_hup_closed(uv_handle_t *h)
@@ -165,7 +165,7 @@ srv_loop_unwatch(srv_req_t *r)
     }
 }
 
-/* ---- outbox -------------------------------------------------------------- */
+/* ---- outbox ------------------------------------------------------------------ */
 
 static void
 outbox_wake(chan_t *ch, void *arg)
@@ -191,7 +191,7 @@ on_outbox(uv_async_t *a)
     srv_loop_run_mhd(s);
 }
 
-/* ---- connections ---------------------------------------------------------- */
+/* ---- connections ------------------------------------------------------------- */
 
 static void
 on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
@@ -229,7 +229,7 @@ on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
     }
 }
 
-/* ---- lifecycle ------------------------------------------------------------- */
+/* ---- lifecycle --------------------------------------------------------------- */
 
 static void
 close_cb_noop(uv_handle_t *h)
@@ -351,7 +351,7 @@ on_sweep(uv_timer_t *t)
     srv_loop_run_mhd(s);
 }
 
-/* ---- systemd --------------------------------------------------------------- */
+/* ---- systemd ----------------------------------------------------------------- */
 
 static int
 wd_healthy(void *arg)
@@ -374,7 +374,7 @@ wd_status(void *arg, char *buf, size_t len)
     sdn_format_status(buf, len, st->running, st->waiting, st->swapped, st->kv_used, st->kv_total);
 }
 
-/* ---- start-up ------------------------------------------------------------- */
+/* ---- start-up ---------------------------------------------------------------- */
 
 static int
 resolve_host(const char *host, uint16_t port, struct sockaddr_storage *ss, int *v6)
@@ -435,13 +435,11 @@ start_mhd(srv_t *s)
         (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)cfg->max_connections,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)cfg->max_connections_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)(cfg->idle_timeout_s + 0.999),
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem, MHD_OPTION_NOTIFY_COMPLETED, srv_http_completed,
-        s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-        MHD_OPTION_SIGPIPE_HANDLED_BY_APP, 1, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024,
-        MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem, MHD_OPTION_NOTIFY_COMPLETED, srv_http_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_SIGPIPE_HANDLED_BY_APP, 1, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, MHD_OPTION_END);
     if (s->mhd == NULL) {
-        LOG_ERROR("cannot listen on %s:%d (address in use or not available)", cfg->host,
-                  cfg->port);
+        LOG_ERROR("cannot listen on %s:%d (address in use or not available)", cfg->host, cfg->port);
         return ST_EINVAL;
     }
     di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);

@@ -49,14 +49,14 @@ typedef struct srv_conn {
 typedef struct srv_choice {
     tok_stream_t ds;
     srv_stop_t stop;
-    srv_buf_t text;          /* released text not yet sent (stream) or all (JSON) */
-    cJSON *lp;               /* logprobs being built (JSON responses) */
-    int32_t n_tokens;        /* tokens counted in usage */
-    int32_t text_offset;     /* completions logprobs text_offset */
-    const char *finish;      /* NULL while running */
-    int engine_done;         /* FINISHED received */
-    int role_sent;           /* chat stream: role delta sent */
-    int echo_sent;           /* completions stream: prompt echoed */
+    srv_buf_t text;      /* released text not yet sent (stream) or all (JSON) */
+    cJSON *lp;           /* logprobs being built (JSON responses) */
+    int32_t n_tokens;    /* tokens counted in usage */
+    int32_t text_offset; /* completions logprobs text_offset */
+    const char *finish;  /* NULL while running */
+    int engine_done;     /* FINISHED received */
+    int role_sent;       /* chat stream: role delta sent */
+    int echo_sent;       /* completions stream: prompt echoed */
     uint64_t t_last_ns;
 } srv_choice_t;
 
@@ -65,17 +65,17 @@ struct srv_job {
     uint64_t id;
     srv_req_t *req;
     int32_t prompt_idx;
-    int32_t n_open;          /* choices without FINISHED yet */
-    int open;                /* the engine still owes messages */
+    int32_t n_open; /* choices without FINISHED yet */
+    int open;       /* the engine still owes messages */
     int32_t prompt_tokens;
     int32_t cached_tokens;
 };
 
 enum srv_req_state {
-    SRV_REQ_READING = 0,     /* headers / body arriving */
-    SRV_REQ_WAITING,         /* suspended until the engine answers */
-    SRV_REQ_STREAMING,       /* SSE response queued */
-    SRV_REQ_RESPONDED,       /* a complete response was queued */
+    SRV_REQ_READING = 0, /* headers / body arriving */
+    SRV_REQ_WAITING,     /* suspended until the engine answers */
+    SRV_REQ_STREAMING,   /* SSE response queued */
+    SRV_REQ_RESPONDED,   /* a complete response was queued */
 };
 
 struct srv_req {
@@ -97,7 +97,7 @@ struct srv_req {
     srv_choice_t *choices;
 
     int suspended;
-    uv_poll_t *hup;          /* hang-up watch while suspended */
+    uv_poll_t *hup; /* hang-up watch while suspended */
     int client_gone;
     int mhd_done;
 
@@ -106,20 +106,20 @@ struct srv_req {
     int resp_status;
     char *resp_body;
     const char *resp_type;
-    int retry_after;         /* seconds, 0: none */
+    int retry_after; /* seconds, 0: none */
 
     /* Streaming. */
     srv_buf_t out;
-    srv_buf_t chunk_prefix;  /* 'data: {"id":...,"choices":[{"index":' */
+    srv_buf_t chunk_prefix; /* 'data: {"id":...,"choices":[{"index":' */
     int out_eos;
-    int stream_error;        /* an error event was sent */
-    int stats_wait;          /* /metrics waiting for STATS_REPLY */
+    int stream_error; /* an error event was sent */
+    int stats_wait;   /* /metrics waiting for STATS_REPLY */
 
-    srv_error_t err;         /* err.status != 0: the request failed */
+    srv_error_t err; /* err.status != 0: the request failed */
     uint64_t t_arrival_ns;
     uint64_t t_first_ns;
     time_t created;
-    list_node_t node;        /* s->reqs */
+    list_node_t node; /* s->reqs */
 };
 
 #define SRV_JOB_BUCKETS 1024
@@ -133,7 +133,7 @@ struct srv {
     engine_t *engine;
     int32_t max_model_len;
     int32_t block_size;
-    int32_t kv_blocks;        /* usable device blocks */
+    int32_t kv_blocks; /* usable device blocks */
     char model_name[CFG_NAME_MAX];
     srv_limits_t lim;
     time_t started;
@@ -154,7 +154,7 @@ struct srv {
     list_node_t conns;
     list_node_t reqs;
     uint32_t n_reqs;
-    uint32_t n_gen;           /* generation requests in flight */
+    uint32_t n_gen; /* generation requests in flight */
     uint64_t next_id;
     int draining;
     int drain_expired;
@@ -162,7 +162,7 @@ struct srv {
     int stop_queued;
     srv_metrics_t metrics;
     sdn_watchdog_t watchdog;
-    eng_stats_t last_stats;   /* from the latest periodic STATS reply */
+    eng_stats_t last_stats; /* from the latest periodic STATS reply */
     int have_stats;
 };
 

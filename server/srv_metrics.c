@@ -11,12 +11,13 @@
 #include "common/status.h"
 #include "server/srv_int.h"
 
-static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
-                                     0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
-static const double itl_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
-                                    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5};
-static const double e2e_bounds[] = {0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0,
-                                    10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0};
+static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
+                                     0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
+static const double itl_bounds[] = {0.001, 0.0025, 0.005, 0.01,  0.015, 0.02, 0.025,
+                                    0.03,  0.04,   0.05,  0.075, 0.1,   0.15, 0.2,
+                                    0.3,   0.4,    0.5,   0.75,  1.0,   2.5};
+static const double e2e_bounds[] = {0.01, 0.05, 0.1,  0.3,  0.5,  0.8,  1.0,  1.5,  2.0,  2.5,
+                                    5.0,  10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0};
 
 #define NB(a) ((int32_t)(sizeof(a) / sizeof((a)[0])))
 
@@ -173,38 +174,36 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
         }
         header(out, "kvserve:tenant_kv_blocks", "gauge", "Device KV blocks held per tenant.");
         for (uint32_t t = 0; t < st->n_tenants && t < (uint32_t)m->n_tenants; t++) {
-            srv_buf_printf(out, "kvserve:tenant_kv_blocks{tenant=\"%s\"} %u\n",
-                           m->tenant_names[t], st->tenant[t].kv_blocks);
+            srv_buf_printf(out, "kvserve:tenant_kv_blocks{tenant=\"%s\"} %u\n", m->tenant_names[t],
+                           st->tenant[t].kv_blocks);
         }
     }
 
     header(out, "kvserve:prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
-        srv_buf_printf(out, "kvserve:prompt_tokens_total{tenant=\"%s\"} %llu\n",
-                       m->tenant_names[t], (unsigned long long)m->tenant[t].prompt_tokens);
+        srv_buf_printf(out, "kvserve:prompt_tokens_total{tenant=\"%s\"} %llu\n", m->tenant_names[t],
+                       (unsigned long long)m->tenant[t].prompt_tokens);
     }
     header(out, "kvserve:generation_tokens_total", "counter", "Generated tokens.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
         srv_buf_printf(out, "kvserve:generation_tokens_total{tenant=\"%s\"} %llu\n",
                        m->tenant_names[t], (unsigned long long)m->tenant[t].generation_tokens);
     }
-    header(out, "kvserve:request_success_total", "counter",
-           "Finished requests by finish reason.");
+    header(out, "kvserve:request_success_total", "counter", "Finished requests by finish reason.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
         const srv_tenant_metrics_t *tm = &m->tenant[t];
         const char *tn = m->tenant_names[t];
-        srv_buf_printf(out,
-                       "kvserve:request_success_total{tenant=\"%s\",finished_reason=\"stop\"} %llu\n"
-                       "kvserve:request_success_total{tenant=\"%s\",finished_reason=\"length\"} "
-                       "%llu\n"
-                       "kvserve:request_success_total{tenant=\"%s\",finished_reason=\"abort\"} "
-                       "%llu\n"
-                       "kvserve:request_success_total{tenant=\"%s\",finished_reason=\"error\"} "
-                       "%llu\n",
-                       tn, (unsigned long long)tm->finished_stop, tn,
-                       (unsigned long long)tm->finished_length, tn,
-                       (unsigned long long)tm->finished_abort, tn,
-                       (unsigned long long)tm->finished_error);
+        srv_buf_printf(
+            out,
+            "kvserve:request_success_total{tenant=\"%s\",finished_reason=\"stop\"} %llu\n"
+            "kvserve:request_success_total{tenant=\"%s\",finished_reason=\"length\"} "
+            "%llu\n"
+            "kvserve:request_success_total{tenant=\"%s\",finished_reason=\"abort\"} "
+            "%llu\n"
+            "kvserve:request_success_total{tenant=\"%s\",finished_reason=\"error\"} "
+            "%llu\n",
+            tn, (unsigned long long)tm->finished_stop, tn, (unsigned long long)tm->finished_length,
+            tn, (unsigned long long)tm->finished_abort, tn, (unsigned long long)tm->finished_error);
     }
     header(out, "kvserve:requests_rejected_total", "counter",
            "Requests refused with 429 because a queue was full.");
@@ -223,17 +222,18 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
         snprintf(lab, sizeof(lab), "tenant=\"%s\"", m->tenant_names[t]);
         srv_hist_format(&m->tenant[t].itl, "kvserve:inter_token_latency_seconds", lab, out);
     }
-    header(out, "kvserve:e2e_request_latency_seconds", "histogram",
-           "End-to-end request latency.");
+    header(out, "kvserve:e2e_request_latency_seconds", "histogram", "End-to-end request latency.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
         snprintf(lab, sizeof(lab), "tenant=\"%s\"", m->tenant_names[t]);
         srv_hist_format(&m->tenant[t].e2e, "kvserve:e2e_request_latency_seconds", lab, out);
     }
-    header(out, "kvserve:http_requests_total", "counter", "HTTP requests by route and status class.");
+    header(out, "kvserve:http_requests_total", "counter",
+           "HTTP requests by route and status class.");
     for (int ep = 0; ep < SRV_EP_COUNT; ep++) {
         for (int c = 1; c <= 5; c++) {
             if (m->http_requests[ep][c] > 0) {
-                srv_buf_printf(out, "kvserve:http_requests_total{route=\"%s\",code=\"%dxx\"} %llu\n",
+                srv_buf_printf(out,
+                               "kvserve:http_requests_total{route=\"%s\",code=\"%dxx\"} %llu\n",
                                ep_names[ep], c, (unsigned long long)m->http_requests[ep][c]);
             }
         }

@@ -293,8 +293,9 @@ parse_logit_bias(const cJSON *bj, const srv_limits_t *lim, srv_params_t *p, srv_
         long id = strtol(it->string, &end, 10);
         float v;
         if (it->string[0] == '\0' || *end != '\0' || id < 0 || id >= lim->vocab_size) {
-            srv_err_set(err, 400, "logit_bias", "'logit_bias' key '%.32s' is not a token id in 0..%d",
-                        it->string, lim->vocab_size - 1);
+            srv_err_set(err, 400, "logit_bias",
+                        "'logit_bias' key '%.32s' is not a token id in 0..%d", it->string,
+                        lim->vocab_size - 1);
             return 0;
         }
         if (!get_num(it, "logit_bias", -100, 100, 0, &v, err)) {
@@ -335,7 +336,8 @@ parse_common(const cJSON *root, const srv_limits_t *lim, srv_params_t *p, srv_er
     p->skip_special_tokens = 1;
     p->add_generation_prompt = 1;
 
-    if ((j = field(root, "temperature")) && !get_num(j, "temperature", 0, 2, 0, &p->sampling.temperature, err)) {
+    if ((j = field(root, "temperature")) &&
+        !get_num(j, "temperature", 0, 2, 0, &p->sampling.temperature, err)) {
         return 0;
     }
     if ((j = field(root, "top_p")) && !get_num(j, "top_p", 0, 1, 1, &p->sampling.top_p, err)) {
@@ -415,8 +417,8 @@ parse_common(const cJSON *root, const srv_limits_t *lim, srv_params_t *p, srv_er
                         "'stream_options' is only allowed when 'stream' is true");
             return 0;
         }
-        if ((iu = field(j, "include_usage")) && !get_bool(iu, "stream_options.include_usage",
-                                                          &p->include_usage, err)) {
+        if ((iu = field(j, "include_usage")) &&
+            !get_bool(iu, "stream_options.include_usage", &p->include_usage, err)) {
             return 0;
         }
     }
@@ -463,8 +465,8 @@ parse_max_tokens(const cJSON *root, const char *name, srv_params_t *p, srv_error
 }
 
 int
-srv_params_parse(int kind, const char *body, size_t len, const srv_limits_t *lim,
-                 srv_params_t *p, srv_error_t *err)
+srv_params_parse(int kind, const char *body, size_t len, const srv_limits_t *lim, srv_params_t *p,
+                 srv_error_t *err)
 {
     cJSON *root;
     const cJSON *j;
@@ -559,7 +561,8 @@ srv_params_parse(int kind, const char *body, size_t len, const srv_limits_t *lim
         if ((j = field(root, "response_format")) && cJSON_IsObject(j)) {
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "type");
             if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0) {
-                srv_err_set(err, 400, "response_format", "only response_format 'text' is supported");
+                srv_err_set(err, 400, "response_format",
+                            "only response_format 'text' is supported");
                 goto done;
             }
         }

@@ -12,7 +12,7 @@
 #include "common/xmalloc.h"
 #include "server/srv_int.h"
 
-/* ---- buffers ----------------------------------------------------------- */
+/* ---- buffers ----------------------------------------------------------------- */
 
 static void
 buf_reserve(srv_buf_t *b, size_t extra)
@@ -89,7 +89,7 @@ srv_buf_free(srv_buf_t *b)
     b->len = b->cap = 0;
 }
 
-/* ---- errors ------------------------------------------------------------ */
+/* ---- errors ------------------------------------------------------------------ */
 
 void
 srv_err_defaults(srv_error_t *err)
@@ -172,7 +172,7 @@ srv_err_json(const srv_error_t *err)
     return out;
 }
 
-/* ---- JSON pre-check ----------------------------------------------------- */
+/* ---- JSON pre-check ---------------------------------------------------------- */
 
 int
 srv_json_precheck(const char *s, size_t n, int max_depth, srv_error_t *err)
@@ -217,7 +217,7 @@ srv_json_precheck(const char *s, size_t n, int max_depth, srv_error_t *err)
     return 1;
 }
 
-/* ---- stop strings -------------------------------------------------------- */
+/* ---- stop strings ------------------------------------------------------------ */
 
 void
 srv_stop_init(srv_stop_t *s, const char *const *stop, int32_t n_stop)
@@ -296,7 +296,7 @@ srv_stop_finish(srv_stop_t *s, srv_buf_t *out)
     s->held.len = 0;
 }
 
-/* ---- JSON strings ---------------------------------------------------------- */
+/* ---- JSON strings ------------------------------------------------------------ */
 
 void
 srv_json_string(srv_buf_t *out, const char *s, size_t n)
@@ -354,7 +354,7 @@ srv_json_string(srv_buf_t *out, const char *s, size_t n)
     srv_buf_add(out, "\"", 1);
 }
 
-/* ---- SSE ----------------------------------------------------------------- */
+/* ---- SSE --------------------------------------------------------------------- */
 
 void
 srv_sse_data(srv_buf_t *out, const char *json)
@@ -370,7 +370,7 @@ srv_sse_done(srv_buf_t *out)
     srv_buf_adds(out, "data: [DONE]\n\n");
 }
 
-/* ---- token text ------------------------------------------------------------ */
+/* ---- token text -------------------------------------------------------------- */
 
 void
 srv_token_text(const char *bytes, size_t n, srv_buf_t *out)
@@ -382,7 +382,11 @@ srv_token_text(const char *bytes, size_t n, srv_buf_t *out)
         /* Longest valid prefix from i, one character at a time. */
         while (i + ok < n) {
             unsigned char c = (unsigned char)bytes[i + ok];
-            size_t cl = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+            size_t cl = c < 0x80         ? 1
+                        : (c >> 5) == 6  ? 2
+                        : (c >> 4) == 14 ? 3
+                        : (c >> 3) == 30 ? 4
+                                         : 0;
             if (cl == 0 || i + ok + cl > n || !utf8_valid(bytes + i + ok, cl)) {
                 break;
             }
@@ -400,7 +404,7 @@ srv_token_text(const char *bytes, size_t n, srv_buf_t *out)
     }
 }
 
-/* ---- plain chat template ------------------------------------------------ */
+/* ---- plain chat template ----------------------------------------------------- */
 
 char *
 srv_chat_render_plain(const srv_chat_msg_t *msgs, int32_t n, int add_generation_prompt,

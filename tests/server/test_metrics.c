@@ -1,7 +1,7 @@
 /* test_metrics.c - histogram buckets and the Prometheus text format. */
 #include <check.h>
-#include <stdlib.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "server/srv_int.h"
@@ -92,10 +92,10 @@ START_TEST(test_metrics_text)
                              "dtype=\"int8\"} 3.36842\n"));
     ck_assert(strstr(b.data, "kvserve:tenant_requests{tenant=\"team-b\",queue=\"running\"} 2\n"));
     ck_assert(strstr(b.data, "kvserve:generation_tokens_total{tenant=\"team-b\"} 7\n"));
-    ck_assert(strstr(b.data,
-                     "kvserve:time_to_first_token_seconds_count{tenant=\"team-b\"} 1\n"));
+    ck_assert(strstr(b.data, "kvserve:time_to_first_token_seconds_count{tenant=\"team-b\"} 1\n"));
     ck_assert(strstr(b.data, "# TYPE kvserve:inter_token_latency_seconds histogram\n"));
-    ck_assert(strstr(b.data, "kvserve:http_requests_total{route=\"/v1/completions\",code=\"2xx\"} 5\n"));
+    ck_assert(
+        strstr(b.data, "kvserve:http_requests_total{route=\"/v1/completions\",code=\"2xx\"} 5\n"));
     srv_buf_free(&b);
 
     /* Without engine stats only the loop's own metrics appear. */

@@ -100,8 +100,8 @@ START_TEST(test_prompt_forms)
     srv_params_t p;
     srv_error_t err;
 
-    ck_assert(parse(SRV_KIND_COMPLETION, "{\"model\":\"austen\",\"prompt\":[\"a\",\"b\"]}", &p,
-                    &err));
+    ck_assert(
+        parse(SRV_KIND_COMPLETION, "{\"model\":\"austen\",\"prompt\":[\"a\",\"b\"]}", &p, &err));
     ck_assert_int_eq(p.n_prompts, 2);
     ck_assert_str_eq(p.prompts[1].text, "b");
     srv_params_free(&p);
@@ -119,8 +119,7 @@ START_TEST(test_prompt_forms)
     expect_fail(SRV_KIND_COMPLETION, "{\"model\":\"austen\",\"prompt\":5}", 400, "prompt");
     expect_fail(SRV_KIND_COMPLETION, "{\"model\":\"austen\"}", 400, "prompt");
     expect_fail(SRV_KIND_COMPLETION,
-                "{\"model\":\"austen\",\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400,
-                "prompt");
+                "{\"model\":\"austen\",\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "prompt");
 }
 END_TEST
 
@@ -206,19 +205,23 @@ START_TEST(test_chat)
 
     expect_fail(SRV_KIND_CHAT, "{\"model\":\"austen\",\"messages\":[]}", 400, "messages");
     expect_fail(SRV_KIND_CHAT, "{\"model\":\"austen\"}", 400, "messages");
-    expect_fail(SRV_KIND_CHAT, "{\"model\":\"austen\",\"messages\":[{\"role\":\"tool\","
-                               "\"content\":\"x\"}]}",
+    expect_fail(SRV_KIND_CHAT,
+                "{\"model\":\"austen\",\"messages\":[{\"role\":\"tool\","
+                "\"content\":\"x\"}]}",
                 400, "messages");
-    expect_fail(SRV_KIND_CHAT, "{\"model\":\"austen\",\"messages\":[{\"role\":\"user\","
-                               "\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
+    expect_fail(SRV_KIND_CHAT,
+                "{\"model\":\"austen\",\"messages\":[{\"role\":\"user\","
+                "\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
                 400, "messages");
     expect_fail(SRV_KIND_CHAT, "{\"model\":\"austen\",\"messages\":[{\"role\":\"user\"}]}", 400,
                 "messages");
-    expect_fail(SRV_KIND_CHAT, "{\"model\":\"austen\",\"messages\":[{\"role\":\"user\","
-                               "\"content\":\"x\"}],\"top_logprobs\":2}",
+    expect_fail(SRV_KIND_CHAT,
+                "{\"model\":\"austen\",\"messages\":[{\"role\":\"user\","
+                "\"content\":\"x\"}],\"top_logprobs\":2}",
                 400, "top_logprobs");
-    expect_fail(SRV_KIND_CHAT, "{\"model\":\"austen\",\"messages\":[{\"role\":\"user\","
-                               "\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}",
+    expect_fail(SRV_KIND_CHAT,
+                "{\"model\":\"austen\",\"messages\":[{\"role\":\"user\","
+                "\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}",
                 400, "top_logprobs");
 }
 END_TEST
@@ -327,8 +330,9 @@ START_TEST(test_error_json)
 
     srv_err_set(&err, 429, NULL, "queue \"full\"");
     j = srv_err_json(&err);
-    ck_assert_str_eq(j, "{\"error\":{\"message\":\"queue \\\"full\\\"\",\"type\":\"rate_limit_error\","
-                        "\"param\":null,\"code\":\"rate_limit_exceeded\"}}");
+    ck_assert_str_eq(j,
+                     "{\"error\":{\"message\":\"queue \\\"full\\\"\",\"type\":\"rate_limit_error\","
+                     "\"param\":null,\"code\":\"rate_limit_exceeded\"}}");
     free(j);
     srv_err_set(&err, 400, "n", "bad");
     j = srv_err_json(&err);

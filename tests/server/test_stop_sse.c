@@ -140,8 +140,12 @@ END_TEST
 
 START_TEST(test_json_string_matches_cjson)
 {
-    static const char *cases[] = {"", "plain", "q\"uote\\back", "nl\ntab\tcr\rbs\bff\f",
-                                  "ctl\x01\x1f end", "utf8 \xC3\xA9\xE2\x82\xAC \xF0\x9F\x98\x80"};
+    static const char *cases[] = {"",
+                                  "plain",
+                                  "q\"uote\\back",
+                                  "nl\ntab\tcr\rbs\bff\f",
+                                  "ctl\x01\x1f end",
+                                  "utf8 \xC3\xA9\xE2\x82\xAC \xF0\x9F\x98\x80"};
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         srv_buf_t b = {0};
