@@ -585,7 +585,7 @@ swap_in_needed(const bm_pool_t *pool, const bm_seq_t *s)
     const bm_tier_t *dev = &pool->tier[BM_DEV];
     uint32_t need = 0;
 
-    for (uint32_t i = 0; i < s->n_blocks; i++) {
+    for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
         const bm_block_t *c = bm__blk(pool, BM_CPU, (uint32_t)s->table[i]);
         uint32_t id;
         if (c->twin != BM_NONE) {
@@ -689,7 +689,8 @@ bm_seq_truncate(bm_pool_t *pool, uint64_t seq, uint32_t n)
     bm_seq_t *s = bm__seq_find(pool, seq);
     uint32_t keep;
 
-    if (s == NULL || s->swapped || n > s->len) {
+    if (s == NULL || s->swapped || n > s->len ||
+        div_up(s->len - n, pool->bs) < s->n_released + (s->len - n > 0)) {
         return ST_EINVAL;
     }
     s->len -= n;
@@ -722,10 +723,11 @@ bm_seq_fork(bm_pool_t *pool, uint64_t parent, uint64_t child)
         memcpy(c->toks, p->toks, (size_t)p->len * sizeof(*c->toks));
     }
     c->n_blocks = p->n_blocks;
+    c->n_released = p->n_released;
     c->len = p->len;
     c->extra_len = p->extra_len;
     memcpy(c->extra, p->extra, p->extra_len);
-    for (uint32_t i = 0; i < c->n_blocks; i++) {
+    for (uint32_t i = c->n_released; i < c->n_blocks; i++) {
         blk_get(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)c->table[i]), c->tenant);
     }
     return ST_OK;
@@ -742,11 +744,39 @@ bm_seq_free(bm_pool_t *pool, uint64_t seq)
     }
     tier = s->swapped ? BM_CPU : BM_DEV;
     /* Last to first: the tail reaches the queue first and is evicted first. */
-    for (uint32_t i = s->n_blocks; i-- > 0;) {
+    for (uint32_t i = s->n_blocks; i-- > s->n_released;) {
         blk_put(pool, tier, bm__blk(pool, tier, (uint32_t)s->table[i]), s->tenant);
     }
     seq_map_remove(pool, s);
     seq_destroy(s);
+}
+
+int
+bm_seq_release_front(bm_pool_t *pool, uint64_t seq, uint32_t n_blocks)
+{
+    bm_seq_t *s = bm__seq_find(pool, seq);
+
+    /* Two live blocks stay: the next block to fill hashes its parent. */
+    if (s == NULL || s->swapped || n_blocks + 2 > s->n_blocks) {
+        return ST_EINVAL;
+    }
+    /* First to last: the oldest block reaches the queue first. */
+    for (uint32_t i = s->n_released; i < n_blocks; i++) {
+        blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[i]), s->tenant);
+        s->table[i] = 0;
+    }
+    if (n_blocks > s->n_released) {
+        s->n_released = n_blocks;
+    }
+    return ST_OK;
+}
+
+uint32_t
+bm_seq_released(const bm_pool_t *pool, uint64_t seq)
+{
+    const bm_seq_t *s = bm__seq_find(pool, seq);
+
+    return s == NULL ? 0 : s->n_released;
 }
 
 /* ---------------------------------------------------------- prefix cache */
@@ -879,7 +909,7 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
     }
     /* Count the CPU queue entries this takes: new copies plus revived
      * cached CPU blocks. Twins and USED hash matches are free. */
-    for (uint32_t i = 0; i < s->n_blocks; i++) {
+    for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
         const bm_block_t *b = bm__blk(pool, BM_DEV, (uint32_t)s->table[i]);
         uint32_t id;
         if (b->twin != BM_NONE) {
@@ -897,9 +927,12 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
     }
 
     plan = scratch(pool, s->n_blocks);
+    for (uint32_t i = 0; i < s->n_released; i++) {
+        plan[i] = 0; /* released entries stay 0 on either tier */
+    }
     /* Pass 1: share what already exists on the CPU tier, before any
      * allocation could evict a cached match. */
-    for (uint32_t i = 0; i < s->n_blocks; i++) {
+    for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
         const bm_block_t *b = bm__blk(pool, BM_DEV, (uint32_t)s->table[i]);
         uint32_t id = b->twin;
         if (id == BM_NONE && b->hashed && cpu->n_blocks > 0) {
@@ -912,7 +945,7 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
     }
     /* Pass 2: copy the rest. A block other resident sequences still hold
      * gets a twin link, so their own swap-outs reuse this copy. */
-    for (uint32_t i = 0; i < s->n_blocks; i++) {
+    for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
         bm_block_t *b = bm__blk(pool, BM_DEV, (uint32_t)s->table[i]);
         bm_block_t *c;
         if (plan[i] >= 0) {
@@ -935,7 +968,7 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
     }
     /* Pass 3: release the device blocks, last to first. Sole-held hashed
      * blocks stay CACHED on the device until they are needed. */
-    for (uint32_t i = s->n_blocks; i-- > 0;) {
+    for (uint32_t i = s->n_blocks; i-- > s->n_released;) {
         blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[i]), s->tenant);
         s->table[i] = plan[i];
     }
@@ -958,7 +991,7 @@ bm_seq_swap_in(bm_pool_t *pool, uint64_t seq)
     }
     plan = scratch(pool, s->n_blocks);
     /* Pass 1: re-share device twins and cached device copies. */
-    for (uint32_t i = 0; i < s->n_blocks; i++) {
+    for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
         const bm_block_t *c = bm__blk(pool, BM_CPU, (uint32_t)s->table[i]);
         uint32_t id = c->twin;
         if (id == BM_NONE && c->hashed) {
@@ -971,7 +1004,7 @@ bm_seq_swap_in(bm_pool_t *pool, uint64_t seq)
     }
     /* Pass 2: copy the rest back. The CPU blocks stay referenced until
      * pass 3, so demotions triggered here cannot overwrite them first. */
-    for (uint32_t i = 0; i < s->n_blocks; i++) {
+    for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
         bm_block_t *c = bm__blk(pool, BM_CPU, (uint32_t)s->table[i]);
         bm_block_t *b;
         if (plan[i] >= 0) {
@@ -992,7 +1025,7 @@ bm_seq_swap_in(bm_pool_t *pool, uint64_t seq)
         }
         plan[i] = (int32_t)b->id;
     }
-    for (uint32_t i = s->n_blocks; i-- > 0;) {
+    for (uint32_t i = s->n_blocks; i-- > s->n_released;) {
         blk_put(pool, BM_CPU, bm__blk(pool, BM_CPU, (uint32_t)s->table[i]), s->tenant);
         s->table[i] = plan[i];
     }

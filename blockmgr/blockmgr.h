@@ -170,6 +170,18 @@ int bm_seq_fork(bm_pool_t *pool, uint64_t parent, uint64_t child);
  * ones stay CACHED. Unknown seq is a no-op. */
 void bm_seq_free(bm_pool_t *pool, uint64_t seq);
 
+/* Sliding window: gives back the sequence's first n_blocks blocks (those
+ * no query can attend to any more), last reference first to the LRU queue
+ * (hashed ones stay CACHED). Their table entries become 0, the null block,
+ * and stay in place so indices still map context positions; the length is
+ * unchanged. Fork, swap and free skip them. Idempotent for n_blocks at or
+ * below what is already released. ST_EINVAL for an unknown or swapped
+ * sequence, or when fewer than two live blocks would remain (the next
+ * block to fill chains its hash to the one before it). */
+int bm_seq_release_front(bm_pool_t *pool, uint64_t seq, uint32_t n_blocks);
+/* Leading blocks released so far (0 for an unknown sequence). */
+uint32_t bm_seq_released(const bm_pool_t *pool, uint64_t seq);
+
 /* Move every block of a resident sequence to the CPU tier (queued
  * SWAP_OUT ops; a block shared by several sequences moves once and stays
  * shared). ST_EAGAIN when the CPU tier lacks room. */

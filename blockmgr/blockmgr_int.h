@@ -90,6 +90,9 @@ typedef struct bm_seq {
     uint32_t len;    /* tokens */
     uint32_t n_blocks;
     uint32_t cap_blocks;
+    /* Leading table entries given back by bm_seq_release_front (sliding
+     * window): table[0 .. n_released) are 0 and hold no reference. */
+    uint32_t n_released;
     int32_t *table; /* [n_blocks] device ids, or CPU ids while swapped */
     int32_t *toks;  /* [len] token ids (hash input when a block fills) */
     uint32_t cap_toks;

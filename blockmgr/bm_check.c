@@ -183,7 +183,13 @@ bm_pool_check(const bm_pool_t *pool)
             VERIFY(s->n_blocks == (s->len + pool->bs - 1) / pool->bs,
                    "seq %llu has %u blocks for %u tokens", (unsigned long long)s->id, s->n_blocks,
                    s->len);
-            for (uint32_t i = 0; i < s->n_blocks; i++) {
+            VERIFY(s->n_released < s->n_blocks || s->n_blocks == 0,
+                   "seq %llu released all %u blocks", (unsigned long long)s->id, s->n_blocks);
+            for (uint32_t i = 0; i < s->n_released && i < s->n_blocks; i++) {
+                VERIFY(s->table[i] == 0, "seq %llu released block %u is %d",
+                       (unsigned long long)s->id, i, s->table[i]);
+            }
+            for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
                 uint32_t id = (uint32_t)s->table[i];
                 VERIFY(s->table[i] >= (int32_t)t->first && id < t->n_blocks,
                        "seq %llu block %u id %d out of tier %d", (unsigned long long)s->id, i,
@@ -194,7 +200,7 @@ bm_pool_check(const bm_pool_t *pool)
                     VERIFY(t->blocks[id].hashed, "seq %llu full block %u (id %u) unhashed",
                            (unsigned long long)s->id, i, id);
                 }
-                for (uint32_t j = 0; j < i && s->n_blocks <= 64; j++) {
+                for (uint32_t j = s->n_released; j < i && s->n_blocks <= 64; j++) {
                     VERIFY(s->table[j] != s->table[i], "seq %llu holds block %u twice",
                            (unsigned long long)s->id, id);
                 }

@@ -560,6 +560,7 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     sc.max_model_len = c->max_model_len;
     sc.vocab_size = mc->vocab_size;
     sc.prefix_caching = c->prefix_caching;
+    sc.sliding_window = mc->sliding_window;
     sc.n_eos = mc->n_eos;
     memcpy(sc.eos_ids, mc->eos_ids, sizeof(sc.eos_ids));
     sc.n_tenants = c->n_tenants;

@@ -1233,6 +1233,21 @@ sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
         sched_seq_t *q = s->rows_seq[r];
         q->n_computed += s->rows_new[r];
         CHECK(q->n_computed <= q->n_tokens);
+        if (s->cfg.sliding_window > 0) {
+            /* The next query sits at context index n_computed and attends
+             * to [n_computed - w + 1, n_computed]: blocks ending before
+             * that are out of every later window. */
+            int32_t out = (q->n_computed - s->cfg.sliding_window + 1) / (int32_t)s->block_size;
+            uint32_t nb = 0;
+
+            (void)bm_seq_table(s->pool, q->bm_id, &nb);
+            if (out > (int32_t)nb - 2) {
+                out = (int32_t)nb - 2;
+            }
+            if (out > (int32_t)bm_seq_released(s->pool, q->bm_id)) {
+                CHECK(bm_seq_release_front(s->pool, q->bm_id, (uint32_t)out) == ST_OK);
+            }
+        }
     }
     for (int32_t r = 0; r < s->n_rows; r++) {
         sched_seq_t *q = s->rows_seq[r];

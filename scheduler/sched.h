@@ -103,6 +103,10 @@ typedef struct sched_config {
     int32_t n_tenants; /* 1..ENG_MAX_TENANTS */
     eng_tenant_t tenants[ENG_MAX_TENANTS];
     uint64_t random_seed; /* seeds unseeded requests' streams; 0: from the clock */
+    /* The model's sliding_window (0: none): after each step, blocks no later
+     * query can attend to are given back (bm_seq_release_front), so a
+     * sequence holds about window / block_size + 2 blocks (issue 8). */
+    int32_t sliding_window;
 } sched_config_t;
 
 /* One logits row to sample for one sequence (choice). */

@@ -618,6 +618,72 @@ START_TEST(test_drop_ops)
 }
 END_TEST
 
+/* Sliding window: leading blocks released while the sequence goes on;
+ * fork, swap out / in, truncate and free skip them, counts stay exact. */
+START_TEST(test_release_front)
+{
+    bm_config_t cfg = {.block_size = 4, .num_blocks = 17, .swap_blocks = 8, .prefix_caching = 1,
+                       .drop_ops = 1};
+    bm_pool_t *p;
+    int32_t toks[64], slots[64];
+    const int32_t *tab;
+    uint32_t n, nb;
+    bm_stats_t st;
+
+    ck_assert_int_eq(bm_pool_create(&cfg, &p), ST_OK);
+    seq_tokens(toks, 64, 7);
+    ck_assert_int_eq(bm_seq_create(p, 1, 0), ST_OK);
+    ck_assert_int_eq(bm_seq_reserve(p, 1, toks, 18, slots), ST_OK); /* 5 blocks */
+    ck_assert_int_eq(bm_seq_release_front(p, 1, 4), ST_EINVAL);     /* 2 must stay */
+    ck_assert_int_eq(bm_seq_release_front(p, 2, 1), ST_EINVAL);     /* unknown */
+    ck_assert_int_eq(bm_seq_release_front(p, 1, 3), ST_OK);
+    ck_assert_int_eq(bm_seq_release_front(p, 1, 2), ST_OK); /* already done */
+    ck_assert_uint_eq(bm_seq_released(p, 1), 3);
+    ck_assert_uint_eq(bm_seq_released(p, 9), 0);
+    tab = bm_seq_table(p, 1, &nb);
+    ck_assert_uint_eq(nb, 5);
+    ck_assert_int_eq(tab[0], 0);
+    ck_assert_int_eq(tab[2], 0);
+    ck_assert_int_gt(tab[3], 0);
+    bm_pool_stats(p, &st);
+    ck_assert_uint_eq(st.dev_used, 2);
+    ck_assert_uint_eq(st.dev_cached, 3); /* full hashed blocks stay cached */
+    ck_assert_uint_eq(bm_seq_len(p, 1), 18);
+    bm_pool_check(p);
+    /* Growing on: new blocks chain their hashes to live parents. */
+    ck_assert_int_eq(bm_seq_reserve(p, 1, toks + 18, 10, slots), ST_OK);
+    ck_assert_int_eq(slots[0], tab[4] * 4 + 2);
+    bm_pool_check(p);
+    /* Fork shares only live blocks. */
+    ck_assert_int_eq(bm_seq_fork(p, 1, 2), ST_OK);
+    ck_assert_uint_eq(bm_seq_released(p, 2), 3);
+    bm_pool_check(p);
+    /* Swap out and back in: released entries stay 0, no op names them. */
+    bm_pool_ops_clear(p);
+    ck_assert_int_eq(bm_seq_swap_out(p, 2), ST_OK);
+    bm_pool_check(p);
+    ck_assert_int_eq(bm_seq_swap_in(p, 2), ST_OK);
+    bm_pool_check(p);
+    const kv_op_t *ops = bm_pool_ops(p, &n);
+    for (uint32_t i = 0; i < n; i++) {
+        ck_assert_int_ne(ops[i].src, 0);
+    }
+    tab = bm_seq_table(p, 2, &nb);
+    ck_assert_int_eq(tab[1], 0);
+    ck_assert_int_gt(tab[3], 0);
+    /* Truncate may not reach into released blocks. */
+    ck_assert_int_eq(bm_seq_truncate(p, 2, 28), ST_EINVAL);
+    ck_assert_int_eq(bm_seq_truncate(p, 2, 2), ST_OK);
+    bm_pool_check(p);
+    bm_seq_free(p, 1);
+    bm_seq_free(p, 2);
+    bm_pool_stats(p, &st);
+    ck_assert_uint_eq(st.dev_used, 0);
+    bm_pool_check(p);
+    bm_pool_destroy(p);
+}
+END_TEST
+
 Suite *
 blockmgr_pool_suite(void)
 {
@@ -639,6 +705,7 @@ blockmgr_pool_suite(void)
     tcase_add_test(tc, test_watermark_admission);
     tcase_add_test(tc, test_large_tables_and_many_sequences);
     tcase_add_test(tc, test_drop_ops);
+    tcase_add_test(tc, test_release_front);
     suite_add_tcase(s, tc);
     return s;
 }

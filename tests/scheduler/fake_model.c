@@ -101,6 +101,8 @@ fake_env_init(fake_env_t *env, const fake_cfg_t *cfg)
         }
     }
     sc.random_seed = 12345;
+    sc.sliding_window = cfg->sliding_window;
+    env->sliding_window = cfg->sliding_window;
     ck_assert_int_eq(sched_create(&sc, env->pool, on_event, env, &env->sched), ST_OK);
 }
 
@@ -201,7 +203,10 @@ forward(fake_env_t *env, const mdl_batch_t *b, uint64_t *hash)
         }
         const int32_t *tab = b->block_tables + (size_t)r * (size_t)b->max_blocks;
         uint64_t h = 1469598103934665603ull;
-        for (int32_t p = 0; p < b->context_len[r]; p++) {
+        int32_t p0 = env->sliding_window > 0 && b->context_len[r] > env->sliding_window
+                         ? b->context_len[r] - env->sliding_window
+                         : 0;
+        for (int32_t p = p0; p < b->context_len[r]; p++) {
             int32_t slot = tab[p / bs] * bs + p % bs;
             ck_assert_msg(env->dev[slot][1] == p, "row %d position %d reads KV of position %d", r,
                           p, env->dev[slot][1]);

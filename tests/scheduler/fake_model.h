@@ -42,6 +42,7 @@ typedef struct fake_env {
     bm_pool_t *pool;
     sched_t *sched;
     int32_t block_size, num_blocks, swap_blocks;
+    int32_t sliding_window; /* rows read only the last w positions */
     int32_t (*dev)[2]; /* [num_blocks * block_size] (token, position) */
     int32_t (*cpu)[2]; /* [swap_blocks * block_size] */
     int sample_random; /* draw from the choice's rng instead of argmax */
@@ -63,6 +64,7 @@ typedef struct fake_cfg {
     float watermark;
     int32_t n_tenants;
     eng_tenant_t tenants[4];
+    int32_t sliding_window; /* 0: full attention */
 } fake_cfg_t;
 
 /* A config with small defaults; tests change fields. */
