@@ -265,7 +265,7 @@ tp_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, ch
     int st;
 
     if (rc->kv_dtype != MDL_KV_F32) {
-        snprintf(err, errlen, "the cpu backend keeps its KV cache in f32 only");
+        snprintf(err, errlen, "tensor parallelism on the cpu backend keeps its KV cache in f32");
         return ST_EUNSUPPORTED;
     }
     if (c->head_dim > KN_ATTN_MAX_HEAD_DIM) {

@@ -4,6 +4,9 @@
  * start a coroutine; every later switch is _setjmp/_longjmp, which (unlike
  * swapcontext) makes no sigprocmask system call: a shuffle costs two
  * switches per lane, and the emulated forward pass makes millions.
+ * Under AddressSanitizer every switch is swapcontext, which ASan follows
+ * (its fake stacks for use-after-return detection do not survive
+ * _longjmp between coroutine stacks).
  */
 #undef _FORTIFY_SOURCE /* longjmp_chk rejects jumps between stacks */
 #include <math.h>
@@ -20,6 +23,12 @@ enum { EMU_RUN, EMU_WAIT_BLOCK, EMU_WAIT_WARP, EMU_DONE };
 
 #define EMU_STACK (64 * 1024)
 
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_UCONTEXT 1
+#else
+#define EMU_UCONTEXT 0
+#endif
+
 typedef struct emu_thread {
     ucontext_t ctx; /* the start */
     jmp_buf jb;     /* where it waits */
@@ -31,6 +40,7 @@ typedef struct emu_thread {
 
 typedef struct emu_block {
     jmp_buf sched;
+    ucontext_t sched_uc; /* EMU_UCONTEXT */
     emu_thread_t *th;
     int nthr;
     int cur;
@@ -50,7 +60,10 @@ emu_entry(void)
 
     b->body(&t->thr, b->smem, b->args);
     t->state = EMU_DONE;
-    _longjmp(b->sched, 1); /* never returns */
+    if (!EMU_UCONTEXT) {
+        _longjmp(b->sched, 1); /* never returns */
+    }
+    /* EMU_UCONTEXT: uc_link resumes the scheduler. */
 }
 
 static void
@@ -59,7 +72,9 @@ emu_wait(emu_block_t *b, int state)
     emu_thread_t *t = &b->th[b->cur];
 
     t->state = state;
-    if (_setjmp(t->jb) == 0) {
+    if (EMU_UCONTEXT) {
+        swapcontext(&t->ctx, &b->sched_uc);
+    } else if (_setjmp(t->jb) == 0) {
         _longjmp(b->sched, 1);
     }
 }
@@ -143,6 +158,10 @@ static __attribute__((noinline)) void
 emu_resume(emu_block_t *b, int i)
 {
     b->cur = i;
+    if (EMU_UCONTEXT) {
+        swapcontext(&b->sched_uc, &b->th[i].ctx);
+        return;
+    }
     if (_setjmp(b->sched) == 0) {
         if (!b->th[i].started) {
             b->th[i].started = 1;
@@ -218,7 +237,7 @@ kn_emu_launch(kn_emu_body_fn body, const void *args, int gx, int gy, int nthr, s
                 getcontext(&t->ctx);
                 t->ctx.uc_stack.ss_sp = t->stack;
                 t->ctx.uc_stack.ss_size = EMU_STACK;
-                t->ctx.uc_link = NULL;
+                t->ctx.uc_link = &b.sched_uc;
                 makecontext(&t->ctx, emu_entry, 0);
             }
             rc = emu_run_block(&b);

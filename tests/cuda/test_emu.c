@@ -48,6 +48,18 @@ rng_f(float scale)
     return ((float)(rng_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f) * scale;
 }
 
+/* KVSERVE_TEST_SCALE (tools/test sets 0.25 under the sanitizers, where
+ * every emulated context switch costs far more) scales the repetitions. */
+static int
+reps(int full)
+{
+    const char *e = getenv("KVSERVE_TEST_SCALE");
+    double f = e != NULL ? atof(e) : 1.0;
+    int n = (int)(full * (f > 0.0 && f < 1.0 ? f : 1.0) + 0.5);
+
+    return n < 1 ? 1 : n;
+}
+
 static void
 setup(void)
 {
@@ -498,7 +510,7 @@ START_TEST(test_attention)
     const attn_case_t *c = &attn_cases[_i % 6];
     kn_dt_t dt = (kn_dt_t)(_i / 6);
 
-    for (int rep = 0; rep < 4; rep++) {
+    for (int rep = 0; rep < reps(4); rep++) {
         check_attention(c, dt);
     }
 }
@@ -605,7 +617,7 @@ START_TEST(test_kvcopy_plan)
     kv_op_t ops[40];
     kn_kvcopy_t *plan = xmalloc(sizeof(*plan) * 40 * 2 * n_layers);
 
-    for (int rep = 0; rep < 200; rep++) {
+    for (int rep = 0; rep < reps(200); rep++) {
         int32_t n_ops = rng_int(1, 40), n_plan;
 
         for (size_t i = 0; i < dev_n; i++) {
