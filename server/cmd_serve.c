@@ -84,6 +84,15 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     }
     su->max_model_len = ctx;
 
+    if (cfg->kv_policy_window > 0) {
+        /* Sinks + rolling window run in model/kv_policy.c for one streamed
+         * sequence (kvserve perplexity --kv-policy); the engine's scheduler
+         * does not evict and re-rotate yet, so refuse rather than ignore. */
+        LOG_ERROR("--kv-policy %s: attention sinks with a rolling window are not available in "
+                  "the serving engine yet (use kvserve perplexity --kv-policy)",
+                  cfg->kv_policy);
+        return ST_EUNSUPPORTED;
+    }
     memset(e, 0, sizeof(*e));
     e->rt.device = cfg->device;
     e->rt.tp_size = cfg->tensor_parallel_size;
