@@ -183,6 +183,16 @@ count_status(srv_req_t *r, int status)
     }
 }
 
+/* X-Request-Id: the id the server's log lines carry ("req=N"). */
+static void
+add_request_id(const srv_req_t *r, struct MHD_Response *resp)
+{
+    char id[24];
+
+    snprintf(id, sizeof(id), "%llu", (unsigned long long)r->id);
+    MHD_add_response_header(resp, "X-Request-Id", id);
+}
+
 /* Queues body (malloc'd, ownership passes to MHD). */
 static enum MHD_Result
 queue_body(srv_req_t *r, int status, char *body, const char *ctype, int retry_after)
@@ -197,6 +207,7 @@ queue_body(srv_req_t *r, int status, char *body, const char *ctype, int retry_af
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", ctype);
+    add_request_id(r, resp);
     if (retry_after > 0) {
         snprintf(ra, sizeof(ra), "%d", retry_after);
         MHD_add_response_header(resp, "Retry-After", ra);
@@ -1417,6 +1428,7 @@ queue_stream(srv_req_t *r)
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    add_request_id(r, resp);
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     if (r->s->draining) {
         MHD_add_response_header(resp, "Connection", "close");

@@ -202,6 +202,9 @@ test('raw SSE framing ends with [DONE]', async () => {
   });
   assert.equal(res.status, 200);
   assert.match(res.headers.get('content-type'), /^text\/event-stream/);
+  // The id the server logs the request under.
+  const rid = res.headers.get('x-request-id');
+  assert.match(rid, /^\d+$/);
   const { events, done, text } = await readSse(res);
   assert.ok(done);
   assert.ok(text.endsWith('data: [DONE]\n\n'));
@@ -210,6 +213,7 @@ test('raw SSE framing ends with [DONE]', async () => {
     validate('CreateCompletionStreamResponse', e);
   }
   assert.ok(events.at(-1).choices[0].finish_reason);
+  assert.ok(srv.logs.some((l) => l.includes(`req=${rid} `)), `no log line for req=${rid}`);
 });
 
 test('chat completion, logprobs and usage', async () => {
