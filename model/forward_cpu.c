@@ -446,6 +446,9 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
         kn_cpu_rmsnorm(s->hrows, m->out_norm, s->hrows, b->n_logits, dim, c->norm_eps);
         kn_cpu_matmul(s->hrows, m->lm_head, NULL, s->logits, b->n_logits, dim, c->vocab_size, 0);
     }
+    if (s->kvq != NULL) {
+        kn_kvq_end_step(s->kvq);
+    }
     *logits = s->logits;
     return ST_OK;
 }

@@ -58,7 +58,12 @@ mdl__kv_layout(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype,
 int32_t
 mdl__kv_residual_slots(const mdl_runtime_config_t *rc)
 {
-    return 2 * (rc->max_num_seqs > 0 ? rc->max_num_seqs : 16) + 8;
+    int32_t bs = rc->block_size > 0 ? rc->block_size : 16;
+    int32_t mnbt = rc->max_num_batched_tokens > 0 ? rc->max_num_batched_tokens : 512;
+
+    /* Blocks one step can fill (each holds its slot until the step ends),
+     * plus a partial tail per sequence twice over (forks, swaps). */
+    return mnbt / bs + 1 + 2 * (rc->max_num_seqs > 0 ? rc->max_num_seqs : 16) + 8;
 }
 
 size_t
@@ -75,7 +80,7 @@ mdl_kv_block_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dty
 
 size_t
 mdl_kv_residual_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype,
-                      int32_t max_num_seqs)
+                      int32_t max_num_seqs, int32_t max_num_batched_tokens)
 {
     kn_kvq_layout_t L;
     mdl_runtime_config_t rc;
@@ -87,6 +92,8 @@ mdl_kv_residual_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t 
     }
     memset(&rc, 0, sizeof(rc));
     rc.max_num_seqs = max_num_seqs;
+    rc.block_size = block_size;
+    rc.max_num_batched_tokens = max_num_batched_tokens;
     return (size_t)mdl__kv_residual_slots(&rc) * 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads *
            (size_t)block_size * (size_t)c->head_dim * sizeof(float);
 }

@@ -23,8 +23,9 @@
 int mdl__kv_layout(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype,
                    kn_kvq_layout_t *out, char *err, size_t errlen);
 
-/* Residual slots per tier for a runtime: enough for one partly filled
- * block per running sequence twice over (forks, swaps in flight). */
+/* Residual slots per tier for a runtime: every block one step can fill
+ * (slots are held until the step ends) plus one partly filled block per
+ * running sequence twice over (forks, swaps in flight). */
 int32_t mdl__kv_residual_slots(const mdl_runtime_config_t *rc);
 
 #endif /* MODEL_KV_CACHE_H */

@@ -122,10 +122,11 @@ void mdl_runtime_destroy(mdl_runtime_t *rt);
  * heads (e.g. int4 with head_dim % 8 != 0). AUTO counts as f32. */
 size_t mdl_kv_block_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype);
 /* Bytes of the full-precision residual slots (blocks being filled) a CPU
- * runtime with this dtype and max_num_seqs allocates per tier; 0 for
- * f32 / f16 / bf16. */
+ * runtime with this dtype, max_num_seqs and max_num_batched_tokens maps per
+ * tier (address space; pages are touched as blocks fill); 0 for f32 / f16 /
+ * bf16. */
 size_t mdl_kv_residual_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype,
-                             int32_t max_num_seqs);
+                             int32_t max_num_seqs, int32_t max_num_batched_tokens);
 /* "auto", "f32", "f16", "bf16", "fp8_e4m3", "int8", "int4" <-> dtype.
  * parse: ST_EINVAL for anything else. */
 int mdl_kv_dtype_parse(const char *s, mdl_kv_dtype_t *out);

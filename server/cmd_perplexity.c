@@ -547,7 +547,7 @@ cmd_perplexity(int argc, char **argv)
            (double)blk32 / o.block_size, (double)blk16 / o.block_size, (double)blk16 / (double)blk,
            (long long)(o.budget / (int64_t)blk), (long long)(o.budget >> 20),
            (long long)(o.budget / (int64_t)blk32),
-           (double)mdl_kv_residual_bytes(c, o.block_size, o.dtype, o.chunk) / 1024.0);
+           (double)mdl_kv_residual_bytes(c, o.block_size, o.dtype, o.chunk, o.chunk) / 1024.0);
 
     double nll = 0.0;
     int64_t n_scored = 0;

@@ -153,7 +153,8 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
              "same memory; residual of blocks being filled %.1f MiB",
              cfg->kv_cache_dtype, (double)block_bytes / cfg->block_size,
              (double)f32_bytes / (double)block_bytes,
-             (double)mdl_kv_residual_bytes(mc, cfg->block_size, e->rt.kv_dtype, cfg->max_num_seqs) /
+             (double)mdl_kv_residual_bytes(mc, cfg->block_size, e->rt.kv_dtype, cfg->max_num_seqs,
+                                           cfg->max_num_batched_tokens) /
                  (1024.0 * 1024.0));
     return ST_OK;
 }

@@ -778,10 +778,21 @@ kn_kvq_block_ptr(const kn_kvq_store_t *st, int tier, int32_t layer, int kind, in
     return blk_at(st, &st->tier[tier], layer, kind, block);
 }
 
+
+/* The block's slot if it still holds rows not yet in codes, else -1 (a
+ * slot kept only for this step's own-block queries counts as gone). */
+static int32_t
+slot_live(const kn_kvq_store_t *st, const kvq_tier_t *t, int32_t blk)
+{
+    int32_t s = t->slot_of[blk];
+
+    return s >= 0 && t->slot_nq[s] < st->n_layers ? s : -1;
+}
+
 int
 kn_kvq_block_is_residual(const kn_kvq_store_t *st, int tier, int32_t block)
 {
-    return st->tier[tier].slot_of[block] >= 0;
+    return slot_live(st, &st->tier[tier], block) >= 0;
 }
 
 static void
@@ -814,6 +825,20 @@ slot_flush(kn_kvq_store_t *st, kvq_tier_t *t, int32_t s)
     slot_release(t, blk);
 }
 
+void
+kn_kvq_end_step(kn_kvq_store_t *st)
+{
+    for (int tier = 0; tier < 2; tier++) {
+        kvq_tier_t *t = &st->tier[tier];
+
+        for (int32_t i = 0; i < t->n_slots; i++) {
+            if (t->slot_blk[i] >= 0 && t->slot_nq[i] >= st->n_layers) {
+                slot_release(t, t->slot_blk[i]);
+            }
+        }
+    }
+}
+
 /* A slot for blk, flushing the least recently written other slot when
  * none is free. The slot's contents are undefined. */
 static int32_t
@@ -821,6 +846,9 @@ slot_take(kn_kvq_store_t *st, kvq_tier_t *t, int32_t blk, int32_t avoid)
 {
     int32_t s;
 
+    if (t->n_free == 0) {
+        kn_kvq_end_step(st); /* slots of blocks quantized this step first */
+    }
     if (t->n_free == 0) {
         int32_t victim = -1;
 
@@ -924,8 +952,9 @@ kn_kvq_write(kn_kvq_store_t *st, int32_t layer, const float *k, const float *v,
             kn_kvq_quantize_block(L, 1, vs, bs, blk_at(st, t, layer, 1, blk));
             t->slot_nq[s] = layer + 1;
             if (layer == st->n_layers - 1) {
+                /* Every layer has codes now; the rows stay readable for
+                 * the queries of this block until kn_kvq_end_step(). */
                 t->qv[blk] = 1;
-                slot_release(t, blk);
                 st->st.quantized++;
             }
         }
@@ -953,7 +982,7 @@ void
 kn_kvq_read_rows(const kn_kvq_store_t *st, int32_t layer, int kind, int32_t block, int32_t h,
                  int32_t r0, int32_t n, float *out)
 {
-    const float *p = kvq_rows_generic(st, layer, kind, block, h, r0, n, out);
+    const float *p = kvq_rows_generic(st, layer, kind, block, h, r0, n, 0, out);
 
     if (p != out) {
         memcpy(out, p, sizeof(float) * (size_t)n * st->L.head_dim);
@@ -970,10 +999,13 @@ shift_block(kn_kvq_store_t *st, int32_t blk, int32_t delta)
     kvq_tier_t *t = &st->tier[KVQ_DEV];
     const int32_t bs = L->block_size, hd = L->head_dim;
     float rows[64 * KN_ATTN_MAX_HEAD_DIM];
-    int32_t s = t->slot_of[blk];
+    int32_t s = slot_live(st, t, blk);
 
     if (delta == 0) {
         return;
+    }
+    if (s < 0) {
+        slot_release(t, blk); /* a finished block's slot: its codes rule */
     }
     if (kn_kvq_scaled(L->fmt) && s < 0) {
         t->shift[blk] += delta; /* codes stay; reads rotate */
@@ -1021,7 +1053,7 @@ copy_block(kn_kvq_store_t *st, kvq_tier_t *ts, int32_t src, kvq_tier_t *td, int3
     if (!kn_kvq_scaled(L->fmt)) {
         return;
     }
-    int32_t ss = ts->slot_of[src];
+    int32_t ss = slot_live(st, ts, src);
 
     if (ss < 0) {
         slot_release(td, dst);

@@ -24,8 +24,8 @@
  * block before its last token exists. A block being filled lives in a
  * full-precision slot (f32, every layer, K and V) taken from a small pool
  * per tier; the write of the block's last token quantizes that layer, and
- * once every layer is quantized the slot returns to the pool. Decoding thus
- * never re-quantizes. Slots follow blocks through COPY / SWAP ops, and
+ * at the end of that step (kn_kvq_end_step) the slot returns to the pool.
+ * Decoding thus never re-quantizes. Slots follow blocks through COPY / SWAP ops, and
  * DROP ops (block freed while partial) give them back. When a tier's slots
  * run out, the least recently written one is flushed: its partial block is
  * quantized over the rows written so far, and a later write into it takes
@@ -136,8 +136,14 @@ void kn_kvq_write(kn_kvq_store_t *st, int32_t layer, const float *k, const float
                   const int32_t *slot, int32_t n_tok);
 
 /* Paged attention of one layer over the store: a's k_cache / v_cache are
- * ignored; everything else as kn_cpu_attention(). */
+ * ignored; everything else as kn_cpu_attention(). A query reads the rows of
+ * its own block in full precision (the residual) and earlier blocks as
+ * codes (KIVI), whatever the step split. */
 void kn_kvq_attention(const kn_kvq_store_t *st, int32_t layer, const kn_attn_args_t *a);
+
+/* Ends a forward step: residual slots of blocks quantized during it return
+ * to the pool (they served the queries of those blocks until now). */
+void kn_kvq_end_step(kn_kvq_store_t *st);
 
 /* RoPE frequencies (head_dim / 2 floats, copied) for KV_OP_SHIFT. */
 void kn_kvq_store_set_rope(kn_kvq_store_t *st, const float *inv_freq);
@@ -158,8 +164,9 @@ const uint8_t *kn_kvq_block_ptr(const kn_kvq_store_t *st, int tier, int32_t laye
                                 int32_t block);
 /* Whether a block currently holds a full-precision residual slot. */
 int kn_kvq_block_is_residual(const kn_kvq_store_t *st, int tier, int32_t block);
-/* Reads rows [r0, r0 + n) of head h of a device block as the attention
- * sees them (residual rows or dequantized codes) into out (n, hd). */
+/* Reads rows [r0, r0 + n) of head h of a device block as queries of later
+ * blocks see them (residual rows while the block has no codes for the
+ * layer, else dequantized codes) into out (n, hd). */
 void kn_kvq_read_rows(const kn_kvq_store_t *st, int32_t layer, int kind, int32_t block, int32_t h,
                       int32_t r0, int32_t n, float *out);
 

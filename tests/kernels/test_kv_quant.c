@@ -235,6 +235,7 @@ check_attention(kn_kvq_fmt_t fmt, int32_t n_heads, int32_t nkv, int32_t hd, int3
             }
         }
     }
+    kn_kvq_end_step(st); /* between steps: full blocks are codes only */
     qs[0] = 0;
     for (int32_t s = 0; s < n_seqs; s++) {
         n_tok += n_new[s];
@@ -414,6 +415,7 @@ START_TEST(test_ops_bit_exact)
         kv_op_t drops[] = {{KV_OP_DROP, 6, 6}, {KV_OP_DROP_SWAP, 1, 1}};
 
         ck_assert_int_eq(kn_kvq_ops(st, drops, 2), ST_OK);
+        kn_kvq_end_step(st); /* filled blocks' slots go at the step's end */
         kn_kvq_store_stats(st, &s1);
         ck_assert_int_eq(s1.slots_dev_used, 0);
         ck_assert_int_eq(s1.slots_swap_used, 0);
@@ -574,6 +576,77 @@ START_TEST(test_shift)
 }
 END_TEST
 
+/* KIVI's residual rule makes results independent of the step split: a
+ * query reads its own block in full precision, earlier blocks as codes.
+ * Query 20 (block 1) attends identically when decoded one token per step
+ * (block 1 still partial) and inside a 32-token prefill (block 1 filled
+ * and quantized in the same step). */
+START_TEST(test_split_invariance)
+{
+    const int32_t nkv = 1, bs = 16, hd = 32, n = 32, nh = 2, qt = 20;
+    static float k[32][32], v[32][32], q[32][2 * 32], o2[32][2 * 32];
+    float o1[2 * 32];
+    int32_t bt[2] = {1, 2};
+
+    for (int32_t t = 0; t < n; t++) {
+        for (int32_t d = 0; d < hd; d++) {
+            k[t][d] = frand();
+            v[t][d] = frand();
+        }
+        for (int32_t i = 0; i < nh * hd; i++) {
+            q[t][i] = frand();
+        }
+    }
+    for (int f = 3; f < N_FMTS; f++) { /* the scaled formats */
+        kn_kvq_layout_t L = layout(all_fmts[f], nkv, bs, hd);
+        kn_kvq_store_t *a, *b;
+        char err[128];
+        int32_t slots[32], qs1[2] = {0, 1}, ctx1 = qt + 1, qs2[2] = {0, n}, ctx2 = n;
+
+        ck_assert_int_eq(kn_kvq_store_create(&L, 1, 4, 0, 8, &a, err, sizeof(err)), ST_OK);
+        ck_assert_int_eq(kn_kvq_store_create(&L, 1, 4, 0, 8, &b, err, sizeof(err)), ST_OK);
+        kn_attn_args_t args = {
+            .max_blocks = 2,
+            .block_tables = bt,
+            .n_seqs = 1,
+            .n_heads = nh,
+            .n_kv_heads = nkv,
+            .head_dim = hd,
+            .block_size = bs,
+            .scale = 0.2f,
+        };
+        for (int32_t t = 0; t <= qt; t++) { /* decode, one token per step */
+            slots[t] = bt[t / bs] * bs + t % bs;
+            kn_kvq_write(a, 0, k[t], v[t], &slots[t], 1);
+            if (t == qt) {
+                args.out = o1;
+                args.q = q[qt];
+                args.query_start = qs1;
+                args.context_len = &ctx1;
+                args.n_tok = 1;
+                kn_kvq_attention(a, 0, &args);
+            }
+            kn_kvq_end_step(a);
+        }
+        for (int32_t t = 0; t < n; t++) {
+            slots[t] = bt[t / bs] * bs + t % bs;
+        }
+        kn_kvq_write(b, 0, &k[0][0], &v[0][0], slots, n); /* one prefill step */
+        args.out = &o2[0][0];
+        args.q = &q[0][0];
+        args.query_start = qs2;
+        args.context_len = &ctx2;
+        args.n_tok = n;
+        kn_kvq_attention(b, 0, &args);
+        ck_assert_msg(memcmp(o1, o2[qt], sizeof(o1)) == 0, "%s: %g vs %g",
+                      kn_kvq_fmt_name(all_fmts[f]), o1[0], o2[qt][0]);
+        kn_kvq_end_step(b);
+        kn_kvq_store_destroy(a);
+        kn_kvq_store_destroy(b);
+    }
+}
+END_TEST
+
 START_TEST(test_rejects)
 {
     kn_kvq_layout_t L;
@@ -609,6 +682,7 @@ kv_quant_suite(void)
     tcase_add_test(tc, test_ops_bit_exact);
     tcase_add_test(tc, test_slot_exhaustion);
     tcase_add_test(tc, test_shift);
+    tcase_add_test(tc, test_split_invariance);
     tcase_add_test(tc, test_rejects);
     suite_add_tcase(s, tc);
     return s;

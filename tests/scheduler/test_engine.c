@@ -48,6 +48,9 @@ load_model(void)
     ck_assert_msg(mdl_model_load(dir, &model, err, sizeof(err)) == ST_OK, "load %s: %s", dir, err);
 }
 
+/* KV cache dtype of cfg_default() (test_quantized_kv_consistent). */
+static mdl_kv_dtype_t cfg_kv_dtype = MDL_KV_AUTO;
+
 static eng_config_t
 cfg_default(void)
 {
@@ -55,6 +58,7 @@ cfg_default(void)
 
     memset(&c, 0, sizeof(c));
     c.rt.device = "cpu";
+    c.rt.kv_dtype = cfg_kv_dtype;
     c.rt.n_threads = 1;
     c.rt.block_size = 16;
     c.rt.num_blocks = 512;
@@ -412,6 +416,48 @@ START_TEST(test_prefix_hit_equals_miss)
 }
 END_TEST
 
+/* Quantized KV (issue 8): swap, recompute and prefix-cache hits reproduce
+ * the unpressured run's tokens exactly. Blocks and their scales move bit
+ * for bit, and a query reads its own block in full precision and earlier
+ * blocks as codes however the tokens were split into steps (KIVI). */
+START_TEST(test_quantized_kv_consistent)
+{
+    static const mdl_kv_dtype_t dts[] = {MDL_KV_INT8, MDL_KV_INT4, MDL_KV_FP8_E4M3};
+    static res_t free_run[N_PR], pressured[N_PR];
+    eng_stats_t st;
+
+    for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+        cfg_kv_dtype = dts[d];
+        run_pressured(512, 0, free_run, &st);
+        run_pressured(21, 256, pressured, &st);
+        ck_assert_uint_gt(st.preempt_swap, 0);
+        for (int i = 0; i < N_PR; i++) {
+            res_eq(&free_run[i], &pressured[i], "quantized swap", i);
+        }
+        run_pressured(21, 0, pressured, &st);
+        ck_assert_uint_gt(st.preempt_recompute, 0);
+        for (int i = 0; i < N_PR; i++) {
+            res_eq(&free_run[i], &pressured[i], "quantized recompute", i);
+        }
+
+        eng_config_t c = cfg_default();
+        res_t miss, hit;
+
+        start(&c);
+        submit_simple(1, 0, 70, 3, 24);
+        run_idle();
+        submit_simple(2, 0, 70, 3, 24);
+        run_idle();
+        miss = res[1][0];
+        hit = res[2][0];
+        finish();
+        ck_assert_int_eq(hit.cached, 64);
+        res_eq(&miss, &hit, "quantized prefix", 0);
+    }
+    cfg_kv_dtype = MDL_KV_AUTO;
+}
+END_TEST
+
 START_TEST(test_chunked_equals_unchunked)
 {
     eng_config_t c = cfg_default();
@@ -726,6 +772,7 @@ scheduler_engine_suite(void)
     tcase_add_test(tc, test_preemption_swap_and_recompute_match);
     tcase_add_test(tc, test_200_requests_pool_of_50);
     tcase_add_test(tc, test_prefix_hit_equals_miss);
+    tcase_add_test(tc, test_quantized_kv_consistent);
     tcase_add_test(tc, test_chunked_equals_unchunked);
     tcase_add_test(tc, test_n2_seeded_reproducible);
     tcase_add_test(tc, test_cancel_mid_generation_frees_blocks);
