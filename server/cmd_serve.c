@@ -203,6 +203,14 @@ cmd_serve(int argc, char **argv)
     if (engine_config(cfg, model, &su) != ST_OK) {
         goto out;
     }
+    /* Test hook (tests/soak/faults.test.mjs): the N-th fallible allocation
+     * on the request path fails, once. */
+    const char *fail_after = getenv("KVSERVE_FAIL_ALLOC_AFTER");
+    if (fail_after != NULL && atol(fail_after) > 0) {
+        LOG_WARN("KVSERVE_FAIL_ALLOC_AFTER=%ld: allocation failure injection armed",
+                 atol(fail_after));
+        xmalloc_fail_after(atol(fail_after));
+    }
     rc = srv_run(&su);
     status = rc == ST_OK ? 0 : 1;
 out:

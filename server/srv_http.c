@@ -1283,24 +1283,52 @@ tokenize_prompts(srv_req_t *r, srv_error_t *err)
     return 1;
 }
 
-static void
-submit_job(srv_req_t *r, srv_job_t *job)
+/* calloc through the fallible allocator (xmalloc_try): NULL when out of
+ * memory or when the fault-injection hook fires. */
+static void *
+try_calloc(size_t n, size_t size)
+{
+    void *p = xmalloc_try(n * size);
+
+    if (p != NULL) {
+        memset(p, 0, n * size);
+    }
+    return p;
+}
+
+/* Builds the SUBMIT message of one job, or NULL when out of memory (nothing
+ * is left allocated then). */
+static eng_msg_submit_t *
+make_submit(srv_req_t *r, srv_job_t *job)
 {
     const srv_params_t *p = &r->p;
     const srv_prompt_t *pr = &p->prompts[job->prompt_idx];
-    eng_msg_submit_t *m = xcalloc(1, sizeof(*m));
-    eng_request_t *q = &m->req;
+    eng_msg_submit_t *m = try_calloc(1, sizeof(*m));
+    eng_request_t *q;
 
+    if (m == NULL) {
+        return NULL;
+    }
+    q = &m->req;
     m->hdr.type = ENG_MSG_SUBMIT;
     q->id = job->id;
     q->tenant = (uint32_t)r->tenant;
     q->priority = p->priority;
-    q->prompt = xmalloc(sizeof(int32_t) * (size_t)pr->n_ids);
+    q->prompt = xmalloc_try(sizeof(int32_t) * (size_t)pr->n_ids);
+    if (q->prompt == NULL) {
+        free(m);
+        return NULL;
+    }
     memcpy(q->prompt, pr->ids, sizeof(int32_t) * (size_t)pr->n_ids);
     q->n_prompt = pr->n_ids;
     q->sampling = p->sampling;
     if (p->sampling.n_bias > 0) {
-        smp_bias_t *b = xmalloc(sizeof(smp_bias_t) * (size_t)p->sampling.n_bias);
+        smp_bias_t *b = xmalloc_try(sizeof(smp_bias_t) * (size_t)p->sampling.n_bias);
+        if (b == NULL) {
+            free(q->prompt);
+            free(m);
+            return NULL;
+        }
         memcpy(b, p->bias, sizeof(smp_bias_t) * (size_t)p->sampling.n_bias);
         q->sampling.bias = b;
     } else {
@@ -1316,7 +1344,7 @@ submit_job(srv_req_t *r, srv_job_t *job)
     memcpy(q->stop_ids, p->stop_ids, sizeof(q->stop_ids));
     q->n_stop_ids = p->n_stop_ids;
     q->t_arrival_ns = r->t_arrival_ns;
-    chan_send(engine_inbox(r->s->engine), &m->hdr);
+    return m;
 }
 
 static enum MHD_Result
@@ -1357,10 +1385,33 @@ start_generation(srv_req_t *r)
         s->metrics.tenant[r->tenant].rejected++;
         return queue_error(r, &e429);
     }
-    r->n_jobs = r->p.n_prompts;
-    r->jobs = xcalloc((size_t)r->n_jobs, sizeof(srv_job_t));
+    /* Everything the generation needs is allocated, fallibly, before any
+     * job is registered or sent: out of memory is a 503 for this request
+     * and nothing else (KVSERVE_FAIL_ALLOC_AFTER injects it in tests). */
+    int32_t n_jobs = r->p.n_prompts;
+    eng_msg_submit_t **msgs = try_calloc((size_t)n_jobs, sizeof(*msgs));
+    r->jobs = msgs ? try_calloc((size_t)n_jobs, sizeof(srv_job_t)) : NULL;
+    r->choices = r->jobs ? try_calloc((size_t)(n_jobs * r->p.n), sizeof(srv_choice_t)) : NULL;
+    for (int32_t j = 0; r->choices != NULL && j < n_jobs; j++) {
+        r->jobs[j].id = j == 0 ? r->id : s->next_id++;
+        r->jobs[j].prompt_idx = j;
+        msgs[j] = make_submit(r, &r->jobs[j]);
+        if (msgs[j] == NULL) {
+            for (int32_t k = 0; k < j; k++) {
+                eng_msg_free(&msgs[k]->hdr);
+            }
+            free(r->choices);
+            r->choices = NULL;
+        }
+    }
+    if (r->choices == NULL) {
+        free(r->jobs);
+        r->jobs = NULL;
+        free(msgs);
+        return queue_error_msg(r, 503, NULL, "the server is out of memory; retry later");
+    }
+    r->n_jobs = n_jobs;
     r->n_choices = r->p.n_prompts * r->p.n;
-    r->choices = xcalloc((size_t)r->n_choices, sizeof(srv_choice_t));
     for (int32_t c = 0; c < r->n_choices; c++) {
         tok_stream_init(&r->choices[c].ds, s->tok, r->p.skip_special_tokens);
         /* The output continues the prompt: keep its leading space. */
@@ -1369,9 +1420,7 @@ start_generation(srv_req_t *r)
     }
     for (int32_t j = 0; j < r->n_jobs; j++) {
         srv_job_t *job = &r->jobs[j];
-        job->id = j == 0 ? r->id : s->next_id++;
         job->req = r;
-        job->prompt_idx = j;
         job->n_open = r->p.n;
         job->open = 1;
         job->hnext = *job_slot(s, job->id);
@@ -1385,8 +1434,9 @@ start_generation(srv_req_t *r)
              kind == SRV_KIND_CHAT ? "chat" : "completion", s->cfg->tenants[r->tenant].name,
              r->n_jobs, (long long)prompt_total, r->p.max_tokens, r->p.n, r->p.stream);
     for (int32_t j = 0; j < r->n_jobs; j++) {
-        submit_job(r, &r->jobs[j]);
+        chan_send(engine_inbox(s->engine), &msgs[j]->hdr);
     }
+    free(msgs);
     r->state = SRV_REQ_WAITING;
     srv_loop_suspend(r);
     return MHD_YES;
