@@ -14,7 +14,8 @@
  * Greedy agreement (--agree N): N prompts of --prompt-len tokens taken
  * evenly from the text; an f32-KV runtime generates 32 tokens greedily,
  * then the tested runtime is teacher-forced on prompt + continuation and
- * its argmax is compared at each of the 32 positions.
+ * its argmax is compared at each of the 32 positions, and the mean KL
+ * divergence of its next-token distributions from the f32 ones reported.
  *
  * With --kv-policy sink=S,window=W the whole text is one stream through
  * attention sinks and a rolling window (model/kv_policy.h): the cache never
@@ -151,7 +152,32 @@ score_row(void *arg, int64_t i, const float *logits)
 typedef struct ppl_argmax {
     int32_t *out; /* argmax of rows [from, from + n) */
     int32_t from, n, vocab;
+    float *keep;      /* non-NULL: rows copied here, [n][vocab] */
+    const float *ref; /* non-NULL: reference rows [n][vocab] for the KL */
+    double kl;        /* sum over rows of KL(softmax(ref) || softmax(row)) */
 } ppl_argmax_t;
+
+/* KL(softmax(p) || softmax(q)) in nats, in double. */
+static double
+kl_div(const float *p, const float *q, int32_t vocab)
+{
+    double mp = -INFINITY, mq = -INFINITY, zp = 0.0, zq = 0.0, kl = 0.0;
+
+    for (int32_t v = 0; v < vocab; v++) {
+        mp = p[v] > mp ? p[v] : mp;
+        mq = q[v] > mq ? q[v] : mq;
+    }
+    for (int32_t v = 0; v < vocab; v++) {
+        zp += exp((double)p[v] - mp);
+        zq += exp((double)q[v] - mq);
+    }
+    for (int32_t v = 0; v < vocab; v++) {
+        double lp = (double)p[v] - mp - log(zp), lq = (double)q[v] - mq - log(zq);
+
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl;
+}
 
 static void
 argmax_row(void *arg, int64_t i, const float *logits)
@@ -159,7 +185,15 @@ argmax_row(void *arg, int64_t i, const float *logits)
     ppl_argmax_t *a = arg;
 
     if (i >= a->from && i < a->from + a->n) {
-        a->out[i - a->from] = argmax(logits, a->vocab);
+        size_t r = (size_t)(i - a->from);
+
+        a->out[r] = argmax(logits, a->vocab);
+        if (a->keep != NULL) {
+            memcpy(a->keep + r * (size_t)a->vocab, logits, sizeof(float) * (size_t)a->vocab);
+        }
+        if (a->ref != NULL) {
+            a->kl += kl_div(a->ref + r * (size_t)a->vocab, logits, a->vocab);
+        }
     }
 }
 
@@ -264,18 +298,20 @@ decode_bench(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32_t n)
 /* Greedy agreement of run t with reference run f over o->agree prompts. */
 static int
 greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t *toks, int32_t n,
-                 int64_t *match, int64_t *total)
+                 int64_t *match, int64_t *total, double *kl)
 {
     int32_t P = o->prompt_len, G = o->gen_len;
     int32_t *seq = xmalloc(sizeof(int32_t) * (size_t)(P + G));
     int32_t *pred = xmalloc(sizeof(int32_t) * (size_t)G);
+    float *ref = xmalloc(sizeof(float) * (size_t)G * (size_t)f->vocab);
     int rc = ST_OK;
 
     *match = 0;
     *total = 0;
+    *kl = 0.0;
     for (int32_t k = 0; k < o->agree && rc == ST_OK; k++) {
         int32_t start = (int32_t)((int64_t)k * (n - P - 1) / (o->agree > 1 ? o->agree : 1));
-        ppl_argmax_t am = {.out = seq + P, .from = P - 1, .n = 1, .vocab = f->vocab};
+        ppl_argmax_t am = {.out = seq + P, .from = P - 1, .n = 1, .vocab = f->vocab, .keep = ref};
 
         memcpy(seq, toks + start, sizeof(int32_t) * (size_t)P);
         rc = mdl_kvstream_reset(f->ks);
@@ -284,8 +320,11 @@ greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t 
             if (g == 0) {
                 rc = mdl_kvstream_feed(f->ks, seq, P, argmax_row, &am);
             } else {
-                ppl_argmax_t one = {
-                    .out = seq + P + g, .from = P + g - 1, .n = 1, .vocab = f->vocab};
+                ppl_argmax_t one = {.out = seq + P + g,
+                                    .from = P + g - 1,
+                                    .n = 1,
+                                    .vocab = f->vocab,
+                                    .keep = ref + (size_t)g * f->vocab};
 
                 rc = mdl_kvstream_feed(f->ks, seq + P + g - 1, 1, argmax_row, &one);
             }
@@ -294,7 +333,7 @@ greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t 
             break;
         }
         /* Tested cache: teacher-forced on prompt + continuation. */
-        ppl_argmax_t tf = {.out = pred, .from = P - 1, .n = G, .vocab = t->vocab};
+        ppl_argmax_t tf = {.out = pred, .from = P - 1, .n = G, .vocab = t->vocab, .ref = ref};
 
         rc = mdl_kvstream_reset(t->ks);
         if (rc == ST_OK) {
@@ -304,9 +343,11 @@ greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t 
             *match += pred[g] == seq[P + g];
             (*total)++;
         }
+        *kl += tf.kl;
     }
     free(seq);
     free(pred);
+    free(ref);
     return rc;
 }
 
@@ -574,6 +615,7 @@ cmd_perplexity(int argc, char **argv)
            nll / (double)n_scored);
     if (o.agree > 0) {
         int64_t match = 0, total = 0;
+        double kl = 0.0;
 
         mdl_kv_policy_t full = {0, 0};
 
@@ -584,14 +626,15 @@ cmd_perplexity(int argc, char **argv)
         if (run_create(m, &o, MDL_KV_F32, &full, o.ctx, &ref) != ST_OK) {
             goto out;
         }
-        rc = greedy_agreement(&ref, &run, &o, toks, (int32_t)n_toks, &match, &total);
+        rc = greedy_agreement(&ref, &run, &o, toks, (int32_t)n_toks, &match, &total, &kl);
         if (rc != ST_OK) {
             fprintf(stderr, "kvserve perplexity: forward failed: %s\n", st_str(rc));
             goto out;
         }
-        printf("greedy agreement with f32 KV: %.2f%% (%lld of %lld tokens, %d prompts x %d)\n",
+        printf("greedy agreement with f32 KV: %.2f%% (%lld of %lld tokens, %d prompts x %d); "
+               "mean KL(f32 || %s) %.3g nats/token\n",
                100.0 * (double)match / (double)total, (long long)match, (long long)total, o.agree,
-               o.gen_len);
+               o.gen_len, mdl_kv_dtype_name(o.dtype), kl / (double)total);
     }
     status = 0;
 out:
