@@ -131,6 +131,25 @@ srv_err_defaults(srv_error_t *err)
     }
 }
 
+/* Quoted client text cut by a precision ("%.100s") or by the buffer size
+ * can end in half a character: replace the bytes of any broken sequence by
+ * '?' so error bodies stay valid UTF-8 (tests/fuzz/regress/request). */
+static void
+utf8_scrub(char *s)
+{
+    size_t n = strlen(s);
+
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t len = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
+        if (len <= n - i && utf8_valid(s + i, len)) {
+            i += len;
+        } else {
+            s[i++] = '?';
+        }
+    }
+}
+
 void
 srv_err_set(srv_error_t *err, int status, const char *param, const char *fmt, ...)
 {
@@ -141,10 +160,12 @@ srv_err_set(srv_error_t *err, int status, const char *param, const char *fmt, ..
     srv_err_defaults(err);
     if (param != NULL) {
         snprintf(err->param, sizeof(err->param), "%s", param);
+        utf8_scrub(err->param);
     }
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof(err->message), fmt, ap);
     va_end(ap);
+    utf8_scrub(err->message);
 }
 
 char *

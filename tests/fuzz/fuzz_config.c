@@ -1,8 +1,9 @@
-/* fuzz_config.c - fuzz target: the INI config file parser, cfg_load_file()
- * (libinih underneath), on arbitrary file contents.
+/* fuzz_config.c - fuzz target: the INI config file parser (libinih
+ * underneath) on arbitrary file contents, through cfg_parse() with
+ * `--config FILE` so the final cross-field validation runs too.
  *
  * Properties: a failure is ST_EFORMAT (or ST_EINVAL) with a one-line
- * message naming the file; an accepted file gives a cfg_t whose values are
+ * message naming the file or the option; an accepted file gives a cfg_t whose values are
  * in range (tenant count, names, weights, KV shares, sizes) and whose
  * strings are valid UTF-8; writing the result with cfg_write_ini() and
  * loading that again is a fixed point (same INI text). Parsing is linear in
@@ -86,6 +87,15 @@ check_cfg(const cfg_t *c)
     FUZZ_CHECK(fuzz_utf8_valid(c->host, strlen(c->host)), "host not UTF-8");
 }
 
+/* cfg_parse() of `serve --config <the memfd>`. */
+static int
+parse_with_file(cfg_t *c, char *err, size_t errlen)
+{
+    char *argv[] = {"serve", "--config", g_path, NULL};
+
+    return cfg_parse(3, argv, c, err, errlen);
+}
+
 static char *
 write_ini(const cfg_t *c, size_t *len)
 {
@@ -103,21 +113,20 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg_t *c = malloc(sizeof(*c)), *c2 = malloc(sizeof(*c2));
     char err[512] = "";
 
-    cfg_defaults(c);
     put_file(data, size);
-    int rc = cfg_load_file(c, g_path, err, sizeof(err));
+    int rc = parse_with_file(c, err, sizeof(err));
     if (rc != ST_OK) {
         FUZZ_CHECK(rc == ST_EFORMAT || rc == ST_EINVAL, "rc %d (%s)", rc, err);
-        FUZZ_CHECK(strstr(err, g_path) == err, "message does not name the file: %s", err);
+        FUZZ_CHECK(strstr(err, g_path) == err || strncmp(err, "--", 2) == 0,
+                   "message names neither the file nor an option: %s", err);
         FUZZ_CHECK(strchr(err, '\n') == NULL, "message is not one line: %s", err);
         goto out;
     }
     check_cfg(c);
     size_t l1, l2;
     char *ini1 = write_ini(c, &l1);
-    cfg_defaults(c2);
     put_file((const uint8_t *)ini1, l1);
-    rc = cfg_load_file(c2, g_path, err, sizeof(err));
+    rc = parse_with_file(c2, err, sizeof(err));
     FUZZ_CHECK(rc == ST_OK, "the written config does not load: %s\n%s", err, ini1);
     check_cfg(c2);
     char *ini2 = write_ini(c2, &l2);
@@ -171,9 +180,8 @@ run_cfg(const uint8_t *data, size_t len)
     cfg_t *c = malloc(sizeof(*c));
     char err[512];
 
-    cfg_defaults(c);
     put_file(data, len);
-    (void)cfg_load_file(c, g_path, err, sizeof(err));
+    (void)parse_with_file(c, err, sizeof(err));
     free(c);
 }
 
