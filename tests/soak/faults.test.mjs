@@ -5,6 +5,7 @@
 //    gets a clean 503 JSON error, the next identical request succeeds, no
 //    KV block stays in use and the daemon exits 0; N one past the last site
 //    leaves the request untouched and fails the next one.
+//  * SIGTERM with 24 requests accepted, 20 of them queued: all complete.
 //  * A second SIGTERM during a drain ends the open streams with an error
 //    event and [DONE] (never a torn response) and the daemon exits.
 import { test } from 'node:test';
@@ -106,4 +107,33 @@ test('a second SIGTERM during the drain ends every stream with an error event', 
   const st = await srv.exited;
   assert.ok(st.code !== null, `daemon died of ${st.sig}`);
   console.log(`second SIGTERM: ${ended} of 6 streams ended with an error event, exit ${st.code}`);
+});
+
+test('SIGTERM with a queue loses no accepted request', async () => {
+  const srv = await startServer(['--max-num-seqs', '4', '--drain-timeout', '300']);
+  const N = 24;
+  const r = { model: MODEL_NAME, prompt: 'Emma', max_tokens: 48, ignore_eos: true };
+  const all = Array.from({ length: N }, (_, i) => postJson(srv.base, '/v1/completions',
+    { ...r, stream: i % 2 === 0 }, {}));
+  for (;;) {
+    const m = await getMetrics(srv.base);
+    if (metricValue(m, 'kvserve:requests_in_flight') >= N) {
+      assert.ok(metricValue(m, 'kvserve:num_requests_waiting') > 0, 'nothing was queued');
+      break;
+    }
+    await new Promise((res) => setTimeout(res, 10));
+  }
+  srv.proc.kill('SIGTERM');
+  const rs = await Promise.all(all);
+  rs.forEach((x, i) => {
+    assert.equal(x.status, 200, x.text);
+    if (i % 2 === 0) {
+      assert.ok(x.text.trimEnd().endsWith('data: [DONE]'), x.text.slice(-200));
+      assert.ok(!x.text.includes('"error"'), x.text.slice(-300));
+    } else {
+      assert.equal(x.json.usage.completion_tokens, 48);
+    }
+  });
+  const st = await srv.exited;
+  assert.equal(st.code, 0, srv.logs.slice(-10).join('\n'));
 });
