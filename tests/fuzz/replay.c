@@ -84,7 +84,9 @@ run_path(const char *path)
         n++;
     }
     closedir(d);
-    qsort(names, n, sizeof(*names), cmp_str);
+    if (n > 0) {
+        qsort(names, n, sizeof(*names), cmp_str);
+    }
     for (size_t i = 0; i < n; i++) {
         run_path(names[i]);
         free(names[i]);
