@@ -143,7 +143,7 @@ typedef struct lt {
     uint64_t next_id;
 } lt_t;
 
-static void start_request(lt_t *lt, req_t *r);
+static void start_request(lt_t *lt, req_t *r, int fresh);
 static void issue(lt_t *lt);
 static void maybe_shutdown(lt_t *lt);
 
@@ -513,7 +513,7 @@ conn_failed(lt_t *lt, conn_t *c, const char *kind)
         r->retries++;
         lt->retried++;
         r->t_start = uv_hrtime();
-        start_request(lt, r);
+        start_request(lt, r, 1); /* pooled peers of c may be stale too */
         return;
     }
     finish_request(lt, r, 0, kind);
@@ -623,10 +623,11 @@ on_connect(uv_connect_t *cr, int status)
     conn_send(lt, c, c->req);
 }
 
+/* Sends r on a pooled connection, or on a new one (always when fresh). */
 static void
-start_request(lt_t *lt, req_t *r)
+start_request(lt_t *lt, req_t *r, int fresh)
 {
-    conn_t *c = lt->idle;
+    conn_t *c = fresh ? NULL : lt->idle;
 
     if (c != NULL) {
         lt->idle = c->next_idle;
@@ -681,7 +682,7 @@ launch_one(lt_t *lt)
     if (lt->inflight > lt->peak_inflight) {
         lt->peak_inflight = lt->inflight;
     }
-    start_request(lt, r);
+    start_request(lt, r, 0);
 }
 
 /* Starts what the mode allows now. */
