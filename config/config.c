@@ -428,9 +428,17 @@ opt_set(const opt_t *o, void *base, const char *value, int *has_api_key)
 
     switch (o->type) {
     case OT_STR:
-        /* Names end up in JSON replies and metric labels: UTF-8 only. */
-        if (strlen(value) >= o->size || !utf8_valid(value, strlen(value))) {
+        /* Names end up in JSON replies and metric labels: UTF-8 only, no
+         * control characters, and nothing cfg_write_ini() could not write
+         * back (a leading ';' or '#' would read back as a comment). */
+        if (strlen(value) >= o->size || !utf8_valid(value, strlen(value)) || value[0] == ';' ||
+            value[0] == '#') {
             return ST_EINVAL;
+        }
+        for (const char *c = value; *c != '\0'; c++) {
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+                return ST_EINVAL;
+            }
         }
         strcpy(p, value);
         return ST_OK;
