@@ -545,7 +545,7 @@ seal_block(bm_pool_t *pool, bm_seq_t *s, uint32_t idx)
     bm_block_t *b = bm__blk(pool, BM_DEV, (uint32_t)s->table[idx]);
     const uint8_t *parent = NULL;
 
-    if (!pool->cfg.prefix_caching) {
+    if (!pool->cfg.prefix_caching || s->nohash) {
         return;
     }
     if (idx > 0) {
@@ -724,6 +724,7 @@ bm_seq_fork(bm_pool_t *pool, uint64_t parent, uint64_t child)
     }
     c->n_blocks = p->n_blocks;
     c->n_released = p->n_released;
+    c->nohash = p->nohash;
     c->len = p->len;
     c->extra_len = p->extra_len;
     memcpy(c->extra, p->extra, p->extra_len);
@@ -771,6 +772,51 @@ bm_seq_release_front(bm_pool_t *pool, uint64_t seq, uint32_t n_blocks)
     return ST_OK;
 }
 
+int
+bm_seq_set_nohash(bm_pool_t *pool, uint64_t seq)
+{
+    bm_seq_t *s = bm__seq_find(pool, seq);
+
+    if (s == NULL || s->len != 0) {
+        return ST_EINVAL;
+    }
+    s->nohash = 1;
+    return ST_OK;
+}
+
+int
+bm_seq_evict(bm_pool_t *pool, uint64_t seq, uint32_t first, uint32_t n)
+{
+    bm_seq_t *s = bm__seq_find(pool, seq);
+    uint32_t bs = pool->bs;
+
+    if (s == NULL || s->swapped || !s->nohash || n == 0 || first < s->n_released ||
+        first + n >= s->n_blocks) {
+        return ST_EINVAL;
+    }
+    for (uint32_t i = first + n; i < s->n_blocks; i++) {
+        if (bm__blk(pool, BM_DEV, (uint32_t)s->table[i])->ref != 1) {
+            return ST_EINVAL; /* shared: cannot be re-rotated in place */
+        }
+    }
+    for (uint32_t i = first; i < first + n; i++) {
+        blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[i]), s->tenant);
+    }
+    memmove(s->table + first, s->table + first + n,
+            (size_t)(s->n_blocks - first - n) * sizeof(*s->table));
+    memmove(s->toks + (size_t)first * bs, s->toks + (size_t)(first + n) * bs,
+            (size_t)(s->len - (first + n) * bs) * sizeof(*s->toks));
+    s->n_blocks -= n;
+    s->len -= n * bs;
+    for (uint32_t i = first; i < s->n_blocks; i++) {
+        bm_block_t *b = bm__blk(pool, BM_DEV, (uint32_t)s->table[i]);
+
+        twin_break(pool, BM_DEV, b); /* its bytes change */
+        op_push(pool, KV_OP_SHIFT, b->id, n * bs);
+    }
+    return ST_OK;
+}
+
 uint32_t
 bm_seq_released(const bm_pool_t *pool, uint64_t seq)
 {
@@ -795,6 +841,10 @@ bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint3
 
     if (s == NULL || s->swapped || s->len != 0 || (n > 0 && tokens == NULL) || n_cached == NULL) {
         return ST_EINVAL;
+    }
+    if (s->nohash) {
+        *n_cached = 0;
+        return ST_OK;
     }
     pool->st.prefix_queries += n;
     if (!pool->cfg.prefix_caching || n == 0) {

@@ -179,6 +179,18 @@ void bm_seq_free(bm_pool_t *pool, uint64_t seq);
  * sequence, or when fewer than two live blocks would remain (the next
  * block to fill chains its hash to the one before it). */
 int bm_seq_release_front(bm_pool_t *pool, uint64_t seq, uint32_t n_blocks);
+/* Attention sinks (model/kv_policy.h): an empty sequence that will have
+ * blocks evicted from its middle is never hashed, registered or looked up
+ * (its kept blocks change bytes when re-rotated). Forks inherit it.
+ * ST_EINVAL if seq is unknown or not empty. */
+int bm_seq_set_nohash(bm_pool_t *pool, uint64_t seq);
+/* Evicts blocks [first, first + n) of a resident nohash sequence: they are
+ * released (KV_OP_DROP with drop_ops), the table and length close the gap
+ * (len -= n * block_size), and every later block gets a KV_OP_SHIFT by
+ * n * block_size so the backend re-rotates its keys. ST_EINVAL if the
+ * sequence is unknown, swapped or hashed, the range is empty, starts in
+ * released blocks or reaches the last block, or a later block is shared. */
+int bm_seq_evict(bm_pool_t *pool, uint64_t seq, uint32_t first, uint32_t n);
 /* Leading blocks released so far (0 for an unknown sequence). */
 uint32_t bm_seq_released(const bm_pool_t *pool, uint64_t seq);
 

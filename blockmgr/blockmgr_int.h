@@ -99,6 +99,9 @@ typedef struct bm_seq {
     int swapped;
     uint32_t extra_len;
     uint8_t extra[BM_KEY_MAX];
+    /* Never hashed nor looked up (bm_seq_set_nohash): its blocks may be
+     * evicted from the middle and re-rotated (attention sinks). */
+    uint8_t nohash;
 } bm_seq_t;
 
 struct bm_pool {

@@ -196,7 +196,7 @@ bm_pool_check(const bm_pool_t *pool)
                        s->table[i], tier);
                 refs[tier][id]++;
                 trefs[tier][(size_t)s->tenant * t->n_blocks + id]++;
-                if (pool->cfg.prefix_caching && i < n_full) {
+                if (pool->cfg.prefix_caching && !s->nohash && i < n_full) {
                     VERIFY(t->blocks[id].hashed, "seq %llu full block %u (id %u) unhashed",
                            (unsigned long long)s->id, i, id);
                 }
@@ -218,8 +218,14 @@ bm_pool_check(const bm_pool_t *pool)
             op->kind == KV_OP_SWAP_OUT || op->kind == KV_OP_DROP_SWAP ? BM_CPU : BM_DEV;
         VERIFY(op->kind == KV_OP_COPY || op->kind == KV_OP_SWAP_OUT || op->kind == KV_OP_SWAP_IN ||
                    (pool->cfg.drop_ops && (op->kind == KV_OP_DROP || op->kind == KV_OP_DROP_SWAP) &&
-                    op->src == op->dst),
+                    op->src == op->dst) ||
+                   (op->kind == KV_OP_SHIFT && op->dst > 0),
                "op %u kind", i);
+        if (op->kind == KV_OP_SHIFT) {
+            VERIFY(op->src >= 1 && (uint32_t)op->src < pool->tier[BM_DEV].n_blocks,
+                   "op %u shift block %d", i, op->src);
+            continue;
+        }
         VERIFY(op->src >= (int32_t)pool->tier[src_tier].first &&
                    (uint32_t)op->src < pool->tier[src_tier].n_blocks,
                "op %u src %d", i, op->src);

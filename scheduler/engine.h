@@ -65,6 +65,12 @@ typedef struct eng_request {
     uint64_t seed;
     int has_seed;
     int32_t n;          /* choices, >= 1 */
+    /* Attention sinks + rolling window (model/kv_policy.h), in tokens,
+     * whole blocks: kv_window > 0 keeps the first kv_sink tokens and at
+     * least the last kv_window of the KV cache, so generation may run past
+     * the context; 0 takes the engine's default, < 0 forces full KV. */
+    int32_t kv_sink;
+    int32_t kv_window;
     int32_t max_tokens; /* >= 1 */
     int32_t min_tokens;
     int ignore_eos;
@@ -182,6 +188,7 @@ typedef struct eng_config {
     int32_t max_model_len; /* <= the model's context */
     int prefix_caching;
     float watermark;
+    int32_t kv_sink, kv_window; /* default KV policy of requests (window 0: full) */
     int32_t n_tenants; /* >= 1; tenant 0 is the default */
     eng_tenant_t tenants[ENG_MAX_TENANTS];
     int log_every_steps; /* INFO summary period; 0 off */

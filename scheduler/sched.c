@@ -67,6 +67,7 @@ struct sched_seq {
     int32_t n_tokens;
     int32_t n_computed;
     int32_t n_generated;
+    int32_t n_evicted; /* tokens evicted after the sinks (kv policy) */
     uint64_t admit_no; /* admission order, for victim choice */
     uint64_t step_no;  /* last step that planned it */
     smp_rng_t rng;
@@ -77,6 +78,8 @@ struct sched_req {
     eng_request_t r;       /* owns r.prompt and r.sampling.bias */
     uint64_t arrival;      /* submit order */
     int32_t cap;           /* token buffer capacity per choice */
+    int32_t kv_sink;       /* attention sinks + rolling window; window 0: off */
+    int32_t kv_window;
     int32_t n_live;        /* choices without FINISHED */
     int fork_pending;      /* choice 0 still computes the prompt for all */
     int admitted;          /* left the waiting queue once (charged) */
@@ -584,8 +587,29 @@ sched_submit(sched_t *s, eng_request_t *req)
                            t->n_waiting_fresh);
     }
 
+    int32_t sink = req->kv_window != 0 ? req->kv_sink : s->cfg.kv_sink;
+    int32_t window = req->kv_window != 0 ? req->kv_window : s->cfg.kv_window;
+
+    if (window > 0) {
+        if (sink < 0 || sink % (int32_t)bs != 0 || window % (int32_t)bs != 0 ||
+            sink + window + 2 * (int32_t)bs > s->cfg.max_model_len) {
+            return submit_fail(s, ST_EINVAL,
+                               "kv policy sink=%d,window=%d: whole blocks of %u tokens, and "
+                               "sink + window + 2 blocks within the context of %d",
+                               sink, window, bs, s->cfg.max_model_len);
+        }
+        if (req->n != 1) {
+            return submit_fail(s, ST_EINVAL, "a kv policy needs n = 1");
+        }
+        if (!s->cfg.kv_policy_ok) {
+            return submit_fail(s, ST_EUNSUPPORTED,
+                               "a kv policy needs the cpu backend without tensor parallelism");
+        }
+    }
     rq = xcalloc(1, sizeof(*rq));
     rq->r = *req;
+    rq->kv_sink = window > 0 ? sink : 0;
+    rq->kv_window = window > 0 ? window : 0;
     req->prompt = NULL;
     req->sampling.bias = NULL;
     rq->arrival = ++s->arrival_no;
@@ -957,6 +981,10 @@ plan_admit(sched_t *s)
         }
 
         CHECK(bm_seq_create(s->pool, q->bm_id, tid) == ST_OK);
+        if (q->req->kv_window > 0) {
+            /* Its blocks get evicted and re-rotated: never shared. */
+            CHECK(bm_seq_set_nohash(s->pool, q->bm_id) == ST_OK);
+        }
         q->in_pool = 1;
         q->n_computed = 0;
         if (s->cfg.prefix_caching) {
@@ -1115,6 +1143,13 @@ sched_sample_view(const sched_t *s, const sched_plan_t *plan, int32_t i, sched_s
     v->history = q->tokens;
     v->n_hist = q->n_tokens;
     v->n_prompt = q->req->r.n_prompt;
+    if (q->n_evicted > 0) { /* where the prompt ends in the kept history */
+        int32_t sink = q->req->kv_sink;
+
+        v->n_prompt = v->n_prompt <= sink                  ? v->n_prompt
+                      : v->n_prompt - q->n_evicted >= sink ? v->n_prompt - q->n_evicted
+                                                           : sink;
+    }
     v->n_generated = q->n_generated;
 }
 
@@ -1225,6 +1260,32 @@ commit_token(sched_t *s, sched_seq_t *q, const smp_result_t *res)
     }
 }
 
+/* Attention sinks + rolling window: after its step, a sequence whose KV
+ * outgrew sink + window loses whole blocks after the sinks (blockmgr
+ * queues their drops and the re-rotation of the kept blocks for the next
+ * step), and its token history closes the same gap, so KV index, token
+ * index and position stay equal (a recompute re-prefills the kept tokens
+ * at the same contiguous positions):
+ *
+ *   tokens | sinks S | evicted e*bs | kept ... n_computed | pending |
+ *   after  | sinks S | kept ... n_computed - e*bs | pending |
+ */
+static void
+evict_window(sched_t *s, sched_seq_t *q)
+{
+    const int32_t bs = (int32_t)s->block_size, sink = q->req->kv_sink;
+    int32_t e = (q->n_computed - sink - q->req->kv_window) / bs;
+
+    if (e <= 0 || bm_seq_evict(s->pool, q->bm_id, (uint32_t)(sink / bs), (uint32_t)e) != ST_OK) {
+        return;
+    }
+    memmove(q->tokens + sink, q->tokens + sink + e * bs,
+            sizeof(int32_t) * (size_t)(q->n_tokens - sink - e * bs));
+    q->n_tokens -= e * bs;
+    q->n_computed -= e * bs;
+    q->n_evicted += e * bs;
+}
+
 void
 sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
 {
@@ -1247,6 +1308,9 @@ sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
             if (out > (int32_t)bm_seq_released(s->pool, q->bm_id)) {
                 CHECK(bm_seq_release_front(s->pool, q->bm_id, (uint32_t)out) == ST_OK);
             }
+        }
+        if (q->req->kv_window > 0 && q->n_computed > q->req->kv_sink + q->req->kv_window) {
+            evict_window(s, q);
         }
     }
     for (int32_t r = 0; r < s->n_rows; r++) {

@@ -107,6 +107,9 @@ typedef struct sched_config {
      * query can attend to are given back (bm_seq_release_front), so a
      * sequence holds about window / block_size + 2 blocks (issue 8). */
     int32_t sliding_window;
+    /* Default attention-sink policy (eng_request_t.kv_sink / kv_window). */
+    int32_t kv_sink, kv_window;
+    int kv_policy_ok; /* the backend re-rotates KV (cpu, one rank) */
 } sched_config_t;
 
 /* One logits row to sample for one sequence (choice). */

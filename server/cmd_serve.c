@@ -84,13 +84,15 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     }
     su->max_model_len = ctx;
 
-    if (cfg->kv_policy_window > 0) {
-        /* Sinks + rolling window run in model/kv_policy.c for one streamed
-         * sequence (kvserve perplexity --kv-policy); the engine's scheduler
-         * does not evict and re-rotate yet, so refuse rather than ignore. */
-        LOG_ERROR("--kv-policy %s: attention sinks with a rolling window are not available in "
-                  "the serving engine yet (use kvserve perplexity --kv-policy)",
-                  cfg->kv_policy);
+    if (cfg->kv_policy_window > 0 &&
+        ((cfg->device[0] != '\0' && strcmp(cfg->device, "cpu") != 0) ||
+         cfg->tensor_parallel_size > 1 ||
+         cfg->kv_policy_sink + cfg->kv_policy_window + 2 * cfg->block_size > ctx)) {
+        /* The re-rotation of kept keys (KV_OP_SHIFT) runs on the cpu
+         * backend with one rank; the window must leave room in the context. */
+        LOG_ERROR("--kv-policy %s needs the cpu backend without tensor parallelism and sink + "
+                  "window + 2 blocks within the context of %d tokens",
+                  cfg->kv_policy, ctx);
         return ST_EUNSUPPORTED;
     }
     memset(e, 0, sizeof(*e));
@@ -131,6 +133,8 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     e->max_num_batched_tokens = cfg->max_num_batched_tokens;
     e->max_model_len = ctx;
     e->prefix_caching = cfg->enable_prefix_caching;
+    e->kv_sink = cfg->kv_policy_window > 0 ? cfg->kv_policy_sink : 0;
+    e->kv_window = cfg->kv_policy_window > 0 ? cfg->kv_policy_window : 0;
     e->watermark = 0.01f;
     e->n_tenants = cfg->n_tenants;
     for (int32_t t = 0; t < cfg->n_tenants && t < ENG_MAX_TENANTS; t++) {

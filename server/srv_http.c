@@ -1314,6 +1314,8 @@ make_submit(srv_req_t *r, srv_job_t *job)
     q->id = job->id;
     q->tenant = (uint32_t)r->tenant;
     q->priority = p->priority;
+    q->kv_sink = p->kv_sink;
+    q->kv_window = p->kv_window;
     q->prompt = xmalloc_try(sizeof(int32_t) * (size_t)pr->n_ids);
     if (q->prompt == NULL) {
         free(m);

@@ -89,6 +89,7 @@ typedef struct srv_limits {
     int32_t max_logprobs;   /* <= SMP_MAX_LOGPROBS */
     int max_depth;          /* JSON nesting */
     const char *model_name; /* served model name */
+    int32_t kv_window;      /* --kv-policy window (0: full): requests may pass the context */
 } srv_limits_t;
 
 typedef struct srv_params {
@@ -118,6 +119,9 @@ typedef struct srv_params {
     int32_t min_tokens;
     int32_t priority;
     int skip_special_tokens; /* default 1 */
+    /* Extension "kv_policy": "full" (kv_window -1) or "sink=S,window=W";
+     * absent: 0, the server's --kv-policy. */
+    int32_t kv_sink, kv_window;
 } srv_params_t;
 
 /* Parses and validates a request body of the given kind against the

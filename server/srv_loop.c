@@ -487,6 +487,7 @@ srv_init(srv_t *s, const srv_setup_t *setup)
     s->lim.max_n = cfg->max_n;
     s->lim.max_tokens_cap = cfg->max_tokens_cap;
     s->lim.max_model_len = s->max_model_len;
+    s->lim.kv_window = cfg->kv_policy_window;
     s->lim.vocab_size = tok_vocab_size(s->tok);
     s->lim.max_prompts = SRV_MAX_PROMPTS;
     s->lim.max_logprobs = SMP_MAX_LOGPROBS;

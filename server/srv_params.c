@@ -445,6 +445,22 @@ parse_common(const cJSON *root, const srv_limits_t *lim, srv_params_t *p, srv_er
         srv_err_set(err, 400, "user", "'user' must be a string");
         return 0;
     }
+    if ((j = field(root, "kv_policy"))) {
+        int sink = -1, window = -1, used = 0;
+
+        if (cJSON_IsString(j) && strcmp(j->valuestring, "full") == 0) {
+            p->kv_window = -1;
+        } else if (cJSON_IsString(j) &&
+                   sscanf(j->valuestring, "sink=%d,window=%d%n", &sink, &window, &used) == 2 &&
+                   j->valuestring[used] == '\0' && sink >= 0 && window > 0) {
+            p->kv_sink = sink;
+            p->kv_window = window;
+        } else {
+            srv_err_set(err, 400, "kv_policy",
+                        "'kv_policy' must be \"full\" or \"sink=S,window=W\" (tokens)");
+            return 0;
+        }
+    }
     return 1;
 }
 
@@ -613,7 +629,11 @@ srv_params_check_context(srv_params_t *p, const srv_limits_t *lim, int32_t block
         srv_err_set(err, 400, mt, "'%s' is limited to %d on this server", mt, lim->max_tokens_cap);
         return 0;
     }
-    if ((int64_t)longest + p->max_tokens > ctx) {
+    /* Attention sinks + rolling window: the KV cache never outgrows the
+     * context, so the completion may. */
+    int rolling = p->kv_window > 0 || (p->kv_window == 0 && lim->kv_window > 0);
+
+    if (!rolling && (int64_t)longest + p->max_tokens > ctx) {
         srv_err_set(err, 400, mt,
                     "This model's maximum context length is %d tokens. However, you requested "
                     "%lld tokens (%d in the prompt, %d for the completion).",
@@ -629,7 +649,8 @@ srv_params_check_context(srv_params_t *p, const srv_limits_t *lim, int32_t block
         /* Worst case for one prompt's n choices: the prompt's full blocks are
          * shared, every choice owns the rest of its sequence. */
         int64_t full = longest / block_size;
-        int64_t per_seq = ((int64_t)longest + p->max_tokens + block_size - 1) / block_size;
+        int64_t len = (int64_t)longest + p->max_tokens;
+        int64_t per_seq = ((rolling && len > ctx ? ctx : len) + block_size - 1) / block_size;
         int64_t need = full + (int64_t)p->n * (per_seq - full);
         if (need > kv_blocks) {
             srv_err_set(err, 400, p->n > 1 ? "n" : mt,

@@ -684,6 +684,68 @@ START_TEST(test_release_front)
 }
 END_TEST
 
+/* Attention sinks: a nohash sequence loses blocks from its middle; later
+ * blocks are queued for re-rotation; refusals. */
+START_TEST(test_evict)
+{
+    bm_config_t cfg = {.block_size = 4, .num_blocks = 17, .swap_blocks = 0, .prefix_caching = 1,
+                       .drop_ops = 1};
+    bm_pool_t *p;
+    int32_t toks[64], slots[64], before[16];
+    const int32_t *tab;
+    const kv_op_t *ops;
+    uint32_t n, nb, got = 7;
+
+    ck_assert_int_eq(bm_pool_create(&cfg, &p), ST_OK);
+    seq_tokens(toks, 64, 3);
+    ck_assert_int_eq(bm_seq_create(p, 1, 0), ST_OK);
+    ck_assert_int_eq(bm_seq_set_nohash(p, 1), ST_OK);
+    ck_assert_int_eq(bm_seq_lookup_prefix(p, 1, toks, 30, &got), ST_OK);
+    ck_assert_uint_eq(got, 0);
+    ck_assert_int_eq(bm_seq_reserve(p, 1, toks, 30, slots), ST_OK); /* 8 blocks */
+    ck_assert_int_eq(bm_seq_set_nohash(p, 1), ST_EINVAL);           /* not empty */
+    tab = bm_seq_table(p, 1, &nb);
+    memcpy(before, tab, sizeof(int32_t) * nb);
+    bm_pool_ops_clear(p);
+    ck_assert_int_eq(bm_seq_evict(p, 1, 1, 0), ST_EINVAL);
+    ck_assert_int_eq(bm_seq_evict(p, 1, 1, 7), ST_EINVAL); /* would take the tail */
+    ck_assert_int_eq(bm_seq_evict(p, 1, 1, 3), ST_OK);
+    ck_assert_uint_eq(bm_seq_len(p, 1), 18);
+    tab = bm_seq_table(p, 1, &nb);
+    ck_assert_uint_eq(nb, 5);
+    ck_assert_int_eq(tab[0], before[0]);
+    ck_assert_int_eq(tab[1], before[4]);
+    ck_assert_int_eq(tab[4], before[7]);
+    ops = bm_pool_ops(p, &n);
+    ck_assert_uint_eq(n, 3 + 4); /* three drops, four shifts */
+    for (uint32_t i = 0; i < 3; i++) {
+        ck_assert_int_eq(ops[i].kind, KV_OP_DROP);
+    }
+    for (uint32_t i = 3; i < 7; i++) {
+        ck_assert_int_eq(ops[i].kind, KV_OP_SHIFT);
+        ck_assert_int_eq(ops[i].dst, 12);
+    }
+    ck_assert_int_eq(ops[3].src, before[4]);
+    bm_pool_check(p);
+    /* The sequence grows on: its new blocks are not hashed either. */
+    ck_assert_int_eq(bm_seq_reserve(p, 1, toks + 30, 10, slots), ST_OK);
+    bm_pool_check(p);
+    /* A shared later block cannot be re-rotated in place. */
+    ck_assert_int_eq(bm_seq_fork(p, 1, 2), ST_OK);
+    ck_assert_int_eq(bm_seq_evict(p, 1, 1, 1), ST_EINVAL);
+    bm_seq_free(p, 2);
+    /* A hashed sequence cannot be evicted from. */
+    ck_assert_int_eq(bm_seq_create(p, 3, 0), ST_OK);
+    ck_assert_int_eq(bm_seq_reserve(p, 3, toks, 12, slots), ST_OK);
+    ck_assert_int_eq(bm_seq_evict(p, 3, 0, 1), ST_EINVAL);
+    ck_assert_int_eq(bm_seq_evict(p, 9, 0, 1), ST_EINVAL);
+    bm_seq_free(p, 3);
+    bm_seq_free(p, 1);
+    bm_pool_check(p);
+    bm_pool_destroy(p);
+}
+END_TEST
+
 Suite *
 blockmgr_pool_suite(void)
 {
@@ -706,6 +768,7 @@ blockmgr_pool_suite(void)
     tcase_add_test(tc, test_large_tables_and_many_sequences);
     tcase_add_test(tc, test_drop_ops);
     tcase_add_test(tc, test_release_front);
+    tcase_add_test(tc, test_evict);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -102,6 +102,7 @@ fake_env_init(fake_env_t *env, const fake_cfg_t *cfg)
     }
     sc.random_seed = 12345;
     sc.sliding_window = cfg->sliding_window;
+    sc.kv_policy_ok = 1;
     env->sliding_window = cfg->sliding_window;
     ck_assert_int_eq(sched_create(&sc, env->pool, on_event, env, &env->sched), ST_OK);
 }
@@ -172,6 +173,14 @@ run_ops(fake_env_t *env)
     size_t bs = (size_t)env->block_size;
 
     for (uint32_t i = 0; i < n; i++) {
+        if (ops[i].kind == KV_OP_SHIFT) {
+            /* Re-rotation: the block's cached positions move earlier. */
+            for (size_t j = 0; j < bs; j++) {
+                env->dev[(size_t)ops[i].src * bs + j][1] -= ops[i].dst;
+            }
+            env->n_shifts++;
+            continue;
+        }
         int32_t(*src)[2] = ops[i].kind == KV_OP_SWAP_IN ? env->cpu : env->dev;
         int32_t(*dst)[2] = ops[i].kind == KV_OP_SWAP_OUT ? env->cpu : env->dev;
         memmove(dst + (size_t)ops[i].dst * bs, src + (size_t)ops[i].src * bs,

@@ -43,6 +43,7 @@ typedef struct fake_env {
     sched_t *sched;
     int32_t block_size, num_blocks, swap_blocks;
     int32_t sliding_window; /* rows read only the last w positions */
+    int64_t n_shifts;       /* KV_OP_SHIFT ops run */
     int32_t (*dev)[2]; /* [num_blocks * block_size] (token, position) */
     int32_t (*cpu)[2]; /* [swap_blocks * block_size] */
     int sample_random; /* draw from the choice's rng instead of argmax */

@@ -966,6 +966,56 @@ START_TEST(test_random_schedules_match_reference)
 }
 END_TEST
 
+/* Attention sinks + rolling window (kv_sink 8, kv_window 24, blocks of 4,
+ * context 64): a 200-token generation runs far past the context, blocks
+ * after the sinks are evicted and the kept ones shifted (the fake model
+ * checks every cached position is contiguous), KV stays bounded; bad
+ * policies are refused. */
+START_TEST(test_kv_policy_rolling_window)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+    uint32_t peak = 0;
+    bm_stats_t st;
+
+    c.max_model_len = 64;
+    fake_env_init(&env, &c);
+    fake_req_fill(&r, 1, 0, 10, 5, 200);
+    r.kv_sink = 8;
+    r.kv_window = 24;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    fake_req_fill(&r, 2, 0, 6, 6, 40); /* full KV: stops at the context */
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    for (int i = 0; i < 400 && !sched_idle(env.sched); i++) {
+        fake_step(&env, NULL);
+        bm_pool_stats(env.pool, &st);
+        peak = st.dev_used > peak ? st.dev_used : peak;
+    }
+    ck_assert_int_eq(env.n_errors, 0);
+    ck_assert_int_eq(env.out[1][0].n_tokens, 200);
+    ck_assert_int_eq(env.out[1][0].reason, ENG_FINISH_LENGTH);
+    ck_assert_int_gt(env.n_shifts, 10);
+    /* Sequence 1: (8 + 24) / 4 + 2 blocks at most; sequence 2: 46 tokens. */
+    ck_assert_uint_le(peak, 10 + 12);
+
+    /* Refused: not whole blocks, too big for the context, n > 1. */
+    fake_req_fill(&r, 3, 0, 6, 7, 10);
+    r.kv_sink = 6;
+    r.kv_window = 24;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_EINVAL);
+    fake_req_fill(&r, 4, 0, 6, 7, 10);
+    r.kv_sink = 8;
+    r.kv_window = 56;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_EINVAL);
+    fake_req_fill(&r, 5, 0, 6, 7, 10);
+    r.kv_sink = 8;
+    r.kv_window = 24;
+    r.n = 2;
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_EINVAL);
+    fake_env_fini(&env);
+}
+END_TEST
+
 /* ---- sliding window -------------------------------------------------- */
 
 /* A model with sliding_window 12 (blocks of 4): each step gives back the
@@ -1044,6 +1094,7 @@ scheduler_sched_suite(void)
     tcase_add_test(tc, test_quota_tokens_per_minute);
     tcase_add_test(tc, test_priority_within_tenant);
     tcase_add_test(tc, test_sliding_window_bounded);
+    tcase_add_test(tc, test_kv_policy_rolling_window);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("random");

@@ -323,6 +323,54 @@ START_TEST(test_context)
 }
 END_TEST
 
+/* Extension field kv_policy: parsed, refused when malformed; a rolling
+ * window (per request or the server's) lets a completion pass the
+ * context, "full" does not. */
+START_TEST(test_kv_policy_field)
+{
+    srv_params_t p;
+    srv_error_t err;
+    srv_limits_t l2 = lim;
+
+    ck_assert(parse(SRV_KIND_COMPLETION,
+                    "{\"model\":\"austen\",\"prompt\":\"a\",\"kv_policy\":\"sink=16,window=64\"}",
+                    &p, &err));
+    ck_assert_int_eq(p.kv_sink, 16);
+    ck_assert_int_eq(p.kv_window, 64);
+    srv_params_free(&p);
+    ck_assert(parse(SRV_KIND_CHAT,
+                    "{\"model\":\"austen\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                    "\"kv_policy\":\"full\"}",
+                    &p, &err));
+    ck_assert_int_eq(p.kv_window, -1);
+    srv_params_free(&p);
+    ck_assert(!parse(SRV_KIND_COMPLETION,
+                     "{\"model\":\"austen\",\"prompt\":\"a\",\"kv_policy\":\"sink=16\"}", &p,
+                     &err));
+    ck_assert_str_eq(err.param, "kv_policy");
+    ck_assert(!parse(SRV_KIND_COMPLETION,
+                     "{\"model\":\"austen\",\"prompt\":\"a\",\"kv_policy\":7}", &p, &err));
+    ck_assert_int_eq(err.status, 400);
+
+    p = with_prompt(SRV_KIND_COMPLETION, 200, 600, 1);
+    p.kv_sink = 16;
+    p.kv_window = 64;
+    ck_assert(srv_params_check_context(&p, &lim, 16, 20, &err)); /* KV capped at the context */
+    srv_params_free(&p);
+    p = with_prompt(SRV_KIND_COMPLETION, 200, 600, 1);
+    ck_assert(!srv_params_check_context(&p, &lim, 16, 0, &err));
+    srv_params_free(&p);
+    l2.kv_window = 64;
+    p = with_prompt(SRV_KIND_COMPLETION, 200, 600, 1);
+    ck_assert(srv_params_check_context(&p, &l2, 16, 0, &err));
+    srv_params_free(&p);
+    p = with_prompt(SRV_KIND_COMPLETION, 200, 600, 1);
+    p.kv_window = -1; /* "full" overrides the server's policy */
+    ck_assert(!srv_params_check_context(&p, &l2, 16, 0, &err));
+    srv_params_free(&p);
+}
+END_TEST
+
 START_TEST(test_error_json)
 {
     srv_error_t err;
@@ -357,6 +405,7 @@ server_params_suite(void)
     tcase_add_test(tc, test_precheck);
     tcase_add_test(tc, test_parse_rejects_bad_json);
     tcase_add_test(tc, test_context);
+    tcase_add_test(tc, test_kv_policy_field);
     tcase_add_test(tc, test_error_json);
     suite_add_tcase(s, tc);
     return s;
