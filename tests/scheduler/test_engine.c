@@ -19,7 +19,7 @@
 
 #define MAX_ID 256
 #define MAX_CH 2
-#define MAX_OUT 256
+#define MAX_OUT 1024 /* test_kv_policy_past_context generates 600 */
 
 typedef struct res {
     int32_t tok[MAX_OUT];
@@ -458,6 +458,30 @@ START_TEST(test_quantized_kv_consistent)
 }
 END_TEST
 
+/* Attention sinks + rolling window on the real model (context 256) with
+ * int8 KV: 600 tokens stream past the context without error while the
+ * KV cache stays within sink + window + a few blocks. */
+START_TEST(test_kv_policy_past_context)
+{
+    eng_config_t c;
+    eng_stats_t st;
+
+    cfg_kv_dtype = MDL_KV_INT8;
+    c = cfg_default();
+    c.kv_sink = 16;
+    c.kv_window = 160;
+    start(&c);
+    submit_simple(1, 0, 20, 7, 600);
+    run_idle();
+    eng__stats(eng, &st);
+    ck_assert_int_eq(res[1][0].n, 600);
+    ck_assert(res[1][0].finished);
+    ck_assert_uint_le(st.kv_used_peak, (16 + 160) / 16 + 3);
+    finish();
+    cfg_kv_dtype = MDL_KV_AUTO;
+}
+END_TEST
+
 START_TEST(test_chunked_equals_unchunked)
 {
     eng_config_t c = cfg_default();
@@ -773,6 +797,7 @@ scheduler_engine_suite(void)
     tcase_add_test(tc, test_200_requests_pool_of_50);
     tcase_add_test(tc, test_prefix_hit_equals_miss);
     tcase_add_test(tc, test_quantized_kv_consistent);
+    tcase_add_test(tc, test_kv_policy_past_context);
     tcase_add_test(tc, test_chunked_equals_unchunked);
     tcase_add_test(tc, test_n2_seeded_reproducible);
     tcase_add_test(tc, test_cancel_mid_generation_frees_blocks);
