@@ -128,6 +128,8 @@ test('SIGTERM with a queue loses no accepted request', async () => {
     }
   } catch (e) {
     await srv.stop('SIGKILL');
+    await Promise.allSettled(all);
+    e.message += `\nserver log:\n${srv.logs.slice(-30).join('\n')}`;
     throw e;
   }
   srv.proc.kill('SIGTERM');
