@@ -23,7 +23,9 @@
  * the cuBLAS workspace, then the KV pool of num_blocks blocks, which must
  * fit in gpu_memory_utilization * total minus what is already in use
  * (cudaMemGetInfo after the other allocations): ST_ENOMEM with the number
- * of blocks that would fit otherwise. forward() and kv_ops() allocate
+ * of blocks that would fit otherwise. (`kvserve serve` without a block
+ * count sizes the pool beforehand with mdl_kv_blocks_for_budget() from the
+ * total of mdl_cuda_device_memory() below.) forward() and kv_ops() allocate
  * nothing. Every CUDA, cuBLAS and NCCL call is checked and a failure is
  * logged with the error's name and the call.
  *
@@ -486,6 +488,46 @@ cu_forward(void *state, const mdl_batch_t *b, const float **logits)
         return rc;
     }
     *logits = s->ranks[0].fw.logits_host;
+    return ST_OK;
+}
+
+int
+mdl_cuda_device_memory(int32_t n_devices, size_t *total_bytes, char *err, size_t errlen)
+{
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+
+    *total_bytes = 0;
+    if (e != cudaSuccess || n_dev == 0) {
+        snprintf(err, errlen, "cuda: no CUDA device (cudaGetDeviceCount: %s)",
+                 e != cudaSuccess ? cudaGetErrorName(e) : "0 devices");
+        return ST_ENODEV;
+    }
+    if (n_dev < n_devices) {
+        snprintf(err, errlen, "cuda: tensor parallel size %d needs %d devices, found %d",
+                 n_devices, n_devices, n_dev);
+        return ST_ENODEV;
+    }
+    for (int32_t d = 0; d < n_devices; d++) {
+        size_t free_b = 0, total_b = 0;
+
+        e = cudaSetDevice(d);
+        if (e == cudaSuccess) {
+            e = cudaMemGetInfo(&free_b, &total_b);
+        }
+        if (e != cudaSuccess) {
+            snprintf(err, errlen, "cuda: device %d: cudaMemGetInfo: %s", d, cudaGetErrorName(e));
+            return ST_ENODEV;
+        }
+        LOG_INFO("device %d: %zu MiB total, %zu MiB free", d, total_b >> 20, free_b >> 20);
+        if (d == 0 || total_b < *total_bytes) {
+            *total_bytes = total_b;
+        }
+    }
+    if (cudaSetDevice(0) != cudaSuccess) {
+        snprintf(err, errlen, "cuda: cudaSetDevice(0) failed");
+        return ST_ENODEV;
+    }
     return ST_OK;
 }
 

@@ -23,6 +23,7 @@
 #define LOG_MODULE "devfwd"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -388,4 +389,105 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
                         sizeof(float) * (size_t)b->n_logits * c->vocab_size, KV_OP_SWAP_OUT));
     }
     return o->sync(cx);
+}
+
+/* ---- sizing the KV pool from --gpu-memory-utilization ---------------------- */
+
+/* One device allocation as the allocator pays for it. */
+static size_t
+dev_grain(size_t bytes)
+{
+    return (bytes + MDL_DEV_ALLOC_GRAIN - 1) / MDL_DEV_ALLOC_GRAIN * MDL_DEV_ALLOC_GRAIN;
+}
+
+/* Device bytes mdl_dev_rank_init() allocates on a rank with shard sh:
+ * weights (16-bit) into *w, activations into *a. Keep in step with it. */
+static void
+dev_rank_bytes(const mdl_config_t *c, const mdl_runtime_config_t *rc, const mdl_tp_shard_t *sh,
+               int32_t rank, size_t *w, size_t *a)
+{
+    const size_t e = sizeof(uint16_t), f = sizeof(float), dim = (size_t)c->dim;
+    const size_t hd = (size_t)c->head_dim, lq = (size_t)sh->n_q * hd, lkv = (size_t)sh->n_kv * hd;
+    const size_t nf = (size_t)sh->n_f, vocab = (size_t)c->vocab_size;
+    const size_t T = (size_t)rc->max_num_batched_tokens, S = (size_t)rc->max_num_seqs;
+    size_t layer, h16_cols = dim, stage_len;
+
+    layer = 2 * dev_grain(e * dim) + dev_grain(e * lq * dim) + 2 * dev_grain(e * lkv * dim) +
+            dev_grain(e * dim * lq) + 3 * dev_grain(e * nf * dim);
+    if (c->qkv_bias) {
+        layer += dev_grain(e * lq) + 2 * dev_grain(e * lkv);
+    }
+    *w = layer * (size_t)c->n_layers + dev_grain(e * vocab * dim) + dev_grain(e * dim) +
+         dev_grain(f * (hd / 2)) + (rank == 0 ? dev_grain(e * vocab * dim) : 0);
+
+    if (nf > h16_cols) {
+        h16_cols = nf;
+    }
+    if (lq > h16_cols) {
+        h16_cols = lq;
+    }
+    stage_len = 5 * T + 3 * S + 1 + S * (size_t)rc->max_blocks_per_seq;
+    *a = 2 * dev_grain(f * T * dim) + dev_grain(f * T * lq) + 2 * dev_grain(f * T * lkv) +
+         2 * dev_grain(f * T * nf) + dev_grain(e * T * h16_cols) + dev_grain(f * S * dim) +
+         dev_grain(sizeof(int32_t) * stage_len) + (rank == 0 ? dev_grain(f * S * vocab) : 0);
+}
+
+#define GIB(x) ((double)(x) / (double)(1u << 30))
+
+int
+mdl_kv_blocks_for_budget(const mdl_config_t *c, const mdl_runtime_config_t *rc,
+                         size_t device_bytes, mdl_kv_budget_t *out, char *err, size_t errlen)
+{
+    /* The float 0.9f is 0.89999998: rounded to 6 decimals it means 0.9. */
+    const double util = floor((double)rc->gpu_memory_utilization * 1e6 + 0.5) / 1e6;
+    int64_t best = INT32_MAX;
+    char why[160];
+
+    memset(out, 0, sizeof(*out));
+    out->reserve_bytes = MDL_DEV_RESERVE_BYTES;
+    if (!(util > 0.0 && util <= 1.0) || device_bytes == 0 || rc->tp_size <= 0 ||
+        rc->block_size <= 0 || rc->max_num_batched_tokens <= 0 || rc->max_num_seqs <= 0 ||
+        rc->max_blocks_per_seq <= 0) {
+        snprintf(err, errlen,
+                 "cannot size the KV pool: utilization %.3f, %zu device bytes, %d ranks, block "
+                 "size %d, %d tokens / %d sequences per step",
+                 util, device_bytes, rc->tp_size, rc->block_size, rc->max_num_batched_tokens,
+                 rc->max_num_seqs);
+        return ST_EINVAL;
+    }
+    out->budget_bytes = (size_t)((double)device_bytes * util);
+    for (int32_t r = 0; r < rc->tp_size; r++) {
+        mdl_tp_shard_t sh;
+        size_t w, a, need;
+        int64_t n;
+        int st = mdl_tp_shard(c, rc->tp_size, r, &sh, why, sizeof(why));
+
+        if (st != ST_OK) {
+            snprintf(err, errlen, "cannot size the KV pool: %s", why);
+            return st;
+        }
+        dev_rank_bytes(c, rc, &sh, r, &w, &a);
+        out->block_bytes = 2 * (size_t)c->n_layers * sizeof(uint16_t) * (size_t)sh.n_kv *
+                           (size_t)c->head_dim * (size_t)rc->block_size;
+        need = w + a + out->reserve_bytes;
+        n = need < out->budget_bytes ? (int64_t)((out->budget_bytes - need) / out->block_bytes) : 0;
+        if (r == 0 || n < best) {
+            best = n > INT32_MAX ? INT32_MAX : n;
+            out->weight_bytes = w;
+            out->act_bytes = a;
+        }
+    }
+    out->num_blocks = (int32_t)best;
+    if (best < 2) {
+        snprintf(err, errlen,
+                 "--gpu-memory-utilization %.2f of %.2f GiB per device leaves room for %lld KV "
+                 "blocks of %.2f MiB (at least 2 needed) after weights %.2f GiB, activations "
+                 "%.2f GiB for %d tokens / %d sequences and a reserve of %.2f GiB",
+                 util, GIB(device_bytes), (long long)best,
+                 (double)out->block_bytes / (double)(1u << 20), GIB(out->weight_bytes),
+                 GIB(out->act_bytes), rc->max_num_batched_tokens, rc->max_num_seqs,
+                 GIB(out->reserve_bytes));
+        return ST_ENOMEM;
+    }
+    return ST_OK;
 }

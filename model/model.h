@@ -127,6 +127,44 @@ size_t mdl_kv_block_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtyp
  * bf16. */
 size_t mdl_kv_residual_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t dtype,
                              int32_t max_num_seqs, int32_t max_num_batched_tokens);
+
+/* Fixed share of each device the CUDA backend keeps out of the KV pool:
+ * the CUDA context, the cuBLAS workspace (32 MiB), NCCL buffers. */
+#define MDL_DEV_RESERVE_BYTES ((size_t)512 << 20)
+/* Device allocations are counted in whole pages of this size. */
+#define MDL_DEV_ALLOC_GRAIN ((size_t)2 << 20)
+
+/* What --gpu-memory-utilization leaves for the KV pool on each rank. */
+typedef struct mdl_kv_budget {
+    int32_t num_blocks;   /* blocks that fit on every rank (at most INT32_MAX) */
+    size_t budget_bytes;  /* device_bytes * utilization */
+    size_t weight_bytes;  /* 16-bit weight shards of the largest rank (rank 0: LM head) */
+    size_t act_bytes;     /* its activations for the largest step */
+    size_t reserve_bytes; /* MDL_DEV_RESERVE_BYTES */
+    size_t block_bytes;   /* one block on one rank: all layers, K and V, its KV heads */
+} mdl_kv_budget_t;
+
+/* Sizes the CUDA backend's KV pool (DESIGN.md section 6, model/tp.h):
+ *   num_blocks = floor((device_bytes * rc->gpu_memory_utilization
+ *                       - weights - activations - MDL_DEV_RESERVE_BYTES)
+ *                      / block_bytes), minimized over the rc->tp_size ranks,
+ * with weights and activations as model/dev_fwd.c allocates them for
+ * rc->max_num_batched_tokens rows and rc->max_num_seqs sequences (each
+ * allocation rounded up to MDL_DEV_ALLOC_GRAIN), 16-bit weights and KV.
+ * device_bytes is one device's total memory (the smallest of the ranks').
+ * Pure: no device is touched, so it runs anywhere.
+ * Errors: ST_EINVAL (utilization outside (0, 1], non-positive shapes),
+ * the status of mdl_tp_shard() when the model cannot be split, ST_ENOMEM
+ * when fewer than 2 blocks fit; each with a one-line reason and the
+ * figures in err. out is filled as far as it was computed. */
+int mdl_kv_blocks_for_budget(const mdl_config_t *c, const mdl_runtime_config_t *rc,
+                             size_t device_bytes, mdl_kv_budget_t *out, char *err, size_t errlen);
+/* The smallest total memory (cudaMemGetInfo) of devices 0 .. n_devices-1
+ * of `device`. ST_ENODEV with the reason in err when the build has no
+ * such backend, there are fewer devices or the query fails; ST_EINVAL for
+ * "cpu". Thread: before the runtime exists (it selects each device). */
+int mdl_device_memory(const char *device, int32_t n_devices, size_t *total_bytes, char *err,
+                      size_t errlen);
 /* "auto", "f32", "f16", "bf16", "fp8_e4m3", "int8", "int4" <-> dtype.
  * parse: ST_EINVAL for anything else. */
 int mdl_kv_dtype_parse(const char *s, mdl_kv_dtype_t *out);

@@ -4,7 +4,10 @@
  * Flags and the config file are parsed by config/ (vLLM flag names). The
  * KV pool is --num-kv-blocks blocks, or --kv-cache-memory bytes divided by
  * the bytes of one block, or by default enough blocks for max_num_seqs full
- * contexts (at most 1 GiB). --swap-space GiB sizes the CPU tier.
+ * contexts (at most 1 GiB) on cpu; on cuda, what --gpu-memory-utilization of
+ * the device leaves after the weights, the largest step's activations and
+ * a fixed reserve (mdl_kv_blocks_for_budget). --swap-space GiB sizes the
+ * CPU tier.
  */
 #define LOG_MODULE "serve"
 
@@ -116,6 +119,31 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
         blocks = cfg->num_kv_blocks;
     } else if (cfg->kv_cache_memory > 0) {
         blocks = cfg->kv_cache_memory / (int64_t)block_bytes;
+    } else if (strcmp(cfg->device, "cuda") == 0) {
+        /* What --gpu-memory-utilization leaves after the weights and the
+         * largest step's activations (model/model.h). */
+        mdl_kv_budget_t kb;
+        size_t total;
+        char err[320];
+        int st = mdl_device_memory("cuda", e->rt.tp_size > 0 ? e->rt.tp_size : 1, &total, err,
+                                   sizeof(err));
+
+        if (st == ST_OK) {
+            mdl_runtime_config_t rc = e->rt;
+
+            rc.tp_size = rc.tp_size > 0 ? rc.tp_size : 1;
+            st = mdl_kv_blocks_for_budget(mc, &rc, total, &kb, err, sizeof(err));
+        }
+        if (st != ST_OK) {
+            LOG_ERROR("%s", err);
+            return st;
+        }
+        blocks = kb.num_blocks;
+        LOG_INFO("KV pool: %lld blocks (%.2f GiB) after weights %.2f GiB and activations %.2f GiB "
+                 "at utilization %.2f",
+                 (long long)blocks, (double)blocks * (double)kb.block_bytes / (double)(1u << 30),
+                 (double)kb.weight_bytes / (double)(1u << 30),
+                 (double)kb.act_bytes / (double)(1u << 30), cfg->gpu_memory_utilization);
     } else {
         blocks = (int64_t)cfg->max_num_seqs * e->rt.max_blocks_per_seq + 1;
         if (blocks * (int64_t)block_bytes > (1LL << 30)) {
