@@ -63,6 +63,7 @@ struct engine {
     msg_t **pending_tail;
     /* periodic summary */
     uint64_t log_steps;
+    uint64_t n_forwards; /* forward passes run, for the test hook */
     uint64_t log_t0;
     uint64_t log_gen0, log_prompt0;
 };
@@ -366,6 +367,10 @@ engine_step(engine_t *e)
     e->stalled = 0;
 
     rc = mdl_forward(e->rt, &plan.batch, &logits);
+    if (e->cfg.test_fail_forward_at > 0 &&
+        ++e->n_forwards == (uint64_t)e->cfg.test_fail_forward_at) {
+        rc = -EIO; /* injected by the test hook: a device failure */
+    }
     if (rc != ST_OK) {
         engine_fail(e, rc, "forward");
         return 0;

@@ -243,6 +243,14 @@ cmd_serve(int argc, char **argv)
                  atol(fail_after));
         xmalloc_fail_after(atol(fail_after));
     }
+    /* Test hook (tests/integration/lifecycle.test.mjs): the N-th forward
+     * pass fails, which ends the engine, so /health must answer 503. */
+    const char *fail_fwd = getenv("KVSERVE_TEST_FAIL_FORWARD_AT");
+    if (fail_fwd != NULL && atol(fail_fwd) > 0) {
+        LOG_WARN("KVSERVE_TEST_FAIL_FORWARD_AT=%ld: forward failure injection armed",
+                 atol(fail_fwd));
+        su.eng.test_fail_forward_at = (int32_t)atol(fail_fwd);
+    }
     rc = srv_run(&su);
     status = rc == ST_OK ? 0 : 1;
 out:

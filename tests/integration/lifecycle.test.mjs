@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import {
-  MODEL_NAME, getMetrics, metricValue, readSse, startServer, validate, waitKvEmpty,
+  MODEL_NAME, getMetrics, metricValue, postJson, readSse, startServer, validate, waitKvEmpty,
 } from './lib.mjs';
 
 const longReq = {
@@ -114,5 +114,28 @@ test('health, metrics and version answer', async () => {
     await waitKvEmpty(srv.base);
   } finally {
     assert.equal((await srv.stop('SIGINT')).code, 0);
+  }
+});
+
+test('health answers 503 once the engine has died', async () => {
+  // KVSERVE_TEST_FAIL_FORWARD_AT=2: the second forward pass fails as a
+  // device failure would, which ends the engine thread.
+  const srv = await startServer([], { env: { KVSERVE_TEST_FAIL_FORWARD_AT: '2' } });
+  try {
+    assert.equal((await fetch(`${srv.base}/health`)).status, 200);
+    const r = await postJson(srv.base, '/v1/completions',
+      { model: MODEL_NAME, prompt: 'Emma', max_tokens: 8, ignore_eos: true });
+    assert.ok(r.status >= 500, `status ${r.status}: ${r.text}`);
+    assert.equal(typeof r.json.error.message, 'string', r.text);
+    const h = await fetch(`${srv.base}/health`);
+    assert.equal(h.status, 503);
+    const r2 = await postJson(srv.base, '/v1/completions',
+      { model: MODEL_NAME, prompt: 'Emma', max_tokens: 4 });
+    assert.equal(r2.status, 503, r2.text);
+    assert.equal(typeof r2.json.error.message, 'string', r2.text);
+  } finally {
+    const st = await srv.stop('SIGTERM');
+    assert.ok(st.sig === null, `daemon died of ${st.sig}`);
+    console.log(`dead engine: daemon exit code ${st.code}`);
   }
 });
