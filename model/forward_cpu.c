@@ -39,6 +39,7 @@
 #include "kernels/cpu/kv_quant.h"
 #include "model/backend.h"
 #include "model/kv_cache.h"
+#include "model/host_kv.h"
 #include "model/model_int.h"
 
 typedef struct cpu_state {
@@ -75,20 +76,6 @@ typedef struct cpu_state {
     float *logits;    /* (max_num_seqs, vocab) */
     void *scratch;    /* the one allocation behind every scratch pointer */
 } cpu_state_t;
-
-static float *
-cpu_kv_region(float *base, int32_t n_blocks, size_t blk_floats, int32_t layer, int kind)
-{
-    return base + ((size_t)layer * 2 + (size_t)kind) * (size_t)n_blocks * blk_floats;
-}
-
-static void *
-cpu_map(size_t len)
-{
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-    return p == MAP_FAILED ? NULL : p;
-}
 
 static void
 cpu_destroy(void *state)
@@ -148,7 +135,7 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     } else {
         s->kv_len =
             sizeof(float) * 2 * (size_t)c->n_layers * (size_t)rc->num_blocks * s->blk_floats;
-        s->kv = cpu_map(s->kv_len);
+        s->kv = host_kv_map(s->kv_len);
     }
     if (s->kv == NULL && s->kvq == NULL) {
         snprintf(err, errlen, "cannot map a %zu MiB KV pool", s->kv_len >> 20);
@@ -158,7 +145,7 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     if (rc->swap_blocks > 0 && s->kvq == NULL) {
         s->swap_len =
             sizeof(float) * 2 * (size_t)c->n_layers * (size_t)rc->swap_blocks * s->blk_floats;
-        s->swap = cpu_map(s->swap_len);
+        s->swap = host_kv_map(s->swap_len);
         if (s->swap == NULL) {
             snprintf(err, errlen, "cannot map a %zu MiB swap tier", s->swap_len >> 20);
             rc_st = ST_ENOMEM;
@@ -244,7 +231,7 @@ cpu_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
         if (ops[i].kind == KV_OP_SHIFT) {
             /* Re-rotate the block's key rows in place, every layer. */
             for (int32_t l = 0; l < s->c.n_layers; l++) {
-                float *k = cpu_kv_region(s->kv, nb, s->blk_floats, l, 0) +
+                float *k = host_kv_region(s->kv, nb, s->blk_floats, l, 0) +
                            (size_t)ops[i].src * s->blk_floats;
 
                 kn_kvq_rotate_rows(k, s->c.n_kv_heads * s->rc.block_size, s->c.head_dim,
@@ -262,8 +249,8 @@ cpu_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
         }
         for (int32_t l = 0; l < s->c.n_layers; l++) {
             for (int kind = 0; kind < 2; kind++) {
-                float *src = cpu_kv_region(src_base, src_n, s->blk_floats, l, kind);
-                float *dst = cpu_kv_region(dst_base, dst_n, s->blk_floats, l, kind);
+                float *src = host_kv_region(src_base, src_n, s->blk_floats, l, kind);
+                float *dst = host_kv_region(dst_base, dst_n, s->blk_floats, l, kind);
 
                 memmove(dst + (size_t)ops[i].dst * s->blk_floats,
                         src + (size_t)ops[i].src * s->blk_floats, bytes);
@@ -405,9 +392,9 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mdl_layer_t *L = &m->layers[l];
         float *kc =
-            s->kv != NULL ? cpu_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 0) : NULL;
+            s->kv != NULL ? host_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 0) : NULL;
         float *vc =
-            s->kv != NULL ? cpu_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 1) : NULL;
+            s->kv != NULL ? host_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 1) : NULL;
         int last = l == c->n_layers - 1 && sub;
 
         kn_cpu_rmsnorm(s->x, L->attn_norm, s->h, T, dim, c->norm_eps);

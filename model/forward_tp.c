@@ -40,6 +40,7 @@
 #include "kernels/comm.h"
 #include "kernels/cpu/kn_cpu.h"
 #include "model/backend.h"
+#include "model/host_kv.h"
 #include "model/model_int.h"
 #include "model/tp.h"
 
@@ -118,20 +119,6 @@ typedef struct tp_state {
     const kv_op_t *ops;
     int32_t n_ops;
 } tp_state_t;
-
-static float *
-tp_kv_region(float *base, int32_t n_blocks, size_t blk_floats, int32_t layer, int kind)
-{
-    return base + ((size_t)layer * 2 + (size_t)kind) * (size_t)n_blocks * blk_floats;
-}
-
-static void *
-tp_map(size_t len)
-{
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-    return p == MAP_FAILED ? NULL : p;
-}
 
 static void
 tp_destroy(void *state)
@@ -214,7 +201,7 @@ tp_rank_init(tp_state_t *s, int32_t r, char *err, size_t errlen)
     rk->blk_floats = (size_t)sh->n_kv * hd * (size_t)s->rc.block_size;
     rk->kv_len =
         sizeof(float) * 2 * (size_t)c->n_layers * (size_t)s->rc.num_blocks * rk->blk_floats;
-    rk->kv = tp_map(rk->kv_len);
+    rk->kv = host_kv_map(rk->kv_len);
     if (rk->kv == NULL) {
         snprintf(err, errlen, "rank %d: cannot map a %zu MiB KV pool", r, rk->kv_len >> 20);
         return ST_ENOMEM;
@@ -222,7 +209,7 @@ tp_rank_init(tp_state_t *s, int32_t r, char *err, size_t errlen)
     if (s->rc.swap_blocks > 0) {
         rk->swap_len =
             sizeof(float) * 2 * (size_t)c->n_layers * (size_t)s->rc.swap_blocks * rk->blk_floats;
-        rk->swap = tp_map(rk->swap_len);
+        rk->swap = host_kv_map(rk->swap_len);
         if (rk->swap == NULL) {
             snprintf(err, errlen, "rank %d: cannot map a %zu MiB swap tier", r, rk->swap_len >> 20);
             return ST_ENOMEM;
@@ -345,8 +332,8 @@ tp_rank_kv_ops(void *arg, int r)
         }
         for (int32_t l = 0; l < s->c.n_layers; l++) {
             for (int kind = 0; kind < 2; kind++) {
-                float *src = tp_kv_region(src_base, src_n, rk->blk_floats, l, kind);
-                float *dst = tp_kv_region(dst_base, dst_n, rk->blk_floats, l, kind);
+                float *src = host_kv_region(src_base, src_n, rk->blk_floats, l, kind);
+                float *dst = host_kv_region(dst_base, dst_n, rk->blk_floats, l, kind);
 
                 memmove(dst + (size_t)op->dst * rk->blk_floats,
                         src + (size_t)op->src * rk->blk_floats, bytes);
@@ -400,8 +387,8 @@ tp_rank_forward(void *arg, int r)
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mdl_layer_t *L = &m->layers[l];
         const tp_layer_t *tl = &rk->layers[l];
-        float *kc = tp_kv_region(rk->kv, s->rc.num_blocks, rk->blk_floats, l, 0);
-        float *vc = tp_kv_region(rk->kv, s->rc.num_blocks, rk->blk_floats, l, 1);
+        float *kc = host_kv_region(rk->kv, s->rc.num_blocks, rk->blk_floats, l, 0);
+        float *vc = host_kv_region(rk->kv, s->rc.num_blocks, rk->blk_floats, l, 1);
 
         kn_cpu_rmsnorm(rk->x, L->attn_norm, rk->h, T, dim, c->norm_eps);
         kn_cpu_matmul(rk->h, tl->wq, tl->bq, rk->q, T, dim, lq, 0);
