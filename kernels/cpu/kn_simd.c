@@ -5,7 +5,8 @@
  * three times: without a target (baseline x86-64 / any CPU), under
  * target("avx2,fma") and under target("avx512f,avx512bw,avx512vl,fma").
  * kn_cpu.c picks one table at run time from cpuid, so the binary never
- * needs -march=native.
+ * needs -march=native. Clang ignores "#pragma GCC target": it gets the same
+ * target through "#pragma clang attribute" on every function of the region.
  */
 #include <math.h>
 #include <stdint.h>
@@ -25,8 +26,12 @@
 
 #include <immintrin.h>
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 
 /* The few-row GEMM with intrinsics: a tile of 4 weight rows x NT tokens
  * keeps 4 * NT vector accumulators in registers; horizontal sums happen
@@ -176,13 +181,21 @@ kn_scores_avx2(const float *x, const float *w, float *y, int32_t m, int32_t k, i
 #undef KN_SFX
 #undef KN_TABLE
 #undef KN_VW
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #undef KN_GEMM_SMALL
 #undef KN_ATT_SCORES
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
+#endif
 
 static inline __attribute__((always_inline)) void
 kn_gs_tile_avx512(const float *x, const float *w, float *y, int32_t k, int32_t d_out, int32_t t0,
@@ -348,7 +361,11 @@ kn_scores_avx512(const float *x, const float *w, float *y, int32_t m, int32_t k,
 #undef KN_VW
 #undef KN_GEMM_SMALL
 #undef KN_ATT_SCORES
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #else
 

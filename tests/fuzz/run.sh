@@ -22,12 +22,9 @@ if ! command -v "$CC" >/dev/null; then
     echo "run.sh: $CC not found (tools/install-deps --test)"
     exit 77
 fi
-# kernels/cpu/kn_simd.c picks AVX2 / AVX-512 code with GCC target pragmas,
-# which clang ignores: -march=native lets clang compile it on a CPU that has
-# those (the fuzz binaries only run here, and never reach the kernels).
 if [ ! -f "$dir/build.ninja" ]; then
     CC=$CC meson setup "$dir" -Dcuda=disabled -Dfuzz=true -Db_lundef=false \
-        -Db_sanitize=address,undefined "-Dc_args=-fsanitize=fuzzer-no-link -march=native" >"$dir.setup.log" 2>&1 ||
+        -Db_sanitize=address,undefined -Dc_args=-fsanitize=fuzzer-no-link >"$dir.setup.log" 2>&1 ||
         { cat "$dir.setup.log"; exit 1; }
 fi
 ninja -C "$dir" $(for t in $targets; do printf 'tests/fuzz/fuzz_%s ' "$t"; done) >"$dir.build.log" 2>&1 ||
