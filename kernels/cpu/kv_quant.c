@@ -26,13 +26,17 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_int.h"
 #include "kernels/cpu/kv_quant.h"
 
-#define KVQ_CHUNK 16 /* rows dequantized per tile */
+#define KVQ_CHUNK 16 /* rows of one block read per softmax update */
 #define KVQ_GROUP 8  /* query heads per KV head handled at once */
 
 /* ---- element codecs ------------------------------------------------------ */
@@ -961,31 +965,50 @@ kn_kvq_write(kn_kvq_store_t *st, int32_t layer, const float *k, const float *v,
     }
 }
 
-/* The hot loops, once per ISA (kv_quant_attn.inc). */
+/* The attention task, once per ISA (kv_quant_attn.inc). */
 #define KVQ_SFX(name) name##_generic
+#define KVQ_VW 4 /* f32 lanes per vector */
 #include "kernels/cpu/kv_quant_attn.inc"
 #undef KVQ_SFX
+#undef KVQ_VW
 
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define KVQ_SFX(name) name##_avx2
+#define KVQ_VW 8
 #include "kernels/cpu/kv_quant_attn.inc"
 #undef KVQ_SFX
+#undef KVQ_VW
 #pragma GCC pop_options
-#define KVQ_HAVE_AVX2 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,fma")
+#define KVQ_SFX(name) name##_avx512
+#define KVQ_VW 16
+#include "kernels/cpu/kv_quant_attn.inc"
+#undef KVQ_SFX
+#undef KVQ_VW
+#pragma GCC pop_options
+#define KVQ_HAVE_X86 1
 #else
-#define KVQ_HAVE_AVX2 0
+#define KVQ_HAVE_X86 0
 #endif
 
 void
 kn_kvq_read_rows(const kn_kvq_store_t *st, int32_t layer, int kind, int32_t block, int32_t h,
                  int32_t r0, int32_t n, float *out)
 {
-    const float *p = kvq_rows_generic(st, layer, kind, block, h, r0, n, 0, out);
+    const kvq_tier_t *t = &st->tier[KVQ_DEV];
+    int32_t s = t->slot_of[block];
 
-    if (p != out) {
-        memcpy(out, p, sizeof(float) * (size_t)n * st->L.head_dim);
+    if (s >= 0 && t->slot_nq[s] <= layer) { /* residual rows */
+        memcpy(out, slot_at(st, t, s, layer, kind) + el_index(&st->L, h, r0, 0),
+               sizeof(float) * (size_t)n * st->L.head_dim);
+        return;
+    }
+    kn_kvq_dequant_rows(&st->L, kind, blk_at(st, t, layer, kind, block), h, r0, n, out);
+    if (kind == 0 && t->shift[block] != 0) {
+        kn_kvq_rotate_rows(out, n, st->L.head_dim, st->inv_freq, t->shift[block]);
     }
 }
 
@@ -1154,8 +1177,12 @@ kvq_attn_chunk(void *arg, int i, int n_tasks)
     int32_t t = a->n_tok - 1 - i / a->n_kv_heads;
 
     (void)n_tasks;
-#if KVQ_HAVE_AVX2
-    if (kn_cpu_isa() != KN_ISA_GENERIC) {
+#if KVQ_HAVE_X86
+    if (kn_cpu_isa() == KN_ISA_AVX512) {
+        kvq_attn_task_avx512(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
+        return;
+    }
+    if (kn_cpu_isa() == KN_ISA_AVX2) {
         kvq_attn_task_avx2(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
         return;
     }
