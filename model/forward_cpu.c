@@ -15,11 +15,9 @@
  *   (the last layer past its K/V write runs only on the logits rows)
  *   logits = rmsnorm(x[logits_rows]) lm_head^T           (n_logits, vocab)
  *
- * KV pool (device tier here is host memory), one region per layer and
- * kind, each [num_blocks][n_kv_heads][block_size][head_dim] f32:
- *
- *   kv:   | L0 K | L0 V | L1 K | L1 V | ... |     swap: same, swap_blocks
- *
+ * KV pool (device tier here is host memory): model/host_kv.h, f32 regions
+ * [num_blocks][n_kv_heads][block_size][head_dim] per layer and kind, or
+ * the compressed store of kernels/cpu/kv_quant.h for the other dtypes.
  * Both tiers are anonymous mmaps (zero pages, committed on first write).
  * Activations are sized for max_num_batched_tokens rows and logits for
  * max_num_seqs rows at creation; forward() allocates nothing.
@@ -30,15 +28,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_cpu.h"
-#include "kernels/cpu/kv_quant.h"
 #include "model/backend.h"
-#include "model/kv_cache.h"
 #include "model/host_kv.h"
 #include "model/model_int.h"
 
@@ -46,14 +41,7 @@ typedef struct cpu_state {
     const mdl_model_t *m;
     mdl_config_t c;
     mdl_runtime_config_t rc;
-    size_t blk_floats; /* one block of one layer and kind: n_kv * bs * hd */
-    float *kv;         /* [n_layers][2][num_blocks][blk_floats] */
-    size_t kv_len;     /* bytes mapped */
-    float *swap;       /* [n_layers][2][swap_blocks][blk_floats], NULL if none */
-    size_t swap_len;
-    /* Any KV dtype but f32: the compressed store (kernels/cpu/kv_quant.h)
-     * holds pool, swap tier and residual slots instead of kv / swap. */
-    kn_kvq_store_t *kvq;
+    host_kv_t kv; /* pool and swap tier of every KV head (model/host_kv.h) */
     /* Scratch, rows = max_num_batched_tokens (T). */
     float *x;         /* (T, dim) residual stream */
     float *h;         /* (T, dim) normed */
@@ -85,13 +73,7 @@ cpu_destroy(void *state)
     if (s == NULL) {
         return;
     }
-    if (s->kv != NULL) {
-        munmap(s->kv, s->kv_len);
-    }
-    if (s->swap != NULL) {
-        munmap(s->swap, s->swap_len);
-    }
-    kn_kvq_store_destroy(s->kvq);
+    host_kv_destroy(&s->kv);
     free(s->scratch);
     free(s->sub_qs);
     free(s->sub_ctx);
@@ -119,38 +101,9 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     s->m = m;
     s->c = *c;
     s->rc = *rc;
-    s->blk_floats = kvd * (size_t)rc->block_size;
-
-    if (rc->kv_dtype != MDL_KV_F32) {
-        kn_kvq_layout_t lay;
-
-        rc_st = mdl__kv_layout(c, rc->block_size, rc->kv_dtype, &lay, err, errlen);
-        if (rc_st == ST_OK) {
-            rc_st = kn_kvq_store_create(&lay, c->n_layers, rc->num_blocks, rc->swap_blocks,
-                                        mdl__kv_residual_slots(rc), &s->kvq, err, errlen);
-        }
-        if (rc_st != ST_OK) {
-            goto fail;
-        }
-    } else {
-        s->kv_len =
-            sizeof(float) * 2 * (size_t)c->n_layers * (size_t)rc->num_blocks * s->blk_floats;
-        s->kv = host_kv_map(s->kv_len);
-    }
-    if (s->kv == NULL && s->kvq == NULL) {
-        snprintf(err, errlen, "cannot map a %zu MiB KV pool", s->kv_len >> 20);
-        rc_st = ST_ENOMEM;
+    rc_st = host_kv_create(&s->kv, c, c->n_kv_heads, rc, err, errlen);
+    if (rc_st != ST_OK) {
         goto fail;
-    }
-    if (rc->swap_blocks > 0 && s->kvq == NULL) {
-        s->swap_len =
-            sizeof(float) * 2 * (size_t)c->n_layers * (size_t)rc->swap_blocks * s->blk_floats;
-        s->swap = host_kv_map(s->swap_len);
-        if (s->swap == NULL) {
-            snprintf(err, errlen, "cannot map a %zu MiB swap tier", s->swap_len >> 20);
-            rc_st = ST_ENOMEM;
-            goto fail;
-        }
     }
 
     /* Carve every scratch buffer out of one 64-byte aligned block. */
@@ -199,12 +152,10 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
         .orig_max_pos = c->rope_orig_max_pos,
     };
     kn_cpu_rope_inv_freq(&rp, s->inv_freq);
-    if (s->kvq != NULL) {
-        kn_kvq_store_set_rope(s->kvq, s->inv_freq);
-    }
+    host_kv_set_rope(&s->kv, s->inv_freq);
     kn_cpu_init(rc->n_threads);
     LOG_DEBUG("cpu backend: %s kernels, %d threads, KV pool %zu MiB, scratch %zu MiB",
-              kn_isa_name(kn_cpu_isa()), kn_cpu_threads(), s->kv_len >> 20,
+              kn_isa_name(kn_cpu_isa()), kn_cpu_threads(), s->kv.kv_len >> 20,
               (total * sizeof(float)) >> 20);
     *state = s;
     return ST_OK;
@@ -218,68 +169,8 @@ static int
 cpu_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
 {
     cpu_state_t *s = state;
-    int32_t nb = s->rc.num_blocks, ns = s->rc.swap_blocks;
-    size_t bytes = s->blk_floats * sizeof(float);
 
-    if (s->kvq != NULL) {
-        return kn_kvq_ops(s->kvq, ops, n_ops);
-    }
-    for (int32_t i = 0; i < n_ops; i++) {
-        if (ops[i].kind == KV_OP_DROP || ops[i].kind == KV_OP_DROP_SWAP) {
-            continue; /* f32 keeps nothing beside the blocks */
-        }
-        if (ops[i].kind == KV_OP_SHIFT) {
-            /* Re-rotate the block's key rows in place, every layer. */
-            for (int32_t l = 0; l < s->c.n_layers; l++) {
-                float *k = host_kv_region(s->kv, nb, s->blk_floats, l, 0) +
-                           (size_t)ops[i].src * s->blk_floats;
-
-                kn_kvq_rotate_rows(k, s->c.n_kv_heads * s->rc.block_size, s->c.head_dim,
-                                   s->inv_freq, ops[i].dst);
-            }
-            continue;
-        }
-        float *src_base = ops[i].kind == KV_OP_SWAP_IN ? s->swap : s->kv;
-        float *dst_base = ops[i].kind == KV_OP_SWAP_OUT ? s->swap : s->kv;
-        int32_t src_n = ops[i].kind == KV_OP_SWAP_IN ? ns : nb;
-        int32_t dst_n = ops[i].kind == KV_OP_SWAP_OUT ? ns : nb;
-
-        if (src_base == NULL || dst_base == NULL) {
-            return ST_EINVAL; /* swap op without a swap tier */
-        }
-        for (int32_t l = 0; l < s->c.n_layers; l++) {
-            for (int kind = 0; kind < 2; kind++) {
-                float *src = host_kv_region(src_base, src_n, s->blk_floats, l, kind);
-                float *dst = host_kv_region(dst_base, dst_n, s->blk_floats, l, kind);
-
-                memmove(dst + (size_t)ops[i].dst * s->blk_floats,
-                        src + (size_t)ops[i].src * s->blk_floats, bytes);
-            }
-        }
-    }
-    return ST_OK;
-}
-
-/* Writes one layer's new K/V: f32 pool or the compressed store. */
-static void
-cpu_kv_write(cpu_state_t *s, int32_t layer, float *kc, float *vc, const int32_t *slots, int32_t n)
-{
-    if (s->kvq != NULL) {
-        kn_kvq_write(s->kvq, layer, s->k, s->v, slots, n);
-        return;
-    }
-    kn_cpu_kv_write(kc, vc, s->k, s->v, slots, n, s->c.n_kv_heads, s->rc.block_size,
-                    s->c.head_dim);
-}
-
-static void
-cpu_attend(cpu_state_t *s, int32_t layer, const kn_attn_args_t *aa)
-{
-    if (s->kvq != NULL) {
-        kn_kvq_attention(s->kvq, layer, aa);
-    } else {
-        kn_cpu_attention(aa);
-    }
+    return host_kv_ops(&s->kv, ops, n_ops);
 }
 
 /* The rest of the last layer for the n_logits rows that need logits, after
@@ -293,8 +184,7 @@ cpu_attend(cpu_state_t *s, int32_t layer, const kn_attn_args_t *aa)
  * skips (T - n) / T of the last layer's attention, output projection and
  * MLP. */
 static void
-cpu_last_layer(cpu_state_t *s, const mdl_batch_t *b, const mdl_layer_t *L, const float *kc,
-               const float *vc)
+cpu_last_layer(cpu_state_t *s, const mdl_batch_t *b, const mdl_layer_t *L)
 {
     const mdl_config_t *c = &s->c;
     const int32_t dim = c->dim, hd = c->head_dim, qd = c->n_heads * hd, half = hd / 2;
@@ -332,8 +222,6 @@ cpu_last_layer(cpu_state_t *s, const mdl_batch_t *b, const mdl_layer_t *L, const
     kn_attn_args_t aa = {
         .out = s->sub_att,
         .q = s->sub_q,
-        .k_cache = kc,
-        .v_cache = vc,
         .query_start = s->sub_qs,
         .context_len = s->sub_ctx,
         .block_tables = s->sub_bt,
@@ -347,7 +235,7 @@ cpu_last_layer(cpu_state_t *s, const mdl_batch_t *b, const mdl_layer_t *L, const
         .sliding_window = c->sliding_window,
         .scale = 1.0f / sqrtf((float)hd),
     };
-    cpu_attend(s, c->n_layers - 1, &aa);
+    host_kv_attend(&s->kv, c->n_layers - 1, &aa);
     kn_cpu_matmul(s->sub_att, L->wo, NULL, s->hrows, n, qd, dim, 1);
 
     kn_cpu_rmsnorm(s->hrows, L->ffn_norm, s->sub_h, n, dim, c->norm_eps);
@@ -391,10 +279,6 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
 
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mdl_layer_t *L = &m->layers[l];
-        float *kc =
-            s->kv != NULL ? host_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 0) : NULL;
-        float *vc =
-            s->kv != NULL ? host_kv_region(s->kv, s->rc.num_blocks, s->blk_floats, l, 1) : NULL;
         int last = l == c->n_layers - 1 && sub;
 
         kn_cpu_rmsnorm(s->x, L->attn_norm, s->h, T, dim, c->norm_eps);
@@ -405,15 +289,13 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
         kn_cpu_matmul(s->h, L->wv, L->bv, s->v, T, dim, kvd, 0);
         kn_cpu_rope(s->k, T, c->n_kv_heads, hd, s->cos_t, s->sin_t);
         /* All new K/V of this layer land before any attention reads. */
-        cpu_kv_write(s, l, kc, vc, b->slot_mapping, T);
+        host_kv_write(&s->kv, l, s->k, s->v, b->slot_mapping, T);
         if (last) {
-            cpu_last_layer(s, b, L, kc, vc);
+            cpu_last_layer(s, b, L);
             break;
         }
         kn_cpu_rope(s->q, T, c->n_heads, hd, s->cos_t, s->sin_t);
-        aa.k_cache = kc;
-        aa.v_cache = vc;
-        cpu_attend(s, l, &aa);
+        host_kv_attend(&s->kv, l, &aa);
         kn_cpu_matmul(s->att, L->wo, NULL, s->x, T, qd, dim, 1);
 
         kn_cpu_rmsnorm(s->x, L->ffn_norm, s->h, T, dim, c->norm_eps);
@@ -433,9 +315,7 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
         kn_cpu_rmsnorm(s->hrows, m->out_norm, s->hrows, b->n_logits, dim, c->norm_eps);
         kn_cpu_matmul(s->hrows, m->lm_head, NULL, s->logits, b->n_logits, dim, c->vocab_size, 0);
     }
-    if (s->kvq != NULL) {
-        kn_kvq_end_step(s->kvq);
-    }
+    host_kv_end_step(&s->kv);
     *logits = s->logits;
     return ST_OK;
 }

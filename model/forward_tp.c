@@ -22,6 +22,15 @@
  * contiguous); row-parallel shards (wo, w_down) are copied once at
  * creation. Each rank owns its KV pool and swap tier, holding its KV
  * heads' slice of every block (model/tp.h); kv_ops run on every rank.
+ *
+ * KV dtypes: the pool of a rank is model/host_kv.h for its n_kv heads, in
+ * f32 or in the compressed KIVI layout (kernels/cpu/kv_quant.h). A
+ * quantization group never spans KV heads (keys per channel over a block's
+ * tokens, values per token over head_dim), so rank r's store holds the
+ * codes and f16 scales of its heads, with its own residual slots (every
+ * rank sees the same writes, so the slots follow the same blocks), and
+ * COPY / SWAP / DROP / SHIFT (the sink + rolling-window policy's
+ * re-rotation, model/kv_policy.h) run on every rank's slice of a block.
  * The engine thread is rank 0; it broadcasts the step by handing the
  * batch (read-only host memory) to kn_ranks_run(). Nothing is allocated
  * in forward() or kv_ops().
@@ -32,7 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -88,11 +96,7 @@ typedef struct tp_layer {
 typedef struct tp_rank {
     mdl_tp_shard_t sh;
     tp_layer_t *layers; /* [n_layers] */
-    size_t blk_floats;  /* n_kv * bs * hd */
-    float *kv;          /* [n_layers][2][num_blocks][blk_floats] */
-    size_t kv_len;
-    float *swap; /* [n_layers][2][swap_blocks][blk_floats] or NULL */
-    size_t swap_len;
+    host_kv_t kv;       /* this rank's KV heads, both tiers */
     /* Scratch, rows = max_num_batched_tokens (T). */
     float *x, *h;         /* (T, dim) */
     float *q, *att;       /* (T, n_q * hd) */
@@ -138,12 +142,7 @@ tp_destroy(void *state)
             free(rk->layers[l].w_down);
         }
         free(rk->layers);
-        if (rk->kv != NULL) {
-            munmap(rk->kv, rk->kv_len);
-        }
-        if (rk->swap != NULL) {
-            munmap(rk->swap, rk->swap_len);
-        }
+        host_kv_destroy(&rk->kv);
         free(rk->scratch);
     }
     free(s->ranks);
@@ -198,22 +197,12 @@ tp_rank_init(tp_state_t *s, int32_t r, char *err, size_t errlen)
         tl->w_down = tp_cols(L->w_down, c->dim, c->ffn_dim, sh->f0, sh->n_f);
     }
 
-    rk->blk_floats = (size_t)sh->n_kv * hd * (size_t)s->rc.block_size;
-    rk->kv_len =
-        sizeof(float) * 2 * (size_t)c->n_layers * (size_t)s->rc.num_blocks * rk->blk_floats;
-    rk->kv = host_kv_map(rk->kv_len);
-    if (rk->kv == NULL) {
-        snprintf(err, errlen, "rank %d: cannot map a %zu MiB KV pool", r, rk->kv_len >> 20);
-        return ST_ENOMEM;
-    }
-    if (s->rc.swap_blocks > 0) {
-        rk->swap_len =
-            sizeof(float) * 2 * (size_t)c->n_layers * (size_t)s->rc.swap_blocks * rk->blk_floats;
-        rk->swap = host_kv_map(rk->swap_len);
-        if (rk->swap == NULL) {
-            snprintf(err, errlen, "rank %d: cannot map a %zu MiB swap tier", r, rk->swap_len >> 20);
-            return ST_ENOMEM;
-        }
+    char why[256];
+
+    rc = host_kv_create(&rk->kv, c, sh->n_kv, &s->rc, why, sizeof(why));
+    if (rc != ST_OK) {
+        snprintf(err, errlen, "rank %d: %s", r, why);
+        return rc;
     }
 
     size_t lq = (size_t)sh->n_q * hd, lkv = (size_t)sh->n_kv * hd, half = (size_t)hd / 2;
@@ -251,10 +240,6 @@ tp_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, ch
     mdl_tp_shard_t sh;
     int st;
 
-    if (rc->kv_dtype != MDL_KV_F32) {
-        snprintf(err, errlen, "tensor parallelism on the cpu backend keeps its KV cache in f32");
-        return ST_EUNSUPPORTED;
-    }
     if (c->head_dim > KN_ATTN_MAX_HEAD_DIM) {
         snprintf(err, errlen, "head_dim %d exceeds %d", c->head_dim, KN_ATTN_MAX_HEAD_DIM);
         return ST_EUNSUPPORTED;
@@ -292,6 +277,9 @@ tp_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, ch
         .orig_max_pos = c->rope_orig_max_pos,
     };
     kn_cpu_rope_inv_freq(&rp, s->inv_freq);
+    for (int32_t r = 0; r < s->tp; r++) {
+        host_kv_set_rope(&s->ranks[r].kv, s->inv_freq);
+    }
     kn_cpu_init(rc->n_threads);
 
     st = kn_comm_create(s->tp, &s->comm);
@@ -302,8 +290,9 @@ tp_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, ch
         snprintf(err, errlen, "cannot start %d rank threads: %s", s->tp, st_str(st));
         goto fail;
     }
-    LOG_DEBUG("cpu backend, tensor parallel %d: %d query heads, %d KV heads, FFN %d per rank",
-              s->tp, sh.n_q, sh.n_kv, sh.n_f);
+    LOG_DEBUG("cpu backend, tensor parallel %d: %d query heads, %d KV heads, FFN %d per rank, "
+              "KV cache %s",
+              s->tp, sh.n_q, sh.n_kv, sh.n_f, mdl_kv_dtype_name(rc->kv_dtype));
     *state = s;
     return ST_OK;
 
@@ -316,31 +305,8 @@ static int
 tp_rank_kv_ops(void *arg, int r)
 {
     tp_state_t *s = arg;
-    tp_rank_t *rk = &s->ranks[r];
-    int32_t nb = s->rc.num_blocks, ns = s->rc.swap_blocks;
-    size_t bytes = rk->blk_floats * sizeof(float);
 
-    for (int32_t i = 0; i < s->n_ops; i++) {
-        const kv_op_t *op = &s->ops[i];
-        float *src_base = op->kind == KV_OP_SWAP_IN ? rk->swap : rk->kv;
-        float *dst_base = op->kind == KV_OP_SWAP_OUT ? rk->swap : rk->kv;
-        int32_t src_n = op->kind == KV_OP_SWAP_IN ? ns : nb;
-        int32_t dst_n = op->kind == KV_OP_SWAP_OUT ? ns : nb;
-
-        if (src_base == NULL || dst_base == NULL) {
-            return ST_EINVAL; /* swap op without a swap tier */
-        }
-        for (int32_t l = 0; l < s->c.n_layers; l++) {
-            for (int kind = 0; kind < 2; kind++) {
-                float *src = host_kv_region(src_base, src_n, rk->blk_floats, l, kind);
-                float *dst = host_kv_region(dst_base, dst_n, rk->blk_floats, l, kind);
-
-                memmove(dst + (size_t)op->dst * rk->blk_floats,
-                        src + (size_t)op->src * rk->blk_floats, bytes);
-            }
-        }
-    }
-    return ST_OK;
+    return host_kv_ops(&s->ranks[r].kv, s->ops, s->n_ops);
 }
 
 static int
@@ -387,8 +353,6 @@ tp_rank_forward(void *arg, int r)
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mdl_layer_t *L = &m->layers[l];
         const tp_layer_t *tl = &rk->layers[l];
-        float *kc = host_kv_region(rk->kv, s->rc.num_blocks, rk->blk_floats, l, 0);
-        float *vc = host_kv_region(rk->kv, s->rc.num_blocks, rk->blk_floats, l, 1);
 
         kn_cpu_rmsnorm(rk->x, L->attn_norm, rk->h, T, dim, c->norm_eps);
         kn_cpu_matmul(rk->h, tl->wq, tl->bq, rk->q, T, dim, lq, 0);
@@ -396,10 +360,8 @@ tp_rank_forward(void *arg, int r)
         kn_cpu_matmul(rk->h, tl->wv, tl->bv, rk->v, T, dim, lkv, 0);
         kn_cpu_rope(rk->q, T, sh->n_q, hd, rk->cos_t, rk->sin_t);
         kn_cpu_rope(rk->k, T, sh->n_kv, hd, rk->cos_t, rk->sin_t);
-        kn_cpu_kv_write(kc, vc, rk->k, rk->v, b->slot_mapping, T, sh->n_kv, s->rc.block_size, hd);
-        aa.k_cache = kc;
-        aa.v_cache = vc;
-        kn_cpu_attention(&aa);
+        host_kv_write(&rk->kv, l, rk->k, rk->v, b->slot_mapping, T);
+        host_kv_attend(&rk->kv, l, &aa);
         kn_cpu_matmul(rk->att, tl->wo, NULL, rk->part, T, lq, dim, 0);
         kn_comm_allreduce_sum(s->comm, r, rk->part, (size_t)T * dim);
         kn_cpu_add(rk->x, rk->part, (size_t)T * dim);
@@ -412,6 +374,7 @@ tp_rank_forward(void *arg, int r)
         kn_comm_allreduce_sum(s->comm, r, rk->part, (size_t)T * dim);
         kn_cpu_add(rk->x, rk->part, (size_t)T * dim);
     }
+    host_kv_end_step(&rk->kv);
 
     if (r != 0 || b->n_logits == 0) {
         return ST_OK;
@@ -447,4 +410,6 @@ const mdl_backend_t mdl_backend_cpu_tp = {
     .destroy = tp_destroy,
     .kv_ops = tp_kv_ops,
     .forward = tp_forward,
+    .kv_drop_ops = 1,
+    .kv_shift_ops = 1,
 };

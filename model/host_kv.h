@@ -1,7 +1,24 @@
-/* host_kv.h - helpers shared by the host (CPU) backends: forward_cpu.c and
- * forward_tp.c lay out their f32 KV pools the same way.
+/* host_kv.h - the KV pool of a host (CPU) backend, shared by forward_cpu.c
+ * (one pool for every KV head) and forward_tp.c (one pool per rank for
+ * its KV heads, model/tp.h).
  *
- * Thread: pure functions; any thread.
+ * A pool holds the device tier (num_blocks) and the swap tier
+ * (swap_blocks) for n_kv KV heads, in one of two forms:
+ *
+ *   f32:        kv, swap: one region per layer and kind (host_kv_region),
+ *               each [n_blocks][n_kv][block_size][head_dim]
+ *                 | L0 K | L0 V | L1 K | L1 V | ... |
+ *   compressed: a kn_kvq_store_t (kernels/cpu/kv_quant.h, KIVI layout:
+ *               codes and scales per block, f32 residual slots for blocks
+ *               being filled) for n_kv heads
+ *
+ * Quantization groups are per KV head (keys per channel, values per
+ * token), so a pool of a rank's n_kv heads holds exactly the codes and
+ * scales the single pool holds for those heads.
+ *
+ * Thread: a pool belongs to one thread at a time (the engine thread, or a
+ * rank thread during a kn_ranks_run() region). host_kv_region() and
+ * host_kv_map() are pure.
  */
 #ifndef MODEL_HOST_KV_H
 #define MODEL_HOST_KV_H
@@ -9,6 +26,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/mman.h>
+
+#include "common/kvop.h"
+#include "kernels/cpu/kn_cpu.h"
+#include "kernels/cpu/kv_quant.h"
+#include "model/model.h"
 
 /* The K (kind 0) or V (kind 1) region of one layer in a pool laid out
  * [layer][K|V][block][...] with blk_floats floats per block. */
@@ -26,5 +48,52 @@ host_kv_map(size_t len)
 
     return p == MAP_FAILED ? NULL : p;
 }
+
+typedef struct host_kv {
+    int32_t n_layers, n_kv, block_size, head_dim;
+    int32_t num_blocks, swap_blocks;
+    size_t blk_floats; /* f32: one block of one layer and kind, n_kv * bs * hd */
+    float *kv;         /* f32 device tier, or NULL */
+    size_t kv_len;     /* bytes mapped */
+    float *swap;       /* f32 swap tier, or NULL (none, or compressed) */
+    size_t swap_len;
+    kn_kvq_store_t *kvq;   /* any dtype but f32: pool, swap tier, residual slots */
+    const float *inv_freq; /* borrowed (head_dim / 2), for KV_OP_SHIFT */
+} host_kv_t;
+
+/* Creates the pool of n_kv KV heads of model c for runtime rc (num_blocks,
+ * swap_blocks, block_size, kv_dtype, residual slots from
+ * mdl__kv_residual_slots(rc)). On failure returns ST_ENOMEM (mapping),
+ * ST_EUNSUPPORTED (the dtype cannot group the head, e.g. int4 with
+ * head_dim % 8 != 0) or ST_EINVAL with a reason in err, and leaves *kv
+ * empty (host_kv_destroy() is still safe). */
+int host_kv_create(host_kv_t *kv, const mdl_config_t *c, int32_t n_kv,
+                   const mdl_runtime_config_t *rc, char *err, size_t errlen);
+/* Unmaps everything; a zeroed or failed pool is a no-op. */
+void host_kv_destroy(host_kv_t *kv);
+/* RoPE frequencies (head_dim / 2 floats, borrowed for the pool's life)
+ * for KV_OP_SHIFT. Call once after create. */
+void host_kv_set_rope(host_kv_t *kv, const float *inv_freq);
+
+/* Runs COPY / SWAP_OUT / SWAP_IN / DROP / DROP_SWAP / SHIFT ops in order
+ * (ids validated by the caller): whole blocks, every layer, K and V, with
+ * their scales and residual slots. ST_EINVAL for a swap op without a swap
+ * tier or a SHIFT before host_kv_set_rope(). Allocates nothing. */
+int host_kv_ops(host_kv_t *kv, const kv_op_t *ops, int32_t n_ops);
+
+/* Writes one layer's new K and V rows, k, v (n_tok, n_kv * head_dim), at
+ * slot = block * block_size + offset (negative skipped). Layers in order
+ * 0 .. n_layers - 1 within a step. */
+void host_kv_write(host_kv_t *kv, int32_t layer, const float *k, const float *v,
+                   const int32_t *slots, int32_t n_tok);
+
+/* Paged attention of one layer over the pool; a's k_cache / v_cache are
+ * filled in here, everything else as kn_cpu_attention() (n_kv_heads must
+ * be the pool's n_kv). */
+void host_kv_attend(host_kv_t *kv, int32_t layer, kn_attn_args_t *a);
+
+/* Ends a forward step (residual slots of blocks filled during it return
+ * to their pool). */
+void host_kv_end_step(host_kv_t *kv);
 
 #endif /* MODEL_HOST_KV_H */
