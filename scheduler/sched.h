@@ -109,7 +109,7 @@ typedef struct sched_config {
     int32_t sliding_window;
     /* Default attention-sink policy (eng_request_t.kv_sink / kv_window). */
     int32_t kv_sink, kv_window;
-    int kv_policy_ok; /* the backend re-rotates KV (cpu, one rank) */
+    int kv_policy_ok; /* the backend re-rotates KV (cpu, any tensor-parallel size) */
 } sched_config_t;
 
 /* One logits row to sample for one sequence (choice). */

@@ -89,12 +89,12 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
 
     if (cfg->kv_policy_window > 0 &&
         ((cfg->device[0] != '\0' && strcmp(cfg->device, "cpu") != 0) ||
-         cfg->tensor_parallel_size > 1 ||
          cfg->kv_policy_sink + cfg->kv_policy_window + 2 * cfg->block_size > ctx)) {
         /* The re-rotation of kept keys (KV_OP_SHIFT) runs on the cpu
-         * backend with one rank; the window must leave room in the context. */
-        LOG_ERROR("--kv-policy %s needs the cpu backend without tensor parallelism and sink + "
-                  "window + 2 blocks within the context of %d tokens",
+         * backend (every tensor-parallel rank shifts its KV heads); the
+         * window must leave room in the context. */
+        LOG_ERROR("--kv-policy %s needs the cpu backend and sink + window + 2 blocks within the "
+                  "context of %d tokens",
                   cfg->kv_policy, ctx);
         return ST_EUNSUPPORTED;
     }
