@@ -18,6 +18,11 @@
  * from its pinned staging buffer and runs the layer loop of dev_fwd.c on
  * its stream, with ncclAllReduce after the row-parallel projections.
  *
+ * KV dtypes: bf16 / f16 blocks, or fp8_e4m3 / int8 / int4 blocks in the
+ * KIVI layout of kernels/cpu/kv_quant.h with f32 residual slots for blocks
+ * being filled (model/dev_fwd.c); --kv-policy (KV_OP_SHIFT) stays refused
+ * on cuda (server/cmd_serve.c), kv_shift_ops is 0.
+ *
  * Memory, per device, all allocated in create(): weights (bf16, or f16
  * with --kv-cache-dtype f16), activations for max_num_batched_tokens rows,
  * the cuBLAS workspace, then the KV pool of num_blocks blocks, which must
@@ -199,6 +204,10 @@ CU_OP_KERNEL(silu_mul, kn_silu_mul_args_t)
 CU_OP_KERNEL(gather, kn_gather_args_t)
 CU_OP_KERNEL(attention, kn_attn_cuda_args_t)
 CU_OP_KERNEL(attention_prefill, kn_attn_prefill_args_t)
+CU_OP_KERNEL(kq_res_write, kn_kq_res_write_args_t)
+CU_OP_KERNEL(kq_quant, kn_kq_quant_args_t)
+CU_OP_KERNEL(kq_dequant, kn_kq_dequant_args_t)
+CU_OP_KERNEL(kq_attention, kn_kq_attn_args_t)
 
 static int
 cu_op_add(void *ctx, const kn_add_args_t *a)
@@ -240,7 +249,9 @@ cu_op_allreduce(void *ctx, float *buf, size_t n)
     .embed = cu_op_embed, .rmsnorm = cu_op_rmsnorm, .rope = cu_op_rope, .bias = cu_op_bias,        \
     .kv_write = cu_op_kv_write, .silu_mul = cu_op_silu_mul, .add = cu_op_add,                      \
     .gather = cu_op_gather, .attention = cu_op_attention,                                          \
-    .attention_prefill = cu_op_attention_prefill, .gemm = cu_op_gemm
+    .attention_prefill = cu_op_attention_prefill, .kq_res_write = cu_op_kq_res_write,           \
+    .kq_quant = cu_op_kq_quant, .kq_dequant = cu_op_kq_dequant,                                    \
+    .kq_attention = cu_op_kq_attention, .gemm = cu_op_gemm
 
 static const mdl_dev_ops_t cu_ops_tp1 = {CU_OPS_COMMON, .allreduce = NULL};
 static const mdl_dev_ops_t cu_ops_tp = {CU_OPS_COMMON, .allreduce = cu_op_allreduce};
@@ -345,9 +356,20 @@ cu_rank_init(void *arg, int r)
         return st;
     }
     CU_CHECK(cudaStreamSynchronize(rk->stream));
-    LOG_INFO("device %d: rank %d of %d, %d query heads, %d KV heads, KV pool %zu MiB, "
-             "%zu MiB in use before it",
-             rk->dev, r, s->tp, rk->fw.sh.n_q, rk->fw.sh.n_kv, kv_bytes >> 20, in_use >> 20);
+    LOG_INFO("device %d: rank %d of %d, %d query heads, %d KV heads, KV pool %zu MiB "
+             "(%d blocks, %s), %zu MiB in use before it",
+             rk->dev, r, s->tp, rk->fw.sh.n_q, rk->fw.sh.n_kv, kv_bytes >> 20, rc->num_blocks,
+             mdl_kv_dtype_name(rc->kv_dtype), in_use >> 20);
+    if (rk->fw.kq.fmt != 0) {
+        /* As the CPU backend reports a compressed pool: bytes per token with
+         * the scales, and the residual of blocks being filled. */
+        size_t blk = (size_t)s->c.n_layers * (rk->fw.kq.k_stride + rk->fw.kq.v_stride);
+
+        LOG_INFO("device %d: KV %s %.1f bytes/token with scales (%zu per block), %d residual "
+                 "slots of blocks being filled (%zu MiB)",
+                 rk->dev, mdl_kv_dtype_name(rc->kv_dtype), (double)blk / rc->block_size, blk,
+                 rk->fw.kqt[0].n_slots, (kv_bytes - blk * (size_t)rc->num_blocks) >> 20);
+    }
     return ST_OK;
 }
 
@@ -373,8 +395,17 @@ cu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, ch
                  rc->tp_size, rc->tp_size, n_dev);
         return ST_ENODEV;
     }
-    if (rc->kv_dtype != MDL_KV_BF16 && rc->kv_dtype != MDL_KV_F16) {
-        snprintf(err, errlen, "cuda: the KV cache is bf16 or f16");
+    if (rc->kv_dtype != MDL_KV_BF16 && rc->kv_dtype != MDL_KV_F16 &&
+        rc->kv_dtype != MDL_KV_FP8_E4M3 && rc->kv_dtype != MDL_KV_INT8 &&
+        rc->kv_dtype != MDL_KV_INT4) {
+        snprintf(err, errlen, "cuda: the KV cache is bf16, f16, fp8_e4m3, int8 or int4 (not %s)",
+                 mdl_kv_dtype_name(rc->kv_dtype));
+        return ST_EUNSUPPORTED;
+    }
+    if (mdl_kv_block_bytes(c, rc->block_size, rc->kv_dtype) == 0) {
+        snprintf(err, errlen, "cuda: --kv-cache-dtype %s cannot group head_dim %d (int4 needs a "
+                 "multiple of 8)",
+                 mdl_kv_dtype_name(rc->kv_dtype), c->head_dim);
         return ST_EUNSUPPORTED;
     }
     if (c->head_dim > KN_ATTN_MAX_HEAD_DIM || c->n_heads / c->n_kv_heads > KN_ATTN_MAX_GROUP) {
@@ -537,4 +568,5 @@ const mdl_backend_t mdl_backend_cuda = {
     .destroy = cu_destroy,
     .kv_ops = cu_kv_ops,
     .forward = cu_forward,
+    .kv_drop_ops = 1, /* quantized KV: a dropped partial block gives its residual slot back */
 };

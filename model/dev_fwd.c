@@ -19,6 +19,27 @@
  *
  * h16 is one (T, max(dim, n_f, n_q * hd)) buffer reused as the input of
  * every GEMM: each use is complete (stream order) before the next write.
+ *
+ * Quantized KV (--kv-cache-dtype fp8_e4m3 / int8 / int4): the blocks hold
+ * the KIVI codes and scales of kernels/cpu/kv_quant.h byte for byte, and
+ * the rank keeps the CPU store's residual discipline with the slots in
+ * device memory and the bookkeeping on the host:
+ *
+ *   before the step  each written block gets a slot (a block that already
+ *                    holds codes -- its slot was flushed -- is dequantized
+ *                    into it); when none is free, the least recently
+ *                    written slot not touched by this step is flushed
+ *                    (its rows quantized into its block)
+ *   per layer        kv_write -> kq_res_write into the slots, then
+ *                    kq_quant of every block whose last row this step
+ *                    wrote; attention -> kq_attention (codes, and the
+ *                    query's own block from its slot)
+ *   after the step   slots of the blocks filled are freed
+ *
+ * Copy / swap move blocks with their scales (one range per layer and
+ * kind) and a partial block's slot with it; DROP frees the slot. The
+ * prefill-tile kernel is 16-bit only: quantized steps use the per-token
+ * kernel for every token.
  */
 #define LOG_MODULE "devfwd"
 
@@ -61,6 +82,39 @@ static int
 dev_alloc(mdl_dev_rank_t *rk, void *pp, size_t bytes)
 {
     return rk->ops->alloc(rk->ctx, (void **)pp, bytes);
+}
+
+/* KN_KQ_* format of a KV dtype; 0 for the 16-bit ones. */
+static int32_t
+dev_kq_fmt(mdl_kv_dtype_t d)
+{
+    return d == MDL_KV_FP8_E4M3 ? KN_KQ_FP8
+           : d == MDL_KV_INT8   ? KN_KQ_INT8
+           : d == MDL_KV_INT4   ? KN_KQ_INT4
+                                : 0;
+}
+
+/* Residual slots per tier: the CPU store's count (model/kv_cache.c, read
+ * back from mdl_kv_residual_bytes), at most the tier's blocks, at least 1. */
+static int32_t
+dev_kq_slots(const mdl_config_t *c, const mdl_runtime_config_t *rc, int32_t n_blocks)
+{
+    size_t per = 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)rc->block_size *
+                 (size_t)c->head_dim * sizeof(float);
+    size_t all = mdl_kv_residual_bytes(c, rc->block_size, rc->kv_dtype, rc->max_num_seqs,
+                                       rc->max_num_batched_tokens);
+    int32_t n = (int32_t)(all / per);
+
+    n = n < n_blocks ? n : n_blocks;
+    return n < 1 ? 1 : n;
+}
+
+/* Bytes of one residual slot on a rank with n_kv KV heads. */
+static size_t
+dev_kq_slot_bytes(const mdl_config_t *c, int32_t block_size, int32_t n_kv)
+{
+    return 2 * (size_t)c->n_layers * (size_t)n_kv * (size_t)block_size * (size_t)c->head_dim *
+           sizeof(float);
 }
 
 int
@@ -155,6 +209,15 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
         h16_cols = lq;
     }
     rk->stage_len = 5 * T + 3 * S + 1 + S * (size_t)rc->max_blocks_per_seq;
+    if (dev_kq_fmt(rc->kv_dtype) != 0) {
+        if (kn_kq_geom_init(&rk->kq, dev_kq_fmt(rc->kv_dtype), sh->n_kv, rc->block_size, hd) != 0) {
+            LOG_ERROR("--kv-cache-dtype %s cannot group head_dim %d (int4 needs a multiple of 8)",
+                      mdl_kv_dtype_name(rc->kv_dtype), hd);
+            return ST_EUNSUPPORTED;
+        }
+        rk->stage_len += 5 * T; /* residual slot and own slot per token, fill jobs */
+        rk->kq_filled = xmalloc(sizeof(int32_t) * T);
+    }
     if ((st = dev_alloc(rk, &rk->x, sizeof(float) * T * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->part, sizeof(float) * T * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->q, sizeof(float) * T * lq)) != ST_OK ||
@@ -181,21 +244,105 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
     return ST_OK;
 }
 
+/* Bytes of one tier's blocks (all layers, K and V). */
+static size_t
+dev_tier_bytes(const mdl_dev_rank_t *rk, int32_t n_blocks)
+{
+    size_t per = rk->kq.fmt != 0 ? rk->kq.k_stride + rk->kq.v_stride : 2 * rk->blk_bytes;
+
+    return (size_t)rk->m->cfg.n_layers * (size_t)n_blocks * per;
+}
+
 size_t
 mdl_dev_rank_kv_bytes(const mdl_dev_rank_t *rk)
 {
-    return 2 * (size_t)rk->m->cfg.n_layers * (size_t)rk->rc.num_blocks * rk->blk_bytes;
+    size_t b = dev_tier_bytes(rk, rk->rc.num_blocks);
+
+    if (rk->kq.fmt != 0) {
+        b += (size_t)dev_kq_slots(&rk->m->cfg, &rk->rc, rk->rc.num_blocks) *
+             dev_kq_slot_bytes(&rk->m->cfg, rk->rc.block_size, rk->sh.n_kv);
+    }
+    return b;
+}
+
+/* A tier's residual slots (device or pinned) and bookkeeping. */
+static int
+dev_kq_tier_init(mdl_dev_rank_t *rk, int tier, int32_t n_blocks)
+{
+    mdl_dev_kq_tier_t *t = &rk->kqt[tier];
+    size_t bytes;
+    int st;
+
+    t->n_blocks = n_blocks;
+    if (n_blocks == 0) {
+        return ST_OK;
+    }
+    t->n_slots = dev_kq_slots(&rk->m->cfg, &rk->rc, n_blocks);
+    bytes = (size_t)t->n_slots * dev_kq_slot_bytes(&rk->m->cfg, rk->rc.block_size, rk->sh.n_kv);
+    st = tier == 0 ? dev_alloc(rk, &t->res, bytes)
+                   : rk->ops->alloc_host(rk->ctx, (void **)&t->res, bytes);
+    if (st != ST_OK) {
+        return st;
+    }
+    t->slot_of = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
+    t->qv = xcalloc((size_t)n_blocks, 1);
+    t->slot_blk = xmalloc(sizeof(int32_t) * (size_t)t->n_slots);
+    t->slot_fill = xcalloc((size_t)t->n_slots, sizeof(int32_t));
+    t->slot_used = xcalloc((size_t)t->n_slots, sizeof(uint64_t));
+    t->free_slots = xmalloc(sizeof(int32_t) * (size_t)t->n_slots);
+    for (int32_t i = 0; i < n_blocks; i++) {
+        t->slot_of[i] = -1;
+    }
+    for (int32_t i = 0; i < t->n_slots; i++) {
+        t->slot_blk[i] = -1;
+        t->free_slots[i] = t->n_slots - 1 - i;
+    }
+    t->n_free = t->n_slots;
+    return ST_OK;
+}
+
+static void
+dev_kq_tier_fini(mdl_dev_rank_t *rk, int tier)
+{
+    mdl_dev_kq_tier_t *t = &rk->kqt[tier];
+
+    if (tier == 0) {
+        rk->ops->free(rk->ctx, t->res);
+    } else {
+        rk->ops->free_host(rk->ctx, t->res);
+    }
+    free(t->slot_of);
+    free(t->qv);
+    free(t->slot_blk);
+    free(t->slot_fill);
+    free(t->slot_used);
+    free(t->free_slots);
+    memset(t, 0, sizeof(*t));
 }
 
 int
 mdl_dev_rank_alloc_kv(mdl_dev_rank_t *rk)
 {
-    int st = dev_alloc(rk, &rk->kv, mdl_dev_rank_kv_bytes(rk));
+    int st = dev_alloc(rk, &rk->kv, dev_tier_bytes(rk, rk->rc.num_blocks));
 
     if (st == ST_OK && rk->rc.swap_blocks > 0) {
         st = rk->ops->alloc_host(rk->ctx, (void **)&rk->swap,
-                                 2 * (size_t)rk->m->cfg.n_layers * (size_t)rk->rc.swap_blocks *
-                                     rk->blk_bytes);
+                                 dev_tier_bytes(rk, rk->rc.swap_blocks));
+    }
+    if (st == ST_OK && rk->kq.fmt != 0) {
+        st = dev_kq_tier_init(rk, 0, rk->rc.num_blocks);
+        if (st == ST_OK) {
+            st = dev_kq_tier_init(rk, 1, rk->rc.swap_blocks);
+        }
+        if (st == ST_OK) {
+            size_t res_bytes = (size_t)rk->kqt[0].n_slots *
+                               dev_kq_slot_bytes(&rk->m->cfg, rk->rc.block_size, rk->sh.n_kv);
+
+            LOG_DEBUG("rank %d: %s KV, %zu + %zu bytes per block and layer, %d residual slots "
+                      "(%zu MiB)",
+                      rk->rank, mdl_kv_dtype_name(rk->rc.kv_dtype), rk->kq.k_stride,
+                      rk->kq.v_stride, rk->kqt[0].n_slots, res_bytes >> 20);
+        }
     }
     return st;
 }
@@ -227,39 +374,13 @@ mdl_dev_rank_fini(mdl_dev_rank_t *rk)
         o->free(rk->ctx, dev[i]);
     }
     o->free_host(rk->ctx, rk->swap);
+    dev_kq_tier_fini(rk, 0);
+    dev_kq_tier_fini(rk, 1);
+    free(rk->kq_filled);
     o->free_host(rk->ctx, rk->logits_host);
     o->free_host(rk->ctx, rk->stage_host);
     free(rk->plan);
     memset(rk, 0, sizeof(*rk));
-}
-
-int
-mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
-{
-    int32_t cap = rk->rc.num_blocks + rk->rc.swap_blocks, n;
-    int st;
-
-    /* The plan buffer holds up to `cap` operations' ranges at a time. */
-    for (int32_t i0 = 0; i0 < n_ops; i0 += cap) {
-        int32_t k = n_ops - i0 < cap ? n_ops - i0 : cap;
-
-        n = kn_kvcopy_plan(ops + i0, k, rk->m->cfg.n_layers, rk->rc.num_blocks, rk->rc.swap_blocks,
-                           rk->blk_bytes, rk->plan);
-        for (int32_t i = 0; i < n; i++) {
-            const kn_kvcopy_t *p = &rk->plan[i];
-            uint8_t *src = p->kind == KV_OP_SWAP_IN ? rk->swap : rk->kv;
-            uint8_t *dst = p->kind == KV_OP_SWAP_OUT ? rk->swap : rk->kv;
-
-            if (src == NULL || dst == NULL) {
-                return ST_EINVAL; /* swap op without a swap tier */
-            }
-            st = rk->ops->copy(rk->ctx, dst + p->dst_off, src + p->src_off, p->bytes, p->kind);
-            if (st != ST_OK) {
-                return st;
-            }
-        }
-    }
-    return rk->ops->sync(rk->ctx);
 }
 
 #define DEV_TRY(call)                                                                              \
@@ -269,6 +390,295 @@ mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
             return st_;                                                                            \
         }                                                                                          \
     } while (0)
+
+/* ---- quantized KV: residual slots --------------------------------------------- */
+
+/* The (layer, kind) region of a tier: [n_blocks][stride of the kind]. */
+static uint8_t *
+dev_kq_region(const mdl_dev_rank_t *rk, int tier, int32_t layer, int kind)
+{
+    int32_t nb = rk->kqt[tier].n_blocks;
+    uint8_t *base = tier == 0 ? rk->kv : rk->swap;
+
+    return base + (size_t)layer * (size_t)nb * (rk->kq.k_stride + rk->kq.v_stride) +
+           (size_t)kind * (size_t)nb * rk->kq.k_stride;
+}
+
+static void
+dev_kq_release(mdl_dev_kq_tier_t *t, int32_t blk)
+{
+    int32_t s = t->slot_of[blk];
+
+    if (s < 0) {
+        return;
+    }
+    t->slot_of[blk] = -1;
+    t->slot_blk[s] = -1;
+    t->free_slots[t->n_free++] = s;
+}
+
+/* Quantizes the rows written so far of slot s into its block (every
+ * layer) and frees the slot. */
+static int
+dev_kq_flush(mdl_dev_rank_t *rk, int tier, int32_t s)
+{
+    mdl_dev_kq_tier_t *t = &rk->kqt[tier];
+    int32_t blk = t->slot_blk[s];
+
+    for (int32_t l = 0; l < rk->m->cfg.n_layers; l++) {
+        kn_kq_quant_args_t qa = {dev_kq_region(rk, tier, l, 0), dev_kq_region(rk, tier, l, 1),
+                                 t->res, NULL, blk, s, t->slot_fill[s], rk->m->cfg.n_layers, l,
+                                 rk->kq};
+
+        DEV_TRY(rk->ops->kq_quant(rk->ctx, &qa, 1));
+    }
+    t->qv[blk] = 1;
+    dev_kq_release(t, blk);
+    return ST_OK;
+}
+
+/* A slot for blk in *out; when none is free, flushes the least recently
+ * written slot other than `avoid` and older than stamp `guard` (slots of
+ * the running step are never flushed). Before a flush, *flushed is
+ * called back so that the caller can order earlier copies before it. */
+static int
+dev_kq_take(mdl_dev_rank_t *rk, int tier, int32_t blk, int32_t avoid, uint64_t guard,
+            int32_t *out)
+{
+    mdl_dev_kq_tier_t *t = &rk->kqt[tier];
+    int32_t s;
+
+    if (t->n_free == 0) {
+        int32_t victim = -1;
+
+        for (int32_t i = 0; i < t->n_slots; i++) {
+            if (i != avoid && t->slot_blk[i] >= 0 && t->slot_used[i] <= guard &&
+                (victim < 0 || t->slot_used[i] < t->slot_used[victim])) {
+                victim = i;
+            }
+        }
+        if (victim < 0) {
+            LOG_ERROR("rank %d: all %d KV residual slots are in use by this step", rk->rank,
+                      t->n_slots);
+            return ST_ENOMEM;
+        }
+        LOG_DEBUG("residual slots full: block %d quantized early", t->slot_blk[victim]);
+        DEV_TRY(dev_kq_flush(rk, tier, victim));
+    }
+    s = t->free_slots[--t->n_free];
+    t->slot_of[blk] = s;
+    t->slot_blk[s] = blk;
+    t->slot_fill[s] = 0;
+    t->slot_used[s] = ++rk->kq_stamp;
+    *out = s;
+    return ST_OK;
+}
+
+/* Whether taking a slot on this tier would flush one. */
+static int
+dev_kq_take_flushes(const mdl_dev_rank_t *rk, int tier)
+{
+    return rk->kqt[tier].n_free == 0;
+}
+
+/* Before a step: residual slots for every written block (res_slot per
+ * token), the fill jobs (block, slot, block_size) of blocks whose last
+ * row the step writes, and each token's own-block slot (own_slot). */
+static int
+dev_kq_prepare(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t *res_slot, int32_t *own_slot,
+               int32_t *jobs, int32_t *n_jobs)
+{
+    mdl_dev_kq_tier_t *t = &rk->kqt[0];
+    const int32_t bs = rk->rc.block_size, n_layers = rk->m->cfg.n_layers;
+    const uint64_t guard = rk->kq_stamp;
+
+    *n_jobs = 0;
+    rk->kq_n_filled = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        int32_t sl = b->slot_mapping[i], blk, off, s;
+
+        res_slot[i] = -1;
+        if (sl < 0) {
+            continue;
+        }
+        blk = sl / bs;
+        off = sl % bs;
+        s = t->slot_of[blk];
+        if (s < 0) {
+            DEV_TRY(dev_kq_take(rk, 0, blk, -1, guard, &s));
+            if (t->qv[blk] && off > 0) {
+                /* Its slot was flushed: continue from the codes. */
+                for (int32_t l = 0; l < n_layers; l++) {
+                    kn_kq_dequant_args_t da = {dev_kq_region(rk, 0, l, 0),
+                                               dev_kq_region(rk, 0, l, 1),
+                                               t->res,
+                                               blk,
+                                               s,
+                                               n_layers,
+                                               l,
+                                               rk->kq};
+
+                    DEV_TRY(rk->ops->kq_dequant(rk->ctx, &da, 1));
+                }
+                t->slot_fill[s] = off;
+            }
+            t->qv[blk] = 0;
+        }
+        res_slot[i] = s;
+        t->slot_fill[s] = off + 1 > t->slot_fill[s] ? off + 1 : t->slot_fill[s];
+        t->slot_used[s] = ++rk->kq_stamp;
+        if (off == bs - 1) {
+            jobs[3 * *n_jobs] = blk;
+            jobs[3 * *n_jobs + 1] = s;
+            jobs[3 * *n_jobs + 2] = bs;
+            ++*n_jobs;
+            rk->kq_filled[rk->kq_n_filled++] = blk;
+        }
+    }
+    for (int32_t q = 0; q < b->n_seqs; q++) {
+        const int32_t *bt = b->block_tables + (size_t)q * b->max_blocks;
+
+        for (int32_t i = b->query_start[q]; i < b->query_start[q + 1]; i++) {
+            int32_t ctx = b->context_len[q] - (b->query_start[q + 1] - i);
+
+            own_slot[i] = t->slot_of[bt[ctx / bs]];
+        }
+    }
+    return ST_OK;
+}
+
+/* After a step: blocks filled in it hold codes only. */
+static void
+dev_kq_end_step(mdl_dev_rank_t *rk)
+{
+    mdl_dev_kq_tier_t *t = &rk->kqt[0];
+
+    for (int32_t i = 0; i < rk->kq_n_filled; i++) {
+        int32_t blk = rk->kq_filled[i];
+
+        t->qv[blk] = 1;
+        dev_kq_release(t, blk);
+    }
+    rk->kq_n_filled = 0;
+}
+
+/* ---- copy / swap ------------------------------------------------------------------ */
+
+static int
+dev_is_copy(kv_op_kind_t k)
+{
+    return k == KV_OP_COPY || k == KV_OP_SWAP_OUT || k == KV_OP_SWAP_IN;
+}
+
+/* Enqueues the block ranges of the copy / swap ops among ops[0, n_ops)
+ * (others skipped), in order. */
+static int
+dev_emit_copies(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
+{
+    int32_t cap = rk->rc.num_blocks + rk->rc.swap_blocks;
+    size_t kb = rk->kq.fmt != 0 ? rk->kq.k_stride : rk->blk_bytes;
+    size_t vb = rk->kq.fmt != 0 ? rk->kq.v_stride : rk->blk_bytes;
+
+    for (int32_t i0 = 0; i0 < n_ops;) {
+        int32_t k = 0, n;
+
+        if (!dev_is_copy(ops[i0].kind)) {
+            i0++;
+            continue;
+        }
+        /* A run of copy ops; the plan buffer holds `cap` ops' ranges. */
+        while (i0 + k < n_ops && k < cap && dev_is_copy(ops[i0 + k].kind)) {
+            k++;
+        }
+        n = kn_kvcopy_plan_kv(ops + i0, k, rk->m->cfg.n_layers, rk->rc.num_blocks,
+                              rk->rc.swap_blocks, kb, vb, rk->plan);
+        for (int32_t i = 0; i < n; i++) {
+            const kn_kvcopy_t *p = &rk->plan[i];
+            uint8_t *src = p->kind == KV_OP_SWAP_IN ? rk->swap : rk->kv;
+            uint8_t *dst = p->kind == KV_OP_SWAP_OUT ? rk->swap : rk->kv;
+
+            if (src == NULL || dst == NULL) {
+                return ST_EINVAL; /* swap op without a swap tier */
+            }
+            DEV_TRY(rk->ops->copy(rk->ctx, dst + p->dst_off, src + p->src_off, p->bytes, p->kind));
+        }
+        i0 += k;
+    }
+    return ST_OK;
+}
+
+/* Quantized KV: the slots follow their blocks (the CPU store's copy_block).
+ * Slot copies go on the stream at once; block copies are batched and
+ * enqueued before any flush (which writes codes) and at the end. */
+static int
+dev_kq_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
+{
+    const size_t slot_bytes = dev_kq_slot_bytes(&rk->m->cfg, rk->rc.block_size, rk->sh.n_kv);
+    int32_t p0 = 0;
+
+    for (int32_t i = 0; i < n_ops; i++) {
+        const kv_op_t *o = &ops[i];
+        int ts = o->kind == KV_OP_SWAP_IN ? 1 : 0, td = o->kind == KV_OP_SWAP_OUT ? 1 : 0;
+
+        switch (o->kind) {
+        case KV_OP_COPY:
+        case KV_OP_SWAP_OUT:
+        case KV_OP_SWAP_IN: {
+            mdl_dev_kq_tier_t *S = &rk->kqt[ts], *D = &rk->kqt[td];
+            int32_t ss, ds;
+
+            if (S->n_blocks == 0 || D->n_blocks == 0) {
+                return ST_EINVAL;
+            }
+            D->qv[o->dst] = S->qv[o->src];
+            ss = S->slot_of[o->src];
+            if (ss < 0) {
+                dev_kq_release(D, o->dst);
+                break;
+            }
+            ds = D->slot_of[o->dst];
+            if (ds < 0) {
+                if (dev_kq_take_flushes(rk, td)) {
+                    DEV_TRY(dev_emit_copies(rk, ops + p0, i + 1 - p0));
+                    p0 = i + 1;
+                }
+                DEV_TRY(dev_kq_take(rk, td, o->dst, td == ts ? ss : -1, UINT64_MAX, &ds));
+                ss = S->slot_of[o->src];
+            }
+            DEV_TRY(rk->ops->copy(rk->ctx, (uint8_t *)D->res + (size_t)ds * slot_bytes,
+                                  (uint8_t *)S->res + (size_t)ss * slot_bytes, slot_bytes,
+                                  o->kind));
+            D->slot_fill[ds] = S->slot_fill[ss];
+            break;
+        }
+        case KV_OP_DROP:
+        case KV_OP_DROP_SWAP: {
+            mdl_dev_kq_tier_t *t = &rk->kqt[o->kind == KV_OP_DROP ? 0 : 1];
+
+            if (t->n_blocks == 0) {
+                return ST_EINVAL;
+            }
+            dev_kq_release(t, o->src);
+            t->qv[o->src] = 0;
+            break;
+        }
+        default: /* SHIFT: the backend does not offer it (kv_shift_ops 0) */
+            return ST_EUNSUPPORTED;
+        }
+    }
+    return dev_emit_copies(rk, ops + p0, n_ops - p0);
+}
+
+int
+mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
+{
+    if (rk->kq.fmt != 0) {
+        DEV_TRY(dev_kq_ops(rk, ops, n_ops));
+    } else {
+        DEV_TRY(dev_emit_copies(rk, ops, n_ops));
+    }
+    return rk->ops->sync(rk->ctx);
+}
 
 int
 mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
@@ -289,6 +699,7 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     size_t o_tiles = o_bt + (size_t)S * b->max_blocks, n_int = o_tiles;
     const int32_t group = c->n_heads / c->n_kv_heads;
     const int32_t q_tile = kn_attn_prefill_q_tile(group);
+    const int kq = rk->kq.fmt != 0;
     int32_t n_tiles = 0;
 
     memcpy(h, b->tokens, sizeof(int32_t) * T);
@@ -300,13 +711,21 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
         memcpy(h + o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
     }
     memcpy(h + o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * b->max_blocks);
-    if (T > S) { /* prefill chunks present: query tiles for the prefill kernel */
+    if (T > S && kq == 0) { /* prefill chunks present: query tiles for the prefill kernel */
         for (int32_t s = 0; s < S; s++) {
             for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += q_tile) {
                 h[o_tiles + (size_t)n_tiles++] = t0;
             }
         }
         n_int += (size_t)n_tiles;
+    }
+    /* Quantized KV: residual slot and own-block slot per token, fill jobs. */
+    size_t o_rs = n_int, o_own = o_rs + T, o_jobs = o_own + T;
+    int32_t n_jobs = 0;
+
+    if (kq) {
+        DEV_TRY(dev_kq_prepare(rk, b, h + o_rs, h + o_own, h + o_jobs, &n_jobs));
+        n_int = o_jobs + 3 * (size_t)n_jobs;
     }
     DEV_TRY(o->copy(cx, rk->stage_dev, h, sizeof(int32_t) * n_int, KV_OP_SWAP_IN));
     const int32_t *d = rk->stage_dev;
@@ -316,8 +735,8 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
 
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mdl_dev_layer_t *L = &rk->layers[l];
-        uint16_t *kc = (uint16_t *)(rk->kv + ((size_t)l * 2 + 0) * region);
-        uint16_t *vc = (uint16_t *)(rk->kv + ((size_t)l * 2 + 1) * region);
+        uint16_t *kc = kq ? NULL : (uint16_t *)(rk->kv + ((size_t)l * 2 + 0) * region);
+        uint16_t *vc = kq ? NULL : (uint16_t *)(rk->kv + ((size_t)l * 2 + 1) * region);
         kn_rmsnorm_args_t na = {rk->x, L->attn_norm, rk->h16, dim, dim, c->norm_eps, dt};
         kn_rope_args_t rq = {rk->q, d + o_pos, rk->inv_freq, sh->n_q, hd, lq};
         kn_rope_args_t rkk = {rk->k, d + o_pos, rk->inv_freq, sh->n_kv, hd, lkv};
@@ -352,12 +771,28 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
         }
         DEV_TRY(o->rope(cx, &rq, T));
         DEV_TRY(o->rope(cx, &rkk, T));
-        DEV_TRY(o->kv_write(cx, &kw, T)); /* every new K/V lands before attention reads */
-        if (n_tiles > 0) {
+        if (kq) {
+            /* New rows into the residual slots, then the blocks they fill
+             * are quantized, all before attention reads. */
+            uint8_t *kb = dev_kq_region(rk, 0, l, 0), *vb = dev_kq_region(rk, 0, l, 1);
+            kn_kq_res_write_args_t rw = {rk->kqt[0].res, rk->k, rk->v, d + o_slot, d + o_rs,
+                                         c->n_layers, l, lkv, rk->kq};
+            kn_kq_quant_args_t qa = {kb, vb, rk->kqt[0].res, d + o_jobs, 0, 0, 0,
+                                     c->n_layers, l, rk->kq};
+            kn_kq_attn_args_t ka = {aa, kb, vb, rk->kqt[0].res, d + o_own, c->n_layers, l, rk->kq};
+
+            DEV_TRY(o->kq_res_write(cx, &rw, T));
+            if (n_jobs > 0) {
+                DEV_TRY(o->kq_quant(cx, &qa, n_jobs));
+            }
+            DEV_TRY(o->kq_attention(cx, &ka, T));
+        } else if (n_tiles > 0) {
+            DEV_TRY(o->kv_write(cx, &kw, T)); /* every new K/V lands before attention reads */
             kn_attn_prefill_args_t pa = {aa, d + o_tiles, q_tile};
 
             DEV_TRY(o->attention_prefill(cx, &pa, n_tiles));
         } else {
+            DEV_TRY(o->kv_write(cx, &kw, T));
             DEV_TRY(o->attention(cx, &aa, T)); /* decodes only */
         }
         DEV_TRY(o->gemm(cx, dt, rk->h16, L->wo, rk->part, T, lq, dim));
@@ -388,7 +823,11 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
         DEV_TRY(o->copy(cx, rk->logits_host, rk->logits_dev,
                         sizeof(float) * (size_t)b->n_logits * c->vocab_size, KV_OP_SWAP_OUT));
     }
-    return o->sync(cx);
+    DEV_TRY(o->sync(cx));
+    if (kq) {
+        dev_kq_end_step(rk);
+    }
+    return ST_OK;
 }
 
 /* ---- sizing the KV pool from --gpu-memory-utilization ---------------------- */
@@ -410,7 +849,7 @@ dev_rank_bytes(const mdl_config_t *c, const mdl_runtime_config_t *rc, const mdl_
     const size_t hd = (size_t)c->head_dim, lq = (size_t)sh->n_q * hd, lkv = (size_t)sh->n_kv * hd;
     const size_t nf = (size_t)sh->n_f, vocab = (size_t)c->vocab_size;
     const size_t T = (size_t)rc->max_num_batched_tokens, S = (size_t)rc->max_num_seqs;
-    size_t layer, h16_cols = dim, stage_len;
+    size_t layer, h16_cols = dim, stage_len, res = 0;
 
     layer = 2 * dev_grain(e * dim) + dev_grain(e * lq * dim) + 2 * dev_grain(e * lkv * dim) +
             dev_grain(e * dim * lq) + 3 * dev_grain(e * nf * dim);
@@ -427,7 +866,13 @@ dev_rank_bytes(const mdl_config_t *c, const mdl_runtime_config_t *rc, const mdl_
         h16_cols = lq;
     }
     stage_len = 5 * T + 3 * S + 1 + S * (size_t)rc->max_blocks_per_seq;
-    *a = 2 * dev_grain(f * T * dim) + dev_grain(f * T * lq) + 2 * dev_grain(f * T * lkv) +
+    if (dev_kq_fmt(rc->kv_dtype) != 0) {
+        /* Quantized KV: the staging's slot columns and the residual slots. */
+        stage_len += 5 * T;
+        res = dev_grain((size_t)dev_kq_slots(c, rc, rc->num_blocks > 0 ? rc->num_blocks : INT32_MAX) *
+                        dev_kq_slot_bytes(c, rc->block_size, sh->n_kv));
+    }
+    *a = res + 2 * dev_grain(f * T * dim) + dev_grain(f * T * lq) + 2 * dev_grain(f * T * lkv) +
          2 * dev_grain(f * T * nf) + dev_grain(e * T * h16_cols) + dev_grain(f * S * dim) +
          dev_grain(sizeof(int32_t) * stage_len) + (rank == 0 ? dev_grain(f * S * vocab) : 0);
 }
@@ -469,6 +914,18 @@ mdl_kv_blocks_for_budget(const mdl_config_t *c, const mdl_runtime_config_t *rc,
         dev_rank_bytes(c, rc, &sh, r, &w, &a);
         out->block_bytes = 2 * (size_t)c->n_layers * sizeof(uint16_t) * (size_t)sh.n_kv *
                            (size_t)c->head_dim * (size_t)rc->block_size;
+        if (dev_kq_fmt(rc->kv_dtype) != 0) {
+            kn_kq_geom_t g;
+
+            if (kn_kq_geom_init(&g, dev_kq_fmt(rc->kv_dtype), sh.n_kv, rc->block_size,
+                                c->head_dim) != 0) {
+                snprintf(err, errlen, "cannot size the KV pool: --kv-cache-dtype %s cannot group "
+                                      "head_dim %d",
+                         mdl_kv_dtype_name(rc->kv_dtype), c->head_dim);
+                return ST_EUNSUPPORTED;
+            }
+            out->block_bytes = (size_t)c->n_layers * (g.k_stride + g.v_stride);
+        }
         need = w + a + out->reserve_bytes;
         n = need < out->budget_bytes ? (int64_t)((out->budget_bytes - need) / out->block_bytes) : 0;
         if (r == 0 || n < best) {

@@ -56,6 +56,15 @@ typedef struct mdl_dev_ops {
     int (*gather)(void *ctx, const kn_gather_args_t *a, int32_t n_rows);
     int (*attention)(void *ctx, const kn_attn_cuda_args_t *a, int32_t n_tok);
     int (*attention_prefill)(void *ctx, const kn_attn_prefill_args_t *a, int32_t n_tiles);
+    /* Quantized KV (fp8_e4m3 / int8 / int4), kn_cuda_body.h: residual
+     * write (grid n_tok), block quantization (n jobs), dequantization
+     * into a slot (n unused), attention over codes (grid n_tok). The
+     * quantize / dequantize ops also run on the pinned swap tier, which
+     * the device reaches through unified addressing. */
+    int (*kq_res_write)(void *ctx, const kn_kq_res_write_args_t *a, int32_t n_tok);
+    int (*kq_quant)(void *ctx, const kn_kq_quant_args_t *a, int32_t n_jobs);
+    int (*kq_dequant)(void *ctx, const kn_kq_dequant_args_t *a, int32_t n);
+    int (*kq_attention)(void *ctx, const kn_kq_attn_args_t *a, int32_t n_tok);
     /* y (n_tok, d_out) f32 = x (n_tok, d_in) 16-bit @ w^T, w (d_out, d_in)
      * 16-bit; row-major device memory, f32 accumulation. */
     int (*gemm)(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y,
@@ -74,6 +83,22 @@ typedef struct mdl_dev_layer {
     uint16_t *w_down;               /* (dim, n_f): this rank's columns */
 } mdl_dev_layer_t;
 
+/* Residual slots of one tier (device pool or swap tier) of a quantized
+ * KV pool: host bookkeeping of which block holds which slot, as the CPU
+ * store keeps it (kernels/cpu/kv_quant.h), and the slots' memory. */
+typedef struct mdl_dev_kq_tier {
+    int32_t n_blocks;
+    int32_t n_slots;
+    float *res;          /* [n_slots][n_layers][2][n_kv][bs][hd] f32: device / pinned */
+    int32_t *slot_of;    /* [n_blocks] slot or -1 */
+    uint8_t *qv;         /* [n_blocks] the codes hold rows */
+    int32_t *slot_blk;   /* [n_slots] owner block or -1 */
+    int32_t *slot_fill;  /* [n_slots] rows written (max offset + 1) */
+    uint64_t *slot_used; /* [n_slots] last write stamp (LRU flush order) */
+    int32_t *free_slots; /* stack */
+    int32_t n_free;
+} mdl_dev_kq_tier_t;
+
 typedef struct mdl_dev_rank {
     const mdl_dev_ops_t *ops;
     void *ctx;
@@ -91,6 +116,14 @@ typedef struct mdl_dev_rank {
     uint8_t *kv;             /* [n_layers][2][num_blocks][blk_bytes] device */
     uint8_t *swap;           /* [n_layers][2][swap_blocks][blk_bytes] pinned, or NULL */
     kn_kvcopy_t *plan;       /* [2 * n_layers * (num_blocks + swap_blocks)] host */
+    /* Quantized KV (kq.fmt != 0): per layer | K [num_blocks][k_stride] |
+     * V [num_blocks][v_stride] | in kv and swap, residual slots per tier
+     * (tier 0 device, 1 swap), blocks filled this step. */
+    kn_kq_geom_t kq;
+    mdl_dev_kq_tier_t kqt[2];
+    uint64_t kq_stamp;
+    int32_t *kq_filled; /* (T) host: slots quantized this step, freed after it */
+    int32_t kq_n_filled;
     /* Activations, device, T = max_num_batched_tokens rows, S = max_num_seqs. */
     float *x, *part;     /* (T, dim) residual, row-parallel partial */
     float *q;            /* (T, n_q * hd) */
@@ -110,7 +143,9 @@ typedef struct mdl_dev_rank {
  * caller; on failure the caller still calls mdl_dev_rank_fini(). */
 int mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const mdl_model_t *m,
                       const mdl_runtime_config_t *rc, int32_t rank, kn_dt_t dt);
-/* Bytes of the KV pool (device) that mdl_dev_rank_alloc_kv() will take. */
+/* Bytes of the KV pool (device) that mdl_dev_rank_alloc_kv() will take:
+ * blocks (with their scales) and, for fp8 / int8 / int4, the residual
+ * slots of blocks being filled. */
 size_t mdl_dev_rank_kv_bytes(const mdl_dev_rank_t *rk);
 /* The KV pool (device) and swap tier (pinned host). */
 int mdl_dev_rank_alloc_kv(mdl_dev_rank_t *rk);

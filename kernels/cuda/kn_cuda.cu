@@ -6,7 +6,8 @@
  * shared memory; the args struct travels by value in the kernel
  * parameters. Block sizes: 256 threads for row kernels (rmsnorm reduces
  * over the row with them), 128 for attention (4 warps share a (token, KV
- * head) block), 256 elsewhere.
+ * head) block), 256 elsewhere; 128 for the quantized-KV block quantizer
+ * (a thread per key channel pair or value row).
  */
 #include <cuda_runtime.h>
 
@@ -48,6 +49,10 @@ KN_KERNEL(add, kn_add_args_t)
 KN_KERNEL(gather, kn_gather_args_t)
 KN_KERNEL(attention, kn_attn_cuda_args_t)
 KN_KERNEL(attention_prefill, kn_attn_prefill_args_t)
+KN_KERNEL(kq_res_write, kn_kq_res_write_args_t)
+KN_KERNEL(kq_quant, kn_kq_quant_args_t)
+KN_KERNEL(kq_dequant, kn_kq_dequant_args_t)
+KN_KERNEL(kq_attention, kn_kq_attn_args_t)
 
 extern "C" cudaError_t
 kn_cuda_embed(cudaStream_t s, const kn_embed_args_t *a, int32_t n_tok)
@@ -143,5 +148,55 @@ kn_cuda_attention_prefill(cudaStream_t s, const kn_attn_prefill_args_t *a, int32
         }
     }
     k_attention_prefill<<<grid, KN_ATTN_THREADS, smem, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_kq_res_write(cudaStream_t s, const kn_kq_res_write_args_t *a, int32_t n_tok)
+{
+    k_kq_res_write<<<n_tok, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_kq_quant(cudaStream_t s, const kn_kq_quant_args_t *a, int32_t n_jobs)
+{
+    dim3 grid((unsigned)n_jobs, 2u * (unsigned)a->g.n_kv);
+
+    if (n_jobs <= 0) {
+        return cudaSuccess;
+    }
+    k_kq_quant<<<grid, KN_ATTN_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_kq_dequant(cudaStream_t s, const kn_kq_dequant_args_t *a, int32_t n)
+{
+    dim3 grid((unsigned)a->g.n_kv, 2u);
+
+    (void)n;
+    k_kq_dequant<<<grid, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_kq_attention(cudaStream_t s, const kn_kq_attn_args_t *a, int32_t n_tok)
+{
+    int32_t group = a->a.n_heads / a->a.n_kv_heads;
+    size_t smem = sizeof(float) * kn_kq_attn_smem_floats(group, a->a.head_dim);
+    dim3 grid((unsigned)a->a.n_kv_heads, (unsigned)n_tok);
+
+    if (group > KN_ATTN_MAX_GROUP || a->a.head_dim > 256) {
+        return cudaErrorInvalidValue;
+    }
+    if (smem > 48 * 1024) {
+        cudaError_t e =
+            cudaFuncSetAttribute(k_kq_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) {
+            return e;
+        }
+    }
+    k_kq_attention<<<grid, KN_ATTN_THREADS, smem, s>>>(*a);
     return cudaGetLastError();
 }

@@ -45,6 +45,16 @@ cudaError_t kn_cuda_attention(cudaStream_t s, const kn_attn_cuda_args_t *a, int3
 /* Paged attention by query tiles (prefill chunks); grid (n_kv_heads, n_tiles). */
 cudaError_t kn_cuda_attention_prefill(cudaStream_t s, const kn_attn_prefill_args_t *a,
                                       int32_t n_tiles);
+/* Quantized KV (KIVI blocks, kn_cuda_body.h): residual slot rows <- k, v;
+ * grid n_tok. */
+cudaError_t kn_cuda_kq_res_write(cudaStream_t s, const kn_kq_res_write_args_t *a, int32_t n_tok);
+/* Blocks <- codes of residual slots, one layer; grid (n_jobs, 2 * n_kv);
+ * n_jobs 1 with a->jobs NULL for the one job in the args. */
+cudaError_t kn_cuda_kq_quant(cudaStream_t s, const kn_kq_quant_args_t *a, int32_t n_jobs);
+/* One residual slot layer <- a block's dequantized codes; grid (n_kv, 2); n unused. */
+cudaError_t kn_cuda_kq_dequant(cudaStream_t s, const kn_kq_dequant_args_t *a, int32_t n);
+/* Paged attention over quantized blocks; grid (n_kv_heads, n_tok). */
+cudaError_t kn_cuda_kq_attention(cudaStream_t s, const kn_kq_attn_args_t *a, int32_t n_tok);
 
 #ifdef __cplusplus
 }

@@ -809,4 +809,626 @@ kn_attention_prefill_body(const kn_thr_t *t, float *smem, const kn_attn_prefill_
     }
 }
 
+/* ==== quantized KV blocks (KIVI; the byte layout of kernels/cpu/kv_quant.h) ====
+ *
+ * A block of block_size tokens is the quantization group. Per layer and
+ * kind the pool region is [num_blocks][stride]; one block of one kind is
+ *
+ *   [ codes: [n_kv][block_size][head_dim] | meta | pad to 16 bytes ]
+ *   K meta: [n_kv][head_dim] f16 scales, then (int8 / int4) as many f16 zero points
+ *   V meta: [n_kv][block_size] f16 scales (+ zero points)
+ *
+ * Keys are quantized per channel over the block's rows, values per row
+ * over head_dim; int4 packs channel i (low nibble) with channel
+ * i + head_dim / 2 (high nibble). Codes: fp8 E4M3 x = code * scale; int8 /
+ * int4 x = code * scale + zero.
+ *
+ * The block being filled lives in an f32 residual slot,
+ *   slots: [n_slots][n_layers][2 (K, V)][n_kv][block_size][head_dim] f32,
+ * and is quantized from it (kn_kq_quant_body) when its last row is written,
+ * with the same arithmetic as kn_kvq_quantize_block() on the CPU, so codes,
+ * scales and zero points are bit-identical: every rounding step is spelled
+ * out with round-to-nearest-even intrinsics on the device (no FMA
+ * contraction can move a scale by one ulp). The staging is f32 because the
+ * CPU quantizer reads the f32 residual: a 16-bit staging would round the
+ * keys before the ranges are taken.
+ *
+ * Attention reads codes in place (kn_kq_attention_body): the per-channel
+ * key scale is folded into the query once per block (q' = q * s_k, plus
+ * the constant sum q . z_k), the per-row value scale into the softmax
+ * weight (p' = p * s_v, plus sum p * z_v added to every output channel). A
+ * query reads its own block from the residual slot (KIVI: the rows of the
+ * block being filled stay full precision) and every earlier block as codes. */
+
+#define KN_KQ_FP8 3  /* = KN_KVQ_FP8 of kernels/cpu/kv_quant.h */
+#define KN_KQ_INT8 4 /* = KN_KVQ_INT8 */
+#define KN_KQ_INT4 5 /* = KN_KVQ_INT4 */
+
+#if defined(__CUDACC__)
+#define KN_FMUL_RN(a, b) __fmul_rn((a), (b))
+#define KN_FADD_RN(a, b) __fadd_rn((a), (b))
+#define KN_FSUB_RN(a, b) __fsub_rn((a), (b))
+#else
+#define KN_FMUL_RN(a, b) ((a) * (b))
+#define KN_FADD_RN(a, b) ((a) + (b))
+#define KN_FSUB_RN(a, b) ((a) - (b))
+#endif
+
+/* The byte geometry of one block of one layer (kn_kvq_layout_t's numbers). */
+typedef struct kn_kq_geom {
+    int32_t fmt; /* KN_KQ_* */
+    int32_t n_kv;
+    int32_t bs;
+    int32_t hd;
+    size_t data_bytes; /* codes */
+    size_t k_stride;   /* codes + K meta, rounded up to 16 */
+    size_t v_stride;
+} kn_kq_geom_t;
+
+/* Fills *g; returns 0, or -1 for a shape the format cannot group (odd
+ * head_dim, int4 with head_dim % 8 != 0, non-positive sizes). */
+static inline int
+kn_kq_geom_init(kn_kq_geom_t *g, int32_t fmt, int32_t n_kv, int32_t bs, int32_t hd)
+{
+    size_t elems, mg;
+
+    if (n_kv <= 0 || bs <= 0 || hd <= 0 || hd % 2 != 0 || (fmt == KN_KQ_INT4 && hd % 8 != 0) ||
+        (fmt != KN_KQ_FP8 && fmt != KN_KQ_INT8 && fmt != KN_KQ_INT4)) {
+        return -1;
+    }
+    elems = (size_t)n_kv * (size_t)bs * (size_t)hd;
+    mg = fmt == KN_KQ_FP8 ? 1 : 2;
+    g->fmt = fmt;
+    g->n_kv = n_kv;
+    g->bs = bs;
+    g->hd = hd;
+    g->data_bytes = fmt == KN_KQ_INT4 ? elems / 2 : elems;
+    g->k_stride = (g->data_bytes + 2 * mg * (size_t)n_kv * (size_t)hd + 15) & ~(size_t)15;
+    g->v_stride = (g->data_bytes + 2 * mg * (size_t)n_kv * (size_t)bs + 15) & ~(size_t)15;
+    return 0;
+}
+
+/* Floats of one residual slot's (layer, kind): n_kv * bs * hd. */
+KN_DEV size_t
+kn_kq_lk(const kn_kq_geom_t *g)
+{
+    return (size_t)g->n_kv * (size_t)g->bs * (size_t)g->hd;
+}
+
+/* Rows of (slot, layer, kind, head) in the residual slots. */
+KN_DEV size_t
+kn_kq_res_off(const kn_kq_geom_t *g, int32_t slot, int32_t n_layers, int32_t layer, int kind,
+              int32_t h)
+{
+    return (((size_t)slot * (size_t)n_layers + (size_t)layer) * 2 + (size_t)kind) * kn_kq_lk(g) +
+           (size_t)h * (size_t)g->bs * (size_t)g->hd;
+}
+
+/* E4M3 (OCP "fn": no infinities, max 448), round to nearest even,
+ * saturating; the CPU's kn_f32_to_e4m3 step for step. */
+KN_DEV uint8_t
+kn_kq_e4m3_enc(float x)
+{
+    uint32_t u = kn_f2u(x), au = u & 0x7fffffffu;
+    uint8_t sign = (u >> 31) != 0 ? 0x80 : 0;
+    float a = kn_u2f(au);
+    int e, m, code;
+
+    if (au > 0x7f800000u) {
+        return 0x7f;
+    }
+    if (a >= 448.0f) {
+        return (uint8_t)(sign | 0x7e);
+    }
+    if (a < 0.015625f) { /* below 2^-6: subnormal steps of 2^-9 */
+        return (uint8_t)(sign | (uint8_t)rintf(KN_FMUL_RN(a, 512.0f)));
+    }
+    e = (int)((au >> 23) & 0xffu) - 127;                          /* a = f * 2^e, f in [1, 2) */
+    m = (int)rintf(KN_FMUL_RN(kn_u2f((au & 0x7fffffu) | 0x3f800000u) - 1.0f, 8.0f));
+    if (m == 8) {
+        m = 0;
+        e++;
+    }
+    code = ((e + 7) << 3) | m;
+    return (uint8_t)(sign | (uint8_t)(code > 0x7e ? 0x7e : code));
+}
+
+/* E4M3 -> f32, branch-free: the 7 magnitude bits shifted into an f32 and
+ * scaled by 2^120 (covers subnormals); NaN codes are never written. */
+KN_DEV float
+kn_kq_e4m3_dec(uint8_t v)
+{
+    float f = kn_u2f((uint32_t)(v & 0x7fu) << 20) * kn_u2f(0x7b800000u);
+
+    return kn_u2f(kn_f2u(f) | ((uint32_t)(v & 0x80u) << 24));
+}
+
+/* Scale and zero point of a group with range [lo, hi], rounded to the f16
+ * values stored (the CPU's group_params). */
+KN_DEV void
+kn_kq_group(int32_t fmt, float lo, float hi, uint16_t *sc_h, uint16_t *z_h, float *inv,
+            float *zero)
+{
+    float levels = fmt == KN_KQ_INT4 ? 15.0f : 255.0f;
+    float sc;
+
+    if (fmt == KN_KQ_FP8) {
+        float amax = fmaxf(fabsf(lo), fabsf(hi));
+
+        *sc_h = kn_f32_to_f16(amax / 448.0f);
+        sc = kn_f16_to_f32(*sc_h);
+        if (sc > 0.0f && amax / sc > 448.0f) { /* f16 rounded the scale down */
+            *sc_h = (uint16_t)(*sc_h + 1);
+            sc = kn_f16_to_f32(*sc_h);
+        }
+        *z_h = 0;
+        *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
+        *zero = 0.0f;
+        return;
+    }
+    *z_h = kn_f32_to_f16(lo);
+    *zero = kn_f16_to_f32(*z_h);
+    if (*zero > lo) { /* keep lo representable: zero <= lo */
+        *z_h = (uint16_t)(*z_h + ((*z_h & 0x8000u) ? 1 : -1));
+        if ((*z_h & 0x7fffu) == 0x7fffu || *z_h == 0xffffu) {
+            *z_h = kn_f32_to_f16(lo);
+        }
+        *zero = kn_f16_to_f32(*z_h);
+    }
+    *sc_h = kn_f32_to_f16(KN_FSUB_RN(hi, *zero) / levels);
+    sc = kn_f16_to_f32(*sc_h);
+    if (sc > 0.0f && KN_FADD_RN(*zero, KN_FMUL_RN(sc, levels)) < hi) { /* round the scale up */
+        *sc_h = (uint16_t)(*sc_h + 1);
+        sc = kn_f16_to_f32(*sc_h);
+    }
+    *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
+}
+
+/* One code (int8 / fp8 byte, or int4 nibble value 0..15) of x. */
+KN_DEV uint8_t
+kn_kq_encode(int32_t fmt, float x, float inv, float zero)
+{
+    float q;
+
+    if (fmt == KN_KQ_FP8) {
+        return kn_kq_e4m3_enc(KN_FMUL_RN(x, inv));
+    }
+    q = rintf(KN_FMUL_RN(KN_FSUB_RN(x, zero), inv));
+    if (fmt == KN_KQ_INT4) {
+        return (uint8_t)(q < 0.0f ? 0.0f : q > 15.0f ? 15.0f : q);
+    }
+    return (uint8_t)(q < 0.0f ? 0.0f : q > 255.0f ? 255.0f : q);
+}
+
+/* Channel d of the row whose first element index is row_el, as a float
+ * code (before scale and zero point). */
+KN_DEV float
+kn_kq_code(const kn_kq_geom_t *g, const uint8_t *data, size_t row_el, int32_t d)
+{
+    if (g->fmt == KN_KQ_INT4) {
+        int32_t half = g->hd / 2;
+        uint8_t b = data[row_el / 2 + (size_t)(d < half ? d : d - half)];
+
+        return (float)(d < half ? (b & 15) : (b >> 4));
+    }
+    if (g->fmt == KN_KQ_FP8) {
+        return kn_kq_e4m3_dec(data[row_el + (size_t)d]);
+    }
+    return (float)data[row_el + (size_t)d];
+}
+
+/* ---- residual write through slot_mapping -----------------------------------
+ * slots[res_slot[t]][layer][K|V][h][off][:] = k[t][h][:], v[t][h][:] with
+ * off = slot[t] % block_size; a negative slot (or res_slot) is skipped.
+ *   k, v: (n_tok, n_kv * hd) f32, row stride kv_stride
+ * Launch: grid (n_tok), any block size. */
+typedef struct kn_kq_res_write_args {
+    float *res;
+    const float *k;
+    const float *v;
+    const int32_t *slot;
+    const int32_t *res_slot;
+    int32_t n_layers;
+    int32_t layer;
+    int32_t kv_stride;
+    kn_kq_geom_t g;
+} kn_kq_res_write_args_t;
+
+KN_DEV void
+kn_kq_res_write_body(const kn_thr_t *t, float *smem, const kn_kq_res_write_args_t *a)
+{
+    const kn_kq_geom_t *g = &a->g;
+    int32_t s = a->slot[t->bx], rs = a->res_slot[t->bx];
+
+    (void)smem;
+    if (s < 0 || rs < 0) {
+        return;
+    }
+    int32_t off = s % g->bs, n = g->n_kv * g->hd;
+
+    for (int32_t j = t->tid; j < n; j += t->nthr) {
+        int32_t h = j / g->hd, d = j % g->hd;
+        size_t src = (size_t)t->bx * a->kv_stride + (size_t)j;
+        size_t row = (size_t)off * g->hd + (size_t)d;
+
+        a->res[kn_kq_res_off(g, rs, a->n_layers, a->layer, 0, h) + row] = a->k[src];
+        a->res[kn_kq_res_off(g, rs, a->n_layers, a->layer, 1, h) + row] = a->v[src];
+    }
+}
+
+/* ---- block quantization from a residual slot -------------------------------
+ * For job i (jobs[3i] = block, jobs[3i + 1] = slot, jobs[3i + 2] = rows),
+ * quantizes rows [0, rows) of the slot's (layer, kind) into the block's
+ * codes and meta; rows >= rows are written as zero codes (meta of an empty
+ * group for V), exactly as kn_kvq_quantize_block(). jobs == NULL means the
+ * one job (blk0, slot0, rows0).
+ *   k_blocks / v_blocks: the layer's K / V regions [num_blocks][stride]
+ * Launch: grid (n_jobs, 2 * n_kv): y = kind * n_kv + head; any block
+ * size; K: a thread per channel pair (i, i + hd / 2), V: a thread per row. */
+typedef struct kn_kq_quant_args {
+    uint8_t *k_blocks;
+    uint8_t *v_blocks;
+    const float *res;
+    const int32_t *jobs;
+    int32_t blk0, slot0, rows0;
+    int32_t n_layers;
+    int32_t layer;
+    kn_kq_geom_t g;
+} kn_kq_quant_args_t;
+
+KN_DEV void
+kn_kq_quant_body(const kn_thr_t *t, float *smem, const kn_kq_quant_args_t *a)
+{
+    const kn_kq_geom_t *g = &a->g;
+    const int32_t bs = g->bs, hd = g->hd, half = hd / 2, nkv = g->n_kv;
+    const int kind = t->by / nkv;
+    const int32_t h = t->by % nkv;
+    int32_t blk = a->blk0, slot = a->slot0, rows = a->rows0;
+    uint8_t *dst;
+    uint16_t *meta;
+    const float *src;
+
+    (void)smem;
+    if (a->jobs != NULL) {
+        blk = a->jobs[3 * t->bx];
+        slot = a->jobs[3 * t->bx + 1];
+        rows = a->jobs[3 * t->bx + 2];
+    }
+    rows = rows > bs ? bs : rows;
+    dst = kind == 0 ? a->k_blocks + (size_t)blk * g->k_stride
+                    : a->v_blocks + (size_t)blk * g->v_stride;
+    meta = (uint16_t *)(dst + g->data_bytes);
+    src = a->res + kn_kq_res_off(g, slot, a->n_layers, a->layer, kind, h);
+
+    if (kind == 0) {
+        /* Keys: a group per (head, channel) over the rows. */
+        size_t ng = (size_t)nkv * hd;
+
+        for (int32_t i = t->tid; i < half; i += t->nthr) {
+            float inv[2], zero[2];
+
+            for (int c = 0; c < 2; c++) {
+                int32_t d = i + c * half;
+                float lo = INFINITY, hi = -INFINITY;
+                uint16_t sc_h, z_h;
+
+                for (int32_t r = 0; r < rows; r++) {
+                    lo = fminf(lo, src[(size_t)r * hd + d]);
+                    hi = fmaxf(hi, src[(size_t)r * hd + d]);
+                }
+                if (rows == 0) {
+                    lo = hi = 0.0f;
+                }
+                kn_kq_group(g->fmt, lo, hi, &sc_h, &z_h, &inv[c], &zero[c]);
+                meta[(size_t)h * hd + d] = sc_h;
+                if (g->fmt != KN_KQ_FP8) {
+                    meta[ng + (size_t)h * hd + d] = z_h;
+                }
+            }
+            for (int32_t r = 0; r < bs; r++) {
+                size_t row_el = ((size_t)h * bs + (size_t)r) * hd;
+
+                if (g->fmt == KN_KQ_INT4) {
+                    uint8_t b = 0;
+
+                    if (r < rows) {
+                        b = (uint8_t)(kn_kq_encode(g->fmt, src[(size_t)r * hd + i], inv[0],
+                                                   zero[0]) |
+                                      (kn_kq_encode(g->fmt, src[(size_t)r * hd + i + half], inv[1],
+                                                    zero[1])
+                                       << 4));
+                    }
+                    dst[row_el / 2 + (size_t)i] = b;
+                } else {
+                    for (int c = 0; c < 2; c++) {
+                        int32_t d = i + c * half;
+
+                        dst[row_el + (size_t)d] =
+                            r < rows ? kn_kq_encode(g->fmt, src[(size_t)r * hd + d], inv[c], zero[c])
+                                     : (uint8_t)0;
+                    }
+                }
+            }
+        }
+        return;
+    }
+    /* Values: a group per (head, row) over head_dim. */
+    size_t ng = (size_t)nkv * bs;
+
+    for (int32_t r = t->tid; r < bs; r += t->nthr) {
+        const float *row = src + (size_t)r * hd;
+        size_t row_el = ((size_t)h * bs + (size_t)r) * hd;
+        float lo = INFINITY, hi = -INFINITY, inv, zero;
+        uint16_t sc_h, z_h;
+
+        if (r < rows) {
+            for (int32_t d = 0; d < hd; d++) {
+                lo = fminf(lo, row[d]);
+                hi = fmaxf(hi, row[d]);
+            }
+        } else {
+            lo = hi = 0.0f;
+        }
+        kn_kq_group(g->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
+        meta[(size_t)h * bs + r] = sc_h;
+        if (g->fmt != KN_KQ_FP8) {
+            meta[ng + (size_t)h * bs + r] = z_h;
+        }
+        if (g->fmt == KN_KQ_INT4) {
+            for (int32_t j = 0; j < half; j++) {
+                dst[row_el / 2 + (size_t)j] =
+                    r < rows ? (uint8_t)(kn_kq_encode(g->fmt, row[j], inv, zero) |
+                                         (kn_kq_encode(g->fmt, row[j + half], inv, zero) << 4))
+                             : (uint8_t)0;
+            }
+        } else {
+            for (int32_t d = 0; d < hd; d++) {
+                dst[row_el + (size_t)d] =
+                    r < rows ? kn_kq_encode(g->fmt, row[d], inv, zero) : (uint8_t)0;
+            }
+        }
+    }
+}
+
+/* ---- block dequantization into a residual slot --------------------------------
+ * slot's (layer, K|V) rows [0, bs) <- the block's codes * scale (+ zero):
+ * a write into a block that already holds codes (its residual slot was
+ * flushed) continues from them, as the CPU store does.
+ * Launch: grid (n_kv, 2): y = kind; any block size. */
+typedef struct kn_kq_dequant_args {
+    const uint8_t *k_blocks;
+    const uint8_t *v_blocks;
+    float *res;
+    int32_t blk;
+    int32_t slot;
+    int32_t n_layers;
+    int32_t layer;
+    kn_kq_geom_t g;
+} kn_kq_dequant_args_t;
+
+KN_DEV void
+kn_kq_dequant_body(const kn_thr_t *t, float *smem, const kn_kq_dequant_args_t *a)
+{
+    const kn_kq_geom_t *g = &a->g;
+    const int32_t bs = g->bs, hd = g->hd, h = t->bx, kind = t->by;
+    const uint8_t *blk = kind == 0 ? a->k_blocks + (size_t)a->blk * g->k_stride
+                                   : a->v_blocks + (size_t)a->blk * g->v_stride;
+    const uint16_t *meta = (const uint16_t *)(blk + g->data_bytes);
+    float *dst = a->res + kn_kq_res_off(g, a->slot, a->n_layers, a->layer, kind, h);
+    size_t ng = (size_t)g->n_kv * (kind == 0 ? hd : bs);
+
+    (void)smem;
+    for (int32_t e = t->tid; e < bs * hd; e += t->nthr) {
+        int32_t r = e / hd, d = e % hd;
+        size_t mi = kind == 0 ? (size_t)h * hd + (size_t)d : (size_t)h * bs + (size_t)r;
+        float sc = kn_f16_to_f32(meta[mi]);
+        float z = g->fmt == KN_KQ_FP8 ? 0.0f : kn_f16_to_f32(meta[ng + mi]);
+
+        dst[e] = kn_kq_code(g, blk, ((size_t)h * bs + (size_t)r) * hd, d) * sc + z;
+    }
+}
+
+/* ---- paged attention over quantized blocks ---------------------------------------
+ * The batch contract of kn_attention_body (a.k_cache / a.v_cache unused);
+ * K and V come from the layer's quantized regions, and a query's own block
+ * (the block of its context index) from residual slot own_slot[token] when
+ * that is >= 0. One thread block per (KV head, query token), serving the
+ * GQA group; keys in tiles that never cross a block (at most KN_ATTN_TILE
+ * keys), each with the block's scales folded in once:
+ *
+ *   fold     warp per head: q' = q * s_k (channel), qz = sum q * z_k
+ *   scores   warp per key: q' . code + qz
+ *   softmax  warp per head, lane per key: p = exp(s - m'); l += sum p;
+ *            p' = p * s_v (row), pz = sum p * z_v
+ *   values   thread per (head, dim): acc = acc * alpha + pz + sum p' code
+ *
+ * Launch: grid (n_kv_heads, n_tok), block a multiple of 32, shared
+ * kn_kq_attn_smem_floats() floats. */
+typedef struct kn_kq_attn_args {
+    kn_attn_cuda_args_t a;
+    const uint8_t *k_blocks;
+    const uint8_t *v_blocks;
+    const float *res;
+    const int32_t *own_slot; /* (n_tok) */
+    int32_t n_layers;
+    int32_t layer;
+    kn_kq_geom_t g;
+} kn_kq_attn_args_t;
+
+/* Shared floats: q, q', acc (group x hd), p (group x tile), m, l, alpha,
+ * qz, pz (group each). */
+static inline size_t
+kn_kq_attn_smem_floats(int32_t group, int32_t head_dim)
+{
+    return (size_t)group * (3 * (size_t)head_dim + KN_ATTN_TILE + 5);
+}
+
+KN_DEV void
+kn_kq_attention_body(const kn_thr_t *t, float *smem, const kn_kq_attn_args_t *qa)
+{
+    const kn_attn_cuda_args_t *a = &qa->a;
+    const kn_kq_geom_t *g = &qa->g;
+    const int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads, bs = a->block_size;
+    const int32_t kvh = t->bx, tok = t->by, h0 = kvh * group;
+    const int32_t lane = t->tid % KN_WARP, warp = t->tid / KN_WARP, n_warps = t->nthr / KN_WARP;
+    const int zp = g->fmt != KN_KQ_FP8;
+    float *q_s = smem;                             /* [group][hd], pre-scaled */
+    float *qf = q_s + (size_t)group * hd;          /* [group][hd], q * key scale */
+    float *acc = qf + (size_t)group * hd;          /* [group][hd] */
+    float *p = acc + (size_t)group * hd;           /* [group][tile] */
+    float *m_s = p + (size_t)group * KN_ATTN_TILE; /* [group] */
+    float *l_s = m_s + group;
+    float *al_s = l_s + group;
+    float *qz_s = al_s + group;
+    float *pz_s = qz_s + group;
+    int32_t s = 0, lo, hi, own_slot = qa->own_slot[tok];
+
+    {
+        int32_t a0 = 0, a1 = a->n_seqs - 1;
+
+        while (a0 < a1) {
+            int32_t mid = (a0 + a1 + 1) / 2;
+
+            if (a->query_start[mid] <= tok) {
+                a0 = mid;
+            } else {
+                a1 = mid - 1;
+            }
+        }
+        s = a0;
+    }
+    hi = a->context_len[s] - (a->query_start[s + 1] - tok);
+    lo = 0;
+    if (a->sliding_window > 0 && hi - a->sliding_window + 1 > 0) {
+        lo = hi - a->sliding_window + 1;
+    }
+    for (int32_t j = t->tid; j < group * hd; j += t->nthr) {
+        int32_t gg = j / hd, d = j % hd;
+
+        q_s[j] = a->q[(size_t)tok * a->q_stride + (size_t)(h0 + gg) * hd + d] * a->scale;
+        acc[j] = 0.0f;
+    }
+    for (int32_t gg = t->tid; gg < group; gg += t->nthr) {
+        m_s[gg] = -INFINITY;
+        l_s[gg] = 0.0f;
+    }
+    KN_SYNC(t);
+
+    const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
+
+    for (int32_t j0 = lo; j0 <= hi;) {
+        int32_t bi = j0 / bs, off0 = j0 % bs;
+        int32_t n_keys = bs - off0;
+        int own = bi == hi / bs && own_slot >= 0;
+        const uint8_t *kb = qa->k_blocks + (size_t)bt[bi] * g->k_stride;
+        const uint8_t *vb = qa->v_blocks + (size_t)bt[bi] * g->v_stride;
+        const uint16_t *km = (const uint16_t *)(kb + g->data_bytes);
+        const uint16_t *vm = (const uint16_t *)(vb + g->data_bytes);
+        const float *kr = qa->res + kn_kq_res_off(g, own ? own_slot : 0, qa->n_layers, qa->layer, 0,
+                                                  kvh);
+        const float *vr = qa->res + kn_kq_res_off(g, own ? own_slot : 0, qa->n_layers, qa->layer, 1,
+                                                  kvh);
+        const size_t row0 = (size_t)kvh * bs * hd; /* element index of (kvh, 0, 0) */
+
+        n_keys = n_keys < KN_ATTN_TILE ? n_keys : KN_ATTN_TILE;
+        n_keys = n_keys < hi - j0 + 1 ? n_keys : hi - j0 + 1;
+
+        /* Fold the block's key scales (and zero points) into the query. */
+        for (int32_t gg = warp; gg < group; gg += n_warps) {
+            float zs = 0.0f;
+
+            for (int32_t i = lane; i < hd; i += KN_WARP) {
+                float qv = q_s[(size_t)gg * hd + i], sc = 1.0f, z = 0.0f;
+
+                if (!own) {
+                    sc = kn_f16_to_f32(km[(size_t)kvh * hd + i]);
+                    z = zp ? kn_f16_to_f32(km[(size_t)g->n_kv * hd + (size_t)kvh * hd + i]) : 0.0f;
+                }
+                qf[(size_t)gg * hd + i] = qv * sc;
+                zs += qv * z;
+            }
+            zs = kn_warp_sum(t, zs);
+            if (lane == 0) {
+                qz_s[gg] = zs;
+            }
+        }
+        KN_SYNC(t);
+
+        /* Scores: warp w takes keys w, w + n_warps, ... */
+        for (int32_t jj = warp; jj < n_keys; jj += n_warps) {
+            int32_t r = off0 + jj;
+            size_t row_el = row0 + (size_t)r * hd;
+
+            for (int32_t gg = 0; gg < group; gg++) {
+                float d = 0.0f;
+
+                for (int32_t i = lane; i < hd; i += KN_WARP) {
+                    float kv = own ? kr[(size_t)r * hd + i] : kn_kq_code(g, kb, row_el, i);
+
+                    d += qf[(size_t)gg * hd + i] * kv;
+                }
+                d = kn_warp_sum(t, d);
+                if (lane == 0) {
+                    p[(size_t)gg * KN_ATTN_TILE + jj] = d + qz_s[gg];
+                }
+            }
+        }
+        KN_SYNC(t);
+
+        /* Online softmax; the value scale folds into the weight. */
+        for (int32_t gg = warp; gg < group; gg += n_warps) {
+            float *pg = p + (size_t)gg * KN_ATTN_TILE;
+            float v = lane < n_keys ? pg[lane] : -INFINITY;
+            float m_new = fmaxf(m_s[gg], kn_warp_max(t, v));
+            float e = lane < n_keys ? expf(v - m_new) : 0.0f;
+            float vs = 1.0f, vz = 0.0f, sum, ez;
+
+            if (lane < n_keys && !own) {
+                size_t mi = (size_t)kvh * bs + (size_t)(off0 + lane);
+
+                vs = kn_f16_to_f32(vm[mi]);
+                vz = zp ? kn_f16_to_f32(vm[(size_t)g->n_kv * bs + mi]) : 0.0f;
+            }
+            sum = kn_warp_sum(t, e);
+            ez = kn_warp_sum(t, e * vz);
+            if (lane < n_keys) {
+                pg[lane] = e * vs;
+            }
+            if (lane == 0) {
+                float alpha = expf(m_s[gg] - m_new);
+
+                al_s[gg] = alpha;
+                l_s[gg] = l_s[gg] * alpha + sum;
+                m_s[gg] = m_new;
+                pz_s[gg] = ez;
+            }
+        }
+        KN_SYNC(t);
+
+        /* Values: thread per (head, dim). */
+        for (int32_t j = t->tid; j < group * hd; j += t->nthr) {
+            int32_t gg = j / hd, d = j % hd;
+            const float *pg = p + (size_t)gg * KN_ATTN_TILE;
+            float o = acc[j] * al_s[gg] + pz_s[gg];
+
+            for (int32_t jj = 0; jj < n_keys; jj++) {
+                int32_t r = off0 + jj;
+                float vv = own ? vr[(size_t)r * hd + d] : kn_kq_code(g, vb, row0 + (size_t)r * hd, d);
+
+                o += pg[jj] * vv;
+            }
+            acc[j] = o;
+        }
+        KN_SYNC(t);
+        j0 += n_keys;
+    }
+
+    for (int32_t j = t->tid; j < group * hd; j += t->nthr) {
+        int32_t gg = j / hd, d = j % hd;
+
+        kn_st16(a->out, (size_t)tok * a->n_heads * hd + (size_t)(h0 + gg) * hd + d,
+                acc[j] / l_s[gg], a->dt);
+    }
+}
+
 #endif /* KERNELS_CUDA_KN_CUDA_BODY_H */

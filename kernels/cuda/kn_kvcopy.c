@@ -14,6 +14,25 @@ int32_t
 kn_kvcopy_plan(const kv_op_t *ops, int32_t n_ops, int32_t n_layers, int32_t dev_blocks,
                int32_t host_blocks, size_t blk_bytes, kn_kvcopy_t *out)
 {
+    return kn_kvcopy_plan_kv(ops, n_ops, n_layers, dev_blocks, host_blocks, blk_bytes, blk_bytes,
+                             out);
+}
+
+/* Bytes from the start of a tier of n blocks to block blk of region
+ * (layer, kind). */
+static size_t
+kvcopy_off(int32_t region, int32_t n, int32_t blk, size_t k_bytes, size_t v_bytes)
+{
+    size_t layer = (size_t)(region / 2), kind = (size_t)(region % 2);
+
+    return layer * (size_t)n * (k_bytes + v_bytes) + kind * (size_t)n * k_bytes +
+           (size_t)blk * (kind ? v_bytes : k_bytes);
+}
+
+int32_t
+kn_kvcopy_plan_kv(const kv_op_t *ops, int32_t n_ops, int32_t n_layers, int32_t dev_blocks,
+                  int32_t host_blocks, size_t k_bytes, size_t v_bytes, kn_kvcopy_t *out)
+{
     int32_t n_out = 0;
 
     for (int32_t i = 0; i < n_ops;) {
@@ -37,9 +56,9 @@ kn_kvcopy_plan(const kv_op_t *ops, int32_t n_ops, int32_t n_layers, int32_t dev_
             kn_kvcopy_t *c = &out[n_out++];
 
             c->kind = ops[i].kind;
-            c->src_off = ((size_t)region * (size_t)src_n + (size_t)ops[i].src) * blk_bytes;
-            c->dst_off = ((size_t)region * (size_t)dst_n + (size_t)ops[i].dst) * blk_bytes;
-            c->bytes = (size_t)run * blk_bytes;
+            c->src_off = kvcopy_off(region, src_n, ops[i].src, k_bytes, v_bytes);
+            c->dst_off = kvcopy_off(region, dst_n, ops[i].dst, k_bytes, v_bytes);
+            c->bytes = (size_t)run * (region % 2 ? v_bytes : k_bytes);
         }
         i += run;
     }

@@ -37,4 +37,12 @@ typedef struct kn_kvcopy {
 int32_t kn_kvcopy_plan(const kv_op_t *ops, int32_t n_ops, int32_t n_layers, int32_t dev_blocks,
                        int32_t host_blocks, size_t blk_bytes, kn_kvcopy_t *out);
 
+/* The same for a pool whose K and V blocks differ in size (quantized KV:
+ * the scales beside the codes), laid out per layer
+ *   | K: [n_blocks][k_bytes] | V: [n_blocks][v_bytes] |
+ * which kn_kvcopy_plan() is with k_bytes == v_bytes. Operations other
+ * than COPY / SWAP_OUT / SWAP_IN must not be passed. */
+int32_t kn_kvcopy_plan_kv(const kv_op_t *ops, int32_t n_ops, int32_t n_layers, int32_t dev_blocks,
+                          int32_t host_blocks, size_t k_bytes, size_t v_bytes, kn_kvcopy_t *out);
+
 #endif /* KERNELS_CUDA_KN_KVCOPY_H */

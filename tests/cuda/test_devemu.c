@@ -100,6 +100,11 @@ EO_KERNEL(attention, kn_attn_cuda_args_t, a->n_kv_heads, n, 64,
           kn_attn_smem_floats(a->n_heads / a->n_kv_heads, a->head_dim))
 EO_KERNEL(attention_prefill, kn_attn_prefill_args_t, a->a.n_kv_heads, n, 64,
           kn_attn_prefill_smem_floats(a->q_tile, a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
+EO_KERNEL(kq_res_write, kn_kq_res_write_args_t, n, 1, 32, 0)
+EO_KERNEL(kq_quant, kn_kq_quant_args_t, n, 2 * a->g.n_kv, 32, 0)
+EO_KERNEL(kq_dequant, kn_kq_dequant_args_t, a->g.n_kv, 2 + 0 * n, 32, 0)
+EO_KERNEL(kq_attention, kn_kq_attn_args_t, a->a.n_kv_heads, n, 64,
+          kn_kq_attn_smem_floats(a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
 
 static void
 run_add(const kn_thr_t *t, float *sm, const void *a)
@@ -165,6 +170,10 @@ static const mdl_dev_ops_t emu_ops = {
     .gather = eo_gather,
     .attention = eo_attention,
     .attention_prefill = eo_attention_prefill,
+    .kq_res_write = eo_kq_res_write,
+    .kq_quant = eo_kq_quant,
+    .kq_dequant = eo_kq_dequant,
+    .kq_attention = eo_kq_attention,
     .gemm = eo_gemm,
     .allreduce = eo_allreduce,
 };
@@ -460,6 +469,113 @@ vs_cpu(const mdl_model_t *m, kn_dt_t dt)
     return c.worst;
 }
 
+/* ---- quantized KV ------------------------------------------------------------------ */
+
+/* Block blk of (layer, kind) in tier (0 device, 1 swap) of a quantized rank. */
+static const uint8_t *
+kq_block(const mdl_dev_rank_t *rk, int tier, int32_t layer, int kind, int32_t blk)
+{
+    int32_t nb = rk->kqt[tier].n_blocks;
+    const uint8_t *base = tier == 0 ? rk->kv : rk->swap;
+
+    return base + (size_t)layer * nb * (rk->kq.k_stride + rk->kq.v_stride) +
+           (size_t)kind * nb * rk->kq.k_stride +
+           (size_t)blk * (kind == 0 ? rk->kq.k_stride : rk->kq.v_stride);
+}
+
+/* Whether block a of tier ta and block b of tier tb hold the same bytes
+ * (every layer, K and V, codes and scales) and, with a residual slot, the
+ * same slot rows. */
+static int
+kq_same(const mdl_dev_rank_t *rk, int ta, int32_t a, int tb, int32_t b)
+{
+    const mdl_dev_kq_tier_t *A = &rk->kqt[ta], *B = &rk->kqt[tb];
+    size_t slot_bytes = 2 * (size_t)rk->m->cfg.n_layers * (size_t)rk->sh.n_kv *
+                        (size_t)rk->rc.block_size * (size_t)rk->m->cfg.head_dim * sizeof(float);
+
+    for (int32_t l = 0; l < rk->m->cfg.n_layers; l++) {
+        if (memcmp(kq_block(rk, ta, l, 0, a), kq_block(rk, tb, l, 0, b), rk->kq.k_stride) != 0 ||
+            memcmp(kq_block(rk, ta, l, 1, a), kq_block(rk, tb, l, 1, b), rk->kq.v_stride) != 0) {
+            return 0;
+        }
+    }
+    if ((A->slot_of[a] < 0) != (B->slot_of[b] < 0) || A->qv[a] != B->qv[b]) {
+        return 0;
+    }
+    if (A->slot_of[a] < 0) {
+        return 1;
+    }
+    return A->slot_fill[A->slot_of[a]] == B->slot_fill[B->slot_of[b]] &&
+           memcmp((const uint8_t *)A->res + (size_t)A->slot_of[a] * slot_bytes,
+                  (const uint8_t *)B->res + (size_t)B->slot_of[b] * slot_bytes, slot_bytes) == 0;
+}
+
+/* Copy-on-write and a swap round trip move a full (codes only) and a
+ * partial (residual slot) block bit for bit; DROP gives the slots back. */
+static void
+kq_check_moves(emu_dev_t *e)
+{
+    mdl_dev_rank_t *rk = &e->fw[0];
+    mdl_dev_kq_tier_t *dev = &rk->kqt[0], *swp = &rk->kqt[1];
+    int32_t full = -1, part = -1, free_dev = dev->n_free, free_swp = swp->n_free;
+
+    for (int32_t b = 1; b < 40; b++) {
+        if (full < 0 && dev->qv[b] && dev->slot_of[b] < 0) {
+            full = b;
+        }
+        if (part < 0 && dev->slot_of[b] >= 0) {
+            part = b;
+        }
+    }
+    ck_assert_msg(full > 0 && part > 0, "the script leaves a full and a partial block");
+    kv_op_t ops[] = {
+        {KV_OP_COPY, full, NBLK - 1},    {KV_OP_COPY, part, NBLK - 2},
+        {KV_OP_SWAP_OUT, NBLK - 1, 6},   {KV_OP_SWAP_OUT, NBLK - 2, 7},
+        {KV_OP_SWAP_IN, 6, NBLK - 3},    {KV_OP_SWAP_IN, 7, NBLK - 4},
+    };
+
+    side_kv(&(side_t){.dev = e}, ops, 6);
+    ck_assert(kq_same(rk, 0, full, 0, NBLK - 1));
+    ck_assert(kq_same(rk, 0, part, 0, NBLK - 2));
+    ck_assert(kq_same(rk, 0, full, 1, 6));
+    ck_assert(kq_same(rk, 0, part, 1, 7));
+    ck_assert(kq_same(rk, 0, full, 0, NBLK - 3));
+    ck_assert(kq_same(rk, 0, part, 0, NBLK - 4));
+    ck_assert_int_eq(dev->n_free, free_dev - 2);
+    ck_assert_int_eq(swp->n_free, free_swp - 1);
+    kv_op_t drops[] = {{KV_OP_DROP, NBLK - 2, 0},
+                       {KV_OP_DROP, NBLK - 4, 0},
+                       {KV_OP_DROP_SWAP, 7, 0},
+                       {KV_OP_DROP_SWAP, 6, 0}};
+
+    side_kv(&(side_t){.dev = e}, drops, 4);
+    ck_assert_int_eq(dev->n_free, free_dev);
+    ck_assert_int_eq(swp->n_free, free_swp);
+}
+
+/* Emulated device (f16 weights) at T = tp against the CPU backend, both
+ * with KV dtype kv; the moves check at the end (T = 1). */
+static double
+vs_cpu_kq(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
+{
+    char err[256];
+    mdl_runtime_config_t rc = script_config(1), rct = script_config(tp);
+    side_t ref = {0}, got = {0};
+    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
+
+    rc.kv_dtype = kv;
+    rct.kv_dtype = kv;
+    ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
+    got.dev = emu_dev_create(m, &rct, KN_DT_F16);
+    run_script(&ref, &got, &c);
+    if (tp == 1) {
+        kq_check_moves(got.dev);
+    }
+    mdl_runtime_destroy(ref.cpu);
+    emu_dev_destroy(got.dev);
+    return c.worst;
+}
+
 /* Emulated device at T = tp against T = 1. */
 static double
 vs_tp1(const mdl_model_t *m, int32_t tp)
@@ -589,6 +705,51 @@ START_TEST(test_devemu_synthetic)
 }
 END_TEST
 
+/* fp8 / int8 / int4 KV: the emulated rank against the CPU backend with
+ * the same dtype. Both quantize the same blocks with the same rules, but
+ * from K/V that differ by the f16 weights' rounding, so an element may
+ * land one code apart: the bounds are those of f16 scaled by the
+ * format's step (measured on these models, kept with a margin of ~10x). */
+START_TEST(test_devemu_kv_quant)
+{
+    static const struct {
+        mdl_kv_dtype_t kv;
+        const char *name;
+        double bound;
+    } kvs[] = {{MDL_KV_FP8_E4M3, "fp8_e4m3", 1e-4}, {MDL_KV_INT8, "int8", 2e-5},
+               {MDL_KV_INT4, "int4", 2e-4}};
+    static const int32_t cases[][4] = {{4, 1, 1, 1}, {8, 2, 1, 2}};
+    const char *dir = getenv("KVSERVE_TEST_MODEL");
+    const char *scale = getenv("KVSERVE_TEST_SCALE");
+    synth_t s;
+
+    for (size_t k = 0; k < sizeof(kvs) / sizeof(kvs[0]); k++) {
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            synth_init(&s, cases[i][0], cases[i][1], cases[i][2]);
+            printf("synthetic %d/%d heads, %s KV, T=%d: emulated vs cpu NMSE %.3g\n",
+                   cases[i][0], cases[i][1], kvs[k].name, cases[i][3],
+                   vs_cpu_kq(&s.m, kvs[k].kv, cases[i][3], kvs[k].bound));
+            free(s.m.layers);
+            free(s.buf);
+        }
+    }
+    if (scale != NULL && atof(scale) < 1.0) {
+        printf("default model skipped at KVSERVE_TEST_SCALE=%s\n", scale);
+        return;
+    }
+    mdl_model_t *m;
+    char err[256];
+
+    ck_assert_msg(dir != NULL, "KVSERVE_TEST_MODEL is not set");
+    ck_assert_msg(mdl_model_load(dir, &m, err, sizeof(err)) == ST_OK, "%s", err);
+    for (size_t k = 0; k < sizeof(kvs) / sizeof(kvs[0]); k++) {
+        printf("default model, %s KV: emulated vs cpu NMSE %.3g\n", kvs[k].name,
+               vs_cpu_kq(m, kvs[k].kv, 1, kvs[k].bound));
+    }
+    mdl_model_destroy(m);
+}
+END_TEST
+
 Suite *
 cuda_devemu_suite(void)
 {
@@ -598,6 +759,7 @@ cuda_devemu_suite(void)
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_devemu_synthetic);
     tcase_add_test(tc, test_devemu_default_model);
+    tcase_add_test(tc, test_devemu_kv_quant);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -22,6 +22,7 @@
 #include "kernels/cpu/kn_cpu.h"
 #include "kernels/cuda/kn_kvcopy.h"
 #include "tests/cuda/kn_emu.h"
+#include "tests/cuda/kvq_ref.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -607,11 +608,21 @@ END_TEST
 
 /* ---- KV copy/swap planning ------------------------------------------------------- */
 
+/* Byte offset of block b of region r (layer r / 2, kind r % 2) in a tier
+ * of n blocks whose K and V blocks are kb and vb bytes. */
+static size_t
+plan_off(int32_t r, int32_t n, int32_t b, size_t kb, size_t vb)
+{
+    return (size_t)(r / 2) * n * (kb + vb) + (size_t)(r % 2) * n * kb + (size_t)b * (r % 2 ? vb : kb);
+}
+
+/* _i = 0: kn_kvcopy_plan (16-bit pools); 1: kn_kvcopy_plan_kv with K and
+ * V blocks of different sizes (quantized pools: the scales differ). */
 START_TEST(test_kvcopy_plan)
 {
     int32_t n_layers = 3, nb = 20, ns = 12;
-    size_t blk = 8; /* bytes */
-    size_t dev_n = (size_t)2 * n_layers * nb * blk, host_n = (size_t)2 * n_layers * ns * blk;
+    size_t blk = 8, kb = 8, vb = _i == 0 ? 8 : 6; /* bytes */
+    size_t dev_n = (size_t)n_layers * nb * (kb + vb), host_n = (size_t)n_layers * ns * (kb + vb);
     uint8_t *dev = xmalloc(dev_n), *host = xmalloc(host_n);
     uint8_t *dev_ref = xmalloc(dev_n), *host_ref = xmalloc(host_n);
     kv_op_t ops[40];
@@ -656,11 +667,12 @@ START_TEST(test_kvcopy_plan)
                 int32_t sn = o->kind == KV_OP_SWAP_IN ? ns : nb;
                 int32_t dn = o->kind == KV_OP_SWAP_OUT ? ns : nb;
 
-                memmove(db + ((size_t)r * dn + o->dst) * blk, sb + ((size_t)r * sn + o->src) * blk,
-                        blk);
+                memmove(db + plan_off(r, dn, o->dst, kb, vb), sb + plan_off(r, sn, o->src, kb, vb),
+                        r % 2 ? vb : kb);
             }
         }
-        n_plan = kn_kvcopy_plan(ops, n_ops, n_layers, nb, ns, blk, plan);
+        n_plan = _i == 0 ? kn_kvcopy_plan(ops, n_ops, n_layers, nb, ns, blk, plan)
+                         : kn_kvcopy_plan_kv(ops, n_ops, n_layers, nb, ns, kb, vb, plan);
         ck_assert_int_le(n_plan, n_ops * 2 * n_layers);
         for (int32_t i = 0; i < n_plan; i++) {
             uint8_t *sb = plan[i].kind == KV_OP_SWAP_IN ? host : dev;
@@ -692,6 +704,441 @@ START_TEST(test_kvcopy_plan)
 }
 END_TEST
 
+
+/* ---- quantized KV blocks (KIVI) ------------------------------------------------ */
+
+static void
+run_kq_quant(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_kq_quant_body(t, smem, a);
+}
+
+static void
+run_kq_dequant(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_kq_dequant_body(t, smem, a);
+}
+
+static void
+run_kq_res_write(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_kq_res_write_body(t, smem, a);
+}
+
+static void
+run_kq_attention(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_kq_attention_body(t, smem, a);
+}
+
+static const int kq_fmts[3] = {KN_KQ_FP8, KN_KQ_INT8, KN_KQ_INT4};
+
+/* The device geometry is the CPU layout, for every format and shape. */
+START_TEST(test_kq_geometry)
+{
+    static const int32_t shapes[][3] = {{1, 16, 64}, {2, 16, 32}, {8, 4, 128}, {3, 32, 40},
+                                        {1, 1, 8},   {2, 16, 12}, {4, 8, 256}, {1, 16, 6}};
+
+    ck_assert(kvq_ref_fmt_values_match());
+    for (int f = 0; f < 3; f++) {
+        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+            kn_kq_geom_t g;
+            size_t data = 0, ks = 0, vs = 0;
+            int dev = kn_kq_geom_init(&g, kq_fmts[f], shapes[i][0], shapes[i][1], shapes[i][2]);
+            int ref = kvq_ref_layout(kq_fmts[f], shapes[i][0], shapes[i][1], shapes[i][2], &data,
+                                     &ks, &vs);
+
+            ck_assert_int_eq(dev == 0, ref == 0);
+            if (dev == 0) {
+                ck_assert_uint_eq(g.data_bytes, data);
+                ck_assert_uint_eq(g.k_stride, ks);
+                ck_assert_uint_eq(g.v_stride, vs);
+            }
+        }
+    }
+    ck_assert_int_ne(kn_kq_geom_init(&(kn_kq_geom_t){0}, KN_KQ_INT4, 1, 16, 12), 0);
+}
+END_TEST
+
+/* Outlier-heavy K/V rows [n_kv][bs][hd]: a few channels 20-40x larger
+ * (keys), a few rows 50x larger (values), constant and all-zero groups,
+ * one-sided ranges, tiny values near the f16 / e4m3 subnormals. */
+static void
+kq_fill(float *x, int32_t n_kv, int32_t bs, int32_t hd, int kind)
+{
+    int32_t out_ch = rng_int(0, hd - 1), out_row = rng_int(0, bs - 1);
+    int style = rng_int(0, 4);
+
+    for (int32_t h = 0; h < n_kv; h++) {
+        for (int32_t r = 0; r < bs; r++) {
+            for (int32_t d = 0; d < hd; d++) {
+                float v = rng_f(1.0f);
+
+                if (kind == 0 && (d == out_ch || d % 13 == 5)) {
+                    v *= 20.0f + (float)(d % 3) * 10.0f;
+                }
+                if (kind == 1 && r == out_row) {
+                    v *= 50.0f;
+                }
+                if (style == 1 && d % 7 == 0) {
+                    v = 0.75f; /* constant channel */
+                }
+                if (style == 2 && r % 5 == 1) {
+                    v = 0.0f; /* zero rows */
+                }
+                if (style == 3) {
+                    v = fabsf(v) + 3.0f; /* one-sided, offset */
+                }
+                if (style == 4 && h == 0) {
+                    v *= 1e-5f; /* tiny */
+                }
+                x[((size_t)h * bs + r) * hd + d] = v;
+            }
+        }
+    }
+}
+
+/* The quantize body against kn_kvq_quantize_block, bit for bit (codes,
+ * scales, zero points, the untouched pad), full and partial blocks; and
+ * the dequantize body against kn_kvq_dequant_rows, float for float. */
+START_TEST(test_kq_quantize)
+{
+    static const int32_t shapes[][3] = {{1, 16, 64}, {2, 16, 32}, {2, 4, 128}, {3, 8, 40},
+                                        {1, 1, 8},   {2, 32, 16}, {1, 16, 256}};
+    const int fmt = kq_fmts[_i];
+    const int32_t n_layers = 2, layer = 1, n_slots = 3, slot = 2, nblk = 4, blk = 3;
+
+    for (int rep = 0; rep < reps(3); rep++) {
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+            const int32_t n_kv = shapes[si][0], bs = shapes[si][1], hd = shapes[si][2];
+            kn_kq_geom_t g;
+
+            if (kn_kq_geom_init(&g, fmt, n_kv, bs, hd) != 0) {
+                continue;
+            }
+            size_t lk = kn_kq_lk(&g);
+            float *res = xmalloc(sizeof(float) * lk * 2 * n_layers * n_slots);
+            uint8_t *kp = xmalloc(g.k_stride * nblk), *vp = xmalloc(g.v_stride * nblk);
+            uint8_t *ref = xmalloc(g.k_stride > g.v_stride ? g.k_stride : g.v_stride);
+            float *deq = xmalloc(sizeof(float) * lk * 2 * n_layers * n_slots);
+            float *rows = xmalloc(sizeof(float) * (size_t)bs * hd);
+            int32_t n_rows = rep == 0 ? bs : rng_int(0, bs);
+            int32_t jobs[3] = {blk, slot, n_rows};
+
+            for (size_t i = 0; i < lk * 2 * n_layers * n_slots; i++) {
+                res[i] = NAN; /* only the job's slot layer may be read */
+            }
+            for (int kind = 0; kind < 2; kind++) {
+                kq_fill(res + kn_kq_res_off(&g, slot, n_layers, layer, kind, 0), n_kv, bs, hd, kind);
+            }
+            memset(kp, 0xa5, g.k_stride * nblk);
+            memset(vp, 0xa5, g.v_stride * nblk);
+            kn_kq_quant_args_t qa = {kp, vp, res, jobs, 0, 0, 0, n_layers, layer, g};
+
+            ck_assert_int_eq(kn_emu_launch(run_kq_quant, &qa, 1, 2 * n_kv, 32, 0), 0);
+            for (int kind = 0; kind < 2; kind++) {
+                size_t stride = kind == 0 ? g.k_stride : g.v_stride;
+                const uint8_t *got = (kind == 0 ? kp : vp) + (size_t)blk * stride;
+
+                memset(ref, 0xa5, stride);
+                kvq_ref_quantize(fmt, n_kv, bs, hd, kind,
+                                 res + kn_kq_res_off(&g, slot, n_layers, layer, kind, 0), n_rows,
+                                 ref);
+                for (size_t i = 0; i < stride; i++) {
+                    ck_assert_msg(got[i] == ref[i],
+                                  "fmt %d kind %d n_kv %d bs %d hd %d rows %d: byte %zu of %zu "
+                                  "(data %zu) is %02x, cpu %02x",
+                                  fmt, kind, n_kv, bs, hd, n_rows, i, stride, g.data_bytes,
+                                  got[i], ref[i]);
+                }
+                for (int32_t b = 0; b < blk; b++) { /* other blocks untouched */
+                    ck_assert_uint_eq((kind == 0 ? kp : vp)[(size_t)b * stride + stride / 2], 0xa5);
+                }
+            }
+            /* Dequantize into slot 0 of layer 0 and compare with the CPU. */
+            kn_kq_dequant_args_t da = {kp, vp, deq, blk, 0, n_layers, 0, g};
+
+            ck_assert_int_eq(kn_emu_launch(run_kq_dequant, &da, n_kv, 2, 32, 0), 0);
+            for (int kind = 0; kind < 2; kind++) {
+                for (int32_t h = 0; h < n_kv; h++) {
+                    const float *got = deq + kn_kq_res_off(&g, 0, n_layers, 0, kind, h);
+
+                    kvq_ref_dequant(fmt, n_kv, bs, hd, kind,
+                                    (kind == 0 ? kp + (size_t)blk * g.k_stride
+                                               : vp + (size_t)blk * g.v_stride),
+                                    h, rows);
+                    for (int32_t i = 0; i < bs * hd; i++) {
+                        ck_assert_msg(got[i] == rows[i], "dequant fmt %d kind %d: %g vs %g", fmt,
+                                      kind, got[i], rows[i]);
+                    }
+                }
+            }
+            free(res);
+            free(kp);
+            free(vp);
+            free(ref);
+            free(deq);
+            free(rows);
+        }
+    }
+    /* The e4m3 codec matches the CPU's on every code and around the
+     * rounding boundaries (through the quantizer: scale 1 needs amax 448). */
+    for (int c = 0; c < 256; c++) {
+        float v = kn_kq_e4m3_dec((uint8_t)c);
+
+        if ((c & 0x7f) != 0x7f) {
+            ck_assert_int_eq(kn_kq_e4m3_enc(v), c == 0x80 ? 0x80 : c);
+        }
+    }
+}
+END_TEST
+
+/* Quantized paged attention against a naive reference over the
+ * dequantized blocks (the CPU dequantizer), with the own block read from
+ * the residual rows where the token has a slot: random varlen batches
+ * (decodes, chunks with a cached prefix, whole prompts), GQA groups, a
+ * sliding window, partial tail blocks, blocks longer than a key tile. */
+static void
+check_kq_attention(const attn_case_t *c, int fmt)
+{
+    const int32_t n_layers = 2, layer = 1, max_blocks = 12, num_blocks = 64;
+    const int32_t bs = c->bs, hd = c->hd, group = c->n_heads / c->n_kv;
+    int32_t n_seqs = rng_int(1, 4), qs[5], ctx[4], perm[64], used = 1, n_tok;
+    int32_t *bt = xcalloc((size_t)n_seqs * max_blocks, sizeof(int32_t));
+    int32_t *blk_slot = xmalloc(sizeof(int32_t) * num_blocks), n_slots = 0;
+    int32_t qd = c->n_heads * hd;
+    kn_kq_geom_t g;
+
+    ck_assert_int_eq(kn_kq_geom_init(&g, fmt, c->n_kv, bs, hd), 0);
+    for (int32_t i = 0; i < num_blocks; i++) {
+        perm[i] = i;
+        blk_slot[i] = -1;
+    }
+    for (int32_t i = num_blocks - 1; i > 1; i--) {
+        int32_t j = rng_int(1, i), tmp = perm[i];
+
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    qs[0] = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t kind = rng_int(0, 2), n_new;
+
+        ctx[s] = rng_int(1, max_blocks * bs < 90 ? max_blocks * bs : 90);
+        n_new = kind == 0 ? 1 : kind == 1 ? rng_int(1, ctx[s]) : ctx[s];
+        qs[s + 1] = qs[s] + n_new;
+        for (int32_t b = 0; b < (ctx[s] + bs - 1) / bs; b++) {
+            bt[s * max_blocks + b] = perm[used++];
+        }
+        /* Blocks the new tokens write hold a residual slot (a decode's
+         * block sometimes not: its slot was flushed). */
+        for (int32_t b = (ctx[s] - n_new) / bs; b <= (ctx[s] - 1) / bs; b++) {
+            if (kind != 0 || rng_int(0, 2) > 0) {
+                blk_slot[bt[s * max_blocks + b]] = n_slots++;
+            }
+        }
+    }
+    n_tok = qs[n_seqs];
+
+    /* Truth: f32 rows per block; codes quantized from them (rows written
+     * so far for a tail block); slots hold the f32 rows. */
+    size_t lk = kn_kq_lk(&g), rows_n = (size_t)num_blocks * lk;
+    float *kf = xmalloc(sizeof(float) * rows_n), *vf = xmalloc(sizeof(float) * rows_n);
+    float *res = xmalloc(sizeof(float) * lk * 2 * n_layers * (size_t)(n_slots > 0 ? n_slots : 1));
+    uint8_t *kp = xcalloc((size_t)num_blocks, g.k_stride);
+    uint8_t *vp = xcalloc((size_t)num_blocks, g.v_stride);
+    float *kdq = xmalloc(sizeof(float) * rows_n), *vdq = xmalloc(sizeof(float) * rows_n);
+    float *q = xmalloc(sizeof(float) * (size_t)n_tok * qd);
+    uint16_t *out = xmalloc(sizeof(uint16_t) * (size_t)n_tok * qd);
+    int32_t *own = xmalloc(sizeof(int32_t) * (size_t)n_tok);
+
+    for (int32_t b = 0; b < num_blocks; b++) {
+        kq_fill(kf + (size_t)b * lk, c->n_kv, bs, hd, 0);
+        kq_fill(vf + (size_t)b * lk, c->n_kv, bs, hd, 1);
+    }
+    for (int32_t s = 0; s < n_seqs; s++) {
+        for (int32_t bi = 0; bi <= (ctx[s] - 1) / bs; bi++) {
+            int32_t b = bt[s * max_blocks + bi];
+            int32_t rows = ctx[s] - bi * bs < bs ? ctx[s] - bi * bs : bs;
+
+            kvq_ref_quantize(fmt, c->n_kv, bs, hd, 0, kf + (size_t)b * lk, rows,
+                             kp + (size_t)b * g.k_stride);
+            kvq_ref_quantize(fmt, c->n_kv, bs, hd, 1, vf + (size_t)b * lk, rows,
+                             vp + (size_t)b * g.v_stride);
+            for (int32_t h = 0; h < c->n_kv; h++) {
+                size_t o = (size_t)b * lk + (size_t)h * bs * hd;
+
+                kvq_ref_dequant(fmt, c->n_kv, bs, hd, 0, kp + (size_t)b * g.k_stride, h, kdq + o);
+                kvq_ref_dequant(fmt, c->n_kv, bs, hd, 1, vp + (size_t)b * g.v_stride, h, vdq + o);
+            }
+            if (blk_slot[b] >= 0) {
+                memcpy(res + kn_kq_res_off(&g, blk_slot[b], n_layers, layer, 0, 0),
+                       kf + (size_t)b * lk, sizeof(float) * lk);
+                memcpy(res + kn_kq_res_off(&g, blk_slot[b], n_layers, layer, 1, 0),
+                       vf + (size_t)b * lk, sizeof(float) * lk);
+            }
+        }
+        for (int32_t t = qs[s]; t < qs[s + 1]; t++) {
+            int32_t cx = ctx[s] - (qs[s + 1] - t);
+
+            own[t] = blk_slot[bt[s * max_blocks + cx / bs]];
+        }
+    }
+    for (int32_t i = 0; i < n_tok * qd; i++) {
+        q[i] = rng_f(1.5f);
+    }
+
+    kn_attn_cuda_args_t a = {
+        out,    q,          NULL,    NULL, qs, ctx,       bt, max_blocks,
+        n_seqs, c->n_heads, c->n_kv, hd,   bs, c->window, qd, 1.0f / sqrtf((float)hd),
+        KN_DT_F16,
+    };
+    kn_kq_attn_args_t ka = {a, kp, vp, res, own, n_layers, layer, g};
+
+    ck_assert_int_eq(kn_emu_launch(run_kq_attention, &ka, c->n_kv, n_tok, c->nthr,
+                                   kn_kq_attn_smem_floats(group, hd)),
+                     0);
+
+    /* Reference in double: own block from the f32 rows when it has a slot. */
+    double num = 0.0, den = 0.0;
+
+    for (int32_t s = 0; s < n_seqs; s++) {
+        for (int32_t t = qs[s]; t < qs[s + 1]; t++) {
+            int32_t hi = ctx[s] - (qs[s + 1] - t), lo = 0;
+
+            if (c->window > 0 && hi - c->window + 1 > 0) {
+                lo = hi - c->window + 1;
+            }
+            for (int32_t hq = 0; hq < c->n_heads; hq++) {
+                int32_t kh = hq / group;
+                double sc[128], mx = -INFINITY, l = 0.0, o[256] = {0};
+                const float *qv = q + (size_t)t * qd + (size_t)hq * hd;
+
+                for (int32_t j = lo; j <= hi; j++) {
+                    int32_t b = bt[s * max_blocks + j / bs];
+                    int use_res = j / bs == hi / bs && own[t] >= 0;
+                    const float *kr = (use_res ? kf : kdq) + (size_t)b * lk +
+                                      ((size_t)kh * bs + (size_t)(j % bs)) * hd;
+                    double d = 0.0;
+
+                    for (int32_t i = 0; i < hd; i++) {
+                        d += (double)qv[i] * kr[i];
+                    }
+                    sc[j - lo] = d / sqrt((double)hd);
+                    mx = sc[j - lo] > mx ? sc[j - lo] : mx;
+                }
+                for (int32_t j = lo; j <= hi; j++) {
+                    int32_t b = bt[s * max_blocks + j / bs];
+                    int use_res = j / bs == hi / bs && own[t] >= 0;
+                    const float *vr = (use_res ? vf : vdq) + (size_t)b * lk +
+                                      ((size_t)kh * bs + (size_t)(j % bs)) * hd;
+                    double p = exp(sc[j - lo] - mx);
+
+                    l += p;
+                    for (int32_t i = 0; i < hd; i++) {
+                        o[i] += p * vr[i];
+                    }
+                }
+                for (int32_t i = 0; i < hd; i++) {
+                    double r = o[i] / l;
+                    double gv = kn_f16_to_f32(out[(size_t)t * qd + (size_t)hq * hd + i]);
+
+                    ck_assert_msg(!isnan(gv), "NaN output");
+                    num += (gv - r) * (gv - r);
+                    den += r * r;
+                }
+            }
+        }
+    }
+    if (!(num / den < 1e-6)) {
+        fprintf(stderr, "kq attention fmt %d %dx%d hd %d bs %d window %d: NMSE %g\n", fmt,
+                c->n_heads, c->n_kv, hd, bs, c->window, num / den);
+    }
+    ck_assert_double_lt(num / den, 1e-6);
+
+    free(bt);
+    free(blk_slot);
+    free(kf);
+    free(vf);
+    free(res);
+    free(kp);
+    free(vp);
+    free(kdq);
+    free(vdq);
+    free(q);
+    free(out);
+    free(own);
+}
+
+START_TEST(test_kq_attention)
+{
+    static const attn_case_t cases[] = {
+        {6, 2, 32, 16, 0, 64},  /* the default model's shape */
+        {4, 1, 64, 4, 0, 128},  /* MQA, small blocks */
+        {4, 4, 40, 8, 0, 32},   /* MHA, head_dim not a multiple of 32 */
+        {8, 2, 16, 16, 0, 64},  /* group of 4 over 2 warps */
+        {6, 2, 32, 16, 23, 64}, /* sliding window */
+        {16, 1, 16, 4, 9, 32},  /* group 16, short window */
+        {4, 2, 32, 64, 0, 64},  /* blocks of 64: two key tiles per block */
+    };
+
+    for (int rep = 0; rep < reps(2); rep++) {
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            check_kq_attention(&cases[i], kq_fmts[_i]);
+        }
+    }
+}
+END_TEST
+
+/* The residual write lands each token's K/V row in its slot's layer. */
+START_TEST(test_kq_res_write)
+{
+    kn_kq_geom_t g;
+    const int32_t n_layers = 3, layer = 2, n_tok = 5, kvd = 2 * 16;
+    int32_t slot[5] = {3 * 8 + 7, -1, 1 * 8 + 0, 5 * 8 + 3, 9 * 8 + 2};
+    int32_t res_slot[5] = {1, 0, 0, 2, -1};
+    float k[5 * 32], v[5 * 32];
+
+    ck_assert_int_eq(kn_kq_geom_init(&g, KN_KQ_INT8, 2, 8, 16), 0);
+    size_t n = kn_kq_lk(&g) * 2 * n_layers * 3;
+    float *res = xmalloc(sizeof(float) * n);
+
+    for (size_t i = 0; i < n; i++) {
+        res[i] = -7.0f;
+    }
+    for (int32_t i = 0; i < n_tok * kvd; i++) {
+        k[i] = rng_f(1.0f);
+        v[i] = rng_f(1.0f);
+    }
+    kn_kq_res_write_args_t a = {res, k, v, slot, res_slot, n_layers, layer, kvd, g};
+
+    ck_assert_int_eq(kn_emu_launch(run_kq_res_write, &a, n_tok, 1, 32, 0), 0);
+    size_t written = 0;
+
+    for (int32_t t = 0; t < n_tok; t++) {
+        if (slot[t] < 0 || res_slot[t] < 0) {
+            continue;
+        }
+        for (int32_t h = 0; h < 2; h++) {
+            for (int32_t d = 0; d < 16; d++) {
+                size_t o = (size_t)(slot[t] % 8) * 16 + d;
+
+                ck_assert(res[kn_kq_res_off(&g, res_slot[t], n_layers, layer, 0, h) + o] ==
+                          k[t * kvd + h * 16 + d]);
+                ck_assert(res[kn_kq_res_off(&g, res_slot[t], n_layers, layer, 1, h) + o] ==
+                          v[t * kvd + h * 16 + d]);
+                written += 2;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        written -= res[i] != -7.0f;
+    }
+    ck_assert_uint_eq(written, 0); /* nothing else was written */
+    free(res);
+}
+END_TEST
+
 Suite *
 cuda_emu_suite(void)
 {
@@ -709,7 +1156,11 @@ cuda_emu_suite(void)
     tcase_add_loop_test(tc, test_kv_write, 0, 2);
     tcase_add_loop_test(tc, test_attention, 0, 12);
     tcase_add_test(tc, test_emulator_catches_misuse);
-    tcase_add_test(tc, test_kvcopy_plan);
+    tcase_add_loop_test(tc, test_kvcopy_plan, 0, 2);
+    tcase_add_test(tc, test_kq_geometry);
+    tcase_add_test(tc, test_kq_res_write);
+    tcase_add_loop_test(tc, test_kq_quantize, 0, 3);
+    tcase_add_loop_test(tc, test_kq_attention, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }
