@@ -1,7 +1,10 @@
 /* test_kv_quant.c - the compressed KV store (kernels/cpu/kv_quant.h):
  * element codecs, per-format quantize/dequantize error bounds on random
  * and outlier-heavy blocks, attention over compressed blocks against the
- * reference attention over their dequantized f32 copy, block ops (copy,
+ * reference attention over their dequantized f32 copy (every dtype x
+ * head_dim x block size x GQA group, random and outlier-heavy, every
+ * fp8 code, shifted blocks) at every ISA level this CPU has (forced
+ * through kn_cpu_set_isa), block ops (copy,
  * swap) bit for bit with their residuals, residual slot life, and the
  * shapes each format rejects.
  */
@@ -198,19 +201,47 @@ START_TEST(test_outlier_isolation)
 }
 END_TEST
 
+/* K/V data of one token row (nkv * hd floats each) for check_attention:
+ * mode 0 random with one 8x key channel; mode 1 outlier-heavy (KIVI:
+ * key outliers in channels, value outliers in tokens): key channels 3 and
+ * hd - 2 are 50x, every 7th token's values 20x, and the other values of
+ * every 5th token tiny (1e-3: fp8 subnormal codes, int zero points far
+ * from zero). */
+static void
+attn_row(int mode, int32_t j, int32_t nkv, int32_t hd, float *k, float *v)
+{
+    for (int32_t i = 0; i < nkv * hd; i++) {
+        int32_t d = i % hd;
+
+        k[i] = frand();
+        v[i] = frand();
+        if (mode == 0) {
+            k[i] *= d == 3 ? 8.0f : 1.0f;
+            continue;
+        }
+        k[i] = d == 3 || d == hd - 2 ? 50.0f * k[i] + 20.0f : k[i];
+        if (j % 7 == 3) {
+            v[i] *= 20.0f;
+        } else if (j % 5 == 1 && d != 0) {
+            v[i] *= 1e-3f;
+        }
+    }
+}
+
 /* A store with sequences written through kn_kvq_write (several blocks,
- * a partial tail each), attention over it against the reference attention
- * over the f32 copy that kn_kvq_read_rows reads. */
+ * a partial tail each; decode, prefill and mixed queries), attention over
+ * it at every ISA this CPU has against the reference attention over the
+ * f32 copy that kn_kvq_read_rows reads. */
 static void
 check_attention(kn_kvq_fmt_t fmt, int32_t n_heads, int32_t nkv, int32_t hd, int32_t bs,
-                int32_t window)
+                int32_t window, int mode)
 {
     const int32_t n_seqs = 3, ctx_len[3] = {37, 16, 70}, n_new[3] = {5, 1, 20};
-    const int32_t mb = 10, nb = n_seqs * mb + 1;
+    const int32_t mb = (70 + bs - 1) / bs, nb = n_seqs * mb + 1;
     kn_kvq_layout_t L = layout(fmt, nkv, bs, hd);
     kn_kvq_store_t *st;
     char err[128];
-    int32_t bt[3 * 10], qs[4], n_tok = 0;
+    int32_t bt[3 * 70], qs[4], n_tok = 0;
 
     ck_assert_int_eq(kn_kvq_store_create(&L, 2, nb, 0, 8, &st, err, sizeof(err)), ST_OK);
     for (int32_t s = 0; s < n_seqs; s++) {
@@ -227,10 +258,7 @@ check_attention(kn_kvq_fmt_t fmt, int32_t n_heads, int32_t nkv, int32_t hd, int3
             int32_t slot = bt[s * mb + j / bs] * bs + j % bs;
 
             for (int32_t l = 0; l < 2; l++) {
-                for (int32_t i = 0; i < nkv * hd; i++) {
-                    k[i] = frand() * (i % hd == 3 ? 8.0f : 1.0f);
-                    v[i] = frand();
-                }
+                attn_row(mode, j, nkv, hd, k, v);
                 kn_kvq_write(st, l, k, v, &slot, 1);
             }
         }
@@ -248,7 +276,7 @@ check_attention(kn_kvq_fmt_t fmt, int32_t n_heads, int32_t nkv, int32_t hd, int3
     float *kc = calloc(cache_floats, sizeof(float)), *vc = calloc(cache_floats, sizeof(float));
 
     for (int32_t i = 0; i < n_tok * n_heads * hd; i++) {
-        q[i] = frand();
+        q[i] = frand() * (mode == 1 && i % hd == hd - 2 ? 0.2f : 1.0f);
     }
     for (int32_t l = 0; l < 2; l++) {
         for (int32_t b = 1; b < nb; b++) {
@@ -279,17 +307,23 @@ check_attention(kn_kvq_fmt_t fmt, int32_t n_heads, int32_t nkv, int32_t hd, int3
         };
         kn_cpu_attention_ref(&a);
         a.out = o2;
-        kn_kvq_attention(st, l, &a);
-        for (int32_t i = 0; i < n_tok * n_heads * hd; i++) {
-            ck_assert_msg(fabsf(o1[i] - o2[i]) <= 2e-5f * (1.0f + fabsf(o1[i])),
-                          "%s layer %d [%d]: %g vs %g", kn_kvq_fmt_name(fmt), l, i, o1[i], o2[i]);
+        for (int isa = KN_ISA_GENERIC; isa <= (int)kn_cpu_isa_best(); isa++) {
+            ck_assert_int_eq(kn_cpu_set_isa((kn_isa_t)isa), ST_OK);
+            memset(o2, 0xff, sizeof(float) * n_tok * n_heads * hd); /* NaN */
+            kn_kvq_attention(st, l, &a);
+            for (int32_t i = 0; i < n_tok * n_heads * hd; i++) {
+                ck_assert_msg(fabsf(o1[i] - o2[i]) <= 2e-5f * (1.0f + fabsf(o1[i])),
+                              "%s %s hd %d bs %d heads %d/%d mode %d layer %d [%d]: %g vs %g",
+                              kn_kvq_fmt_name(fmt), kn_isa_name((kn_isa_t)isa), hd, bs, n_heads,
+                              nkv, mode, l, i, o1[i], o2[i]);
+            }
         }
+        kn_cpu_set_isa(kn_cpu_isa_best());
     }
     /* Tails are residual (full precision), full blocks are not. */
     ck_assert_int_eq(kn_kvq_block_is_residual(st, 0, bt[0 * mb + ctx_len[0] / bs]),
-                     kn_kvq_scaled(fmt));
-    ck_assert_int_eq(kn_kvq_block_is_residual(st, 0, bt[0 * mb + 1]), 0);
-    ck_assert_int_eq(kn_kvq_block_is_residual(st, 0, bt[1 * mb + 0]), 0);
+                     kn_kvq_scaled(fmt) && ctx_len[0] % bs != 0);
+    ck_assert_int_eq(kn_kvq_block_is_residual(st, 0, bt[2 * mb + 0]), 0);
     free(k);
     free(v);
     free(q);
@@ -303,9 +337,191 @@ check_attention(kn_kvq_fmt_t fmt, int32_t n_heads, int32_t nkv, int32_t hd, int3
 START_TEST(test_attention_vs_dequantized)
 {
     for (int f = 0; f < N_FMTS; f++) {
-        check_attention(all_fmts[f], 4, 2, 32, 16, 0);
-        check_attention(all_fmts[f], 6, 2, 64, 8, 0);
-        check_attention(all_fmts[f], 9, 1, 40, 16, 19);
+        check_attention(all_fmts[f], 4, 2, 32, 16, 0, 0);
+        check_attention(all_fmts[f], 6, 2, 64, 8, 0, 0);
+        check_attention(all_fmts[f], 9, 1, 40, 16, 19, 0);
+    }
+}
+END_TEST
+
+/* Every dtype x head_dim (tails below one vector at each ISA: 40, 72;
+ * int4 needs head_dim % 8 == 0) x block size (8, 16, and 32: two chunks
+ * per block) x GQA group (1, 3, 9: more query heads per KV head than one
+ * pass holds), on random and outlier-heavy data, at every ISA. */
+START_TEST(test_attention_matrix)
+{
+    static const int32_t hds[] = {32, 40, 64, 72, 128};
+    static const int32_t groups[][2] = {{2, 2}, {9, 3}, {9, 1}};
+    static const int32_t bss[] = {8, 16, 32};
+    int n = 0;
+
+    for (int f = 0; f < N_FMTS; f++) {
+        for (int h = 0; h < 5; h++) {
+            for (int mode = 0; mode < 2; mode++) {
+                int g = (h + mode + f) % 3, b = (h + 2 * mode + f) % 3;
+
+                check_attention(all_fmts[f], groups[g][0], groups[g][1], hds[h], bss[b],
+                                h == 3 ? 21 : 0, mode);
+                n++;
+            }
+        }
+        /* Every group and block size at the model's head_dim, both modes. */
+        for (int g = 0; g < 3; g++) {
+            for (int b = 0; b < 3; b++) {
+                check_attention(all_fmts[f], groups[g][0], groups[g][1], 64, bss[b], 0,
+                                (g + b) % 2);
+                n++;
+            }
+        }
+    }
+    ck_assert_int_eq(n, N_FMTS * 19);
+}
+END_TEST
+
+/* The vector E4M3 decode of the attention (normals, subnormals, signs)
+ * against the scalar codec: one fp8 block whose value codes are every
+ * code once (unit scale), read with one-hot softmax weights. */
+START_TEST(test_fp8_every_code)
+{
+    const int32_t bs = 16, hd = 16;
+    kn_kvq_layout_t L = layout(KN_KVQ_FP8, 1, bs, hd);
+    kn_kvq_store_t *st;
+    char err[128];
+    float k[16], v[16], q[16], o[16];
+    int32_t bt[2] = {1, 2}, qs[2] = {0, 1}, ctx = bs + 1;
+
+    ck_assert_int_eq(kn_kvq_store_create(&L, 1, 3, 0, 4, &st, err, sizeof(err)), ST_OK);
+    /* Row r of block 1: values are codes 16 r .. 16 r + 15 times 448 / max
+     * so that the row scale is exactly 1 (f16 1.0); keys 0 except row
+     * `hot` (then one-hot attention). */
+    for (int32_t hot = 0; hot < bs; hot++) {
+        for (int32_t r = 0; r <= bs; r++) {
+            int32_t slot = (r < bs ? 1 : 2) * bs + r % bs;
+            float amax = 0.0f;
+
+            for (int32_t d = 0; d < hd; d++) {
+                int c = (r % bs) * 16 + d;
+
+                v[d] = (c & 0x7f) == 0x7f ? 0.0f : kn_e4m3_to_f32((uint8_t)c);
+                amax = fmaxf(amax, fabsf(v[d]));
+                k[d] = r == hot ? 40.0f : 0.0f;
+                q[d] = 1.0f;
+            }
+            if (amax < 448.0f) {
+                v[0] = 448.0f; /* channel 0 pins the scale to 1 */
+            }
+            kn_kvq_write(st, 0, k, v, &slot, 1);
+        }
+        kn_kvq_end_step(st);
+        kn_attn_args_t a = {
+            .out = o,
+            .q = q,
+            .query_start = qs,
+            .context_len = &ctx,
+            .block_tables = bt,
+            .max_blocks = 2,
+            .n_seqs = 1,
+            .n_tok = 1,
+            .n_heads = 1,
+            .n_kv_heads = 1,
+            .head_dim = hd,
+            .block_size = bs,
+            .scale = 1.0f,
+        };
+        for (int isa = KN_ISA_GENERIC; isa <= (int)kn_cpu_isa_best(); isa++) {
+            float want[16];
+
+            ck_assert_int_eq(kn_cpu_set_isa((kn_isa_t)isa), ST_OK);
+            kn_kvq_attention(st, 0, &a);
+            kn_kvq_read_rows(st, 0, 1, 1, 0, hot, 1, want);
+            for (int32_t d = 1; d < hd; d++) {
+                /* e^-640 of every other row underflows: exactly one-hot */
+                ck_assert_msg(o[d] == want[d] || fabsf(o[d] - want[d]) <= 1e-6f * fabsf(want[d]),
+                              "%s code %d: %g vs %g", kn_isa_name((kn_isa_t)isa), hot * 16 + d,
+                              o[d], want[d]);
+                if ((((hot * 16 + d) & 0x7f) != 0x7f)) {
+                    ck_assert_float_eq(want[d], kn_e4m3_to_f32((uint8_t)(hot * 16 + d)));
+                }
+            }
+        }
+        kn_cpu_set_isa(kn_cpu_isa_best());
+    }
+    kn_kvq_store_destroy(st);
+}
+END_TEST
+
+/* A quantized block with a pending SHIFT: attention rotates the query
+ * (R(d) q . k) instead of the keys; it matches the reference over the
+ * rotated dequantized rows that kn_kvq_read_rows returns. */
+START_TEST(test_attention_shifted)
+{
+    const int32_t nkv = 2, bs = 16, hd = 64, nh = 6, ctx = 40;
+    float inv_freq[32], k[2 * 64], v[2 * 64], q[6 * 64], o1[6 * 64], o2[6 * 64];
+    int32_t bt[3] = {3, 1, 2}, qs[2] = {0, 1};
+    static float kc[4 * 2 * 16 * 64], vc[4 * 2 * 16 * 64];
+
+    for (int32_t i = 0; i < hd / 2; i++) {
+        inv_freq[i] = (float)pow(10000.0, -2.0 * i / hd);
+    }
+    for (int f = 3; f < N_FMTS; f++) { /* the scaled formats keep a shift */
+        kn_kvq_layout_t L = layout(all_fmts[f], nkv, bs, hd);
+        kn_kvq_store_t *st;
+        char err[128];
+
+        ck_assert_int_eq(kn_kvq_store_create(&L, 1, 4, 0, 4, &st, err, sizeof(err)), ST_OK);
+        kn_kvq_store_set_rope(st, inv_freq);
+        for (int32_t j = 0; j < ctx; j++) {
+            int32_t slot = bt[j / bs] * bs + j % bs;
+
+            attn_row(1, j, nkv, hd, k, v);
+            kn_kvq_write(st, 0, k, v, &slot, 1);
+            kn_kvq_end_step(st);
+        }
+        kv_op_t ops[] = {{KV_OP_SHIFT, 3, 37}, {KV_OP_SHIFT, 1, 5}};
+
+        ck_assert_int_eq(kn_kvq_ops(st, ops, 2), ST_OK);
+        for (int32_t i = 0; i < nh * hd; i++) {
+            q[i] = frand();
+        }
+        for (int32_t b = 1; b < 4; b++) {
+            for (int32_t h = 0; h < nkv; h++) {
+                size_t off = ((size_t)b * nkv + h) * bs * hd;
+
+                kn_kvq_read_rows(st, 0, 0, b, h, 0, bs, kc + off);
+                kn_kvq_read_rows(st, 0, 1, b, h, 0, bs, vc + off);
+            }
+        }
+        int32_t cl = ctx;
+        kn_attn_args_t a = {
+            .out = o1,
+            .q = q,
+            .k_cache = kc,
+            .v_cache = vc,
+            .query_start = qs,
+            .context_len = &cl,
+            .block_tables = bt,
+            .max_blocks = 3,
+            .n_seqs = 1,
+            .n_tok = 1,
+            .n_heads = nh,
+            .n_kv_heads = nkv,
+            .head_dim = hd,
+            .block_size = bs,
+            .scale = 0.125f,
+        };
+        kn_cpu_attention_ref(&a);
+        a.out = o2;
+        for (int isa = KN_ISA_GENERIC; isa <= (int)kn_cpu_isa_best(); isa++) {
+            ck_assert_int_eq(kn_cpu_set_isa((kn_isa_t)isa), ST_OK);
+            kn_kvq_attention(st, 0, &a);
+            for (int32_t i = 0; i < nh * hd; i++) {
+                ck_assert_msg(fabsf(o1[i] - o2[i]) <= 2e-5f * (1.0f + fabsf(o1[i])),
+                              "%s %s [%d]: %g vs %g", kn_kvq_fmt_name(all_fmts[f]),
+                              kn_isa_name((kn_isa_t)isa), i, o1[i], o2[i]);
+            }
+        }
+        kn_cpu_set_isa(kn_cpu_isa_best());
+        kn_kvq_store_destroy(st);
     }
 }
 END_TEST
@@ -679,6 +895,9 @@ kv_quant_suite(void)
     tcase_add_test(tc, test_error_bounds);
     tcase_add_test(tc, test_outlier_isolation);
     tcase_add_test(tc, test_attention_vs_dequantized);
+    tcase_add_test(tc, test_attention_matrix);
+    tcase_add_test(tc, test_fp8_every_code);
+    tcase_add_test(tc, test_attention_shifted);
     tcase_add_test(tc, test_ops_bit_exact);
     tcase_add_test(tc, test_slot_exhaustion);
     tcase_add_test(tc, test_shift);
