@@ -1,4 +1,5 @@
-/* xmalloc.c - aborting allocators and a fault-injection hook. */
+/* xmalloc.c - aborting allocators, the fallible family and its
+ * fault-injection and counting hooks (see xmalloc.h). */
 #include "xmalloc.h"
 
 #include <stdatomic.h>
@@ -7,6 +8,8 @@
 #include <string.h>
 
 static atomic_long fail_countdown;
+static atomic_ulong try_count;
+static _Thread_local unsigned long tl_failures;
 
 static _Noreturn void
 oom(size_t n)
@@ -63,15 +66,104 @@ xstrndup(const char *s, size_t n)
 void
 xmalloc_fail_after(long n)
 {
-    atomic_store(&fail_countdown, n);
+    atomic_store(&fail_countdown, n > 0 ? n : 0);
+}
+
+long
+xmalloc_fail_pending(void)
+{
+    return atomic_load(&fail_countdown);
+}
+
+unsigned long
+xmalloc_try_count(void)
+{
+    return atomic_load(&try_count);
+}
+
+unsigned long
+xmalloc_try_failures(void)
+{
+    return tl_failures;
+}
+
+/* One fallible call: counts it and says whether the armed countdown makes
+ * it fail. The decrement is a compare-and-swap so that exactly one call
+ * fails even when several threads race for the last count. */
+static int
+try_should_fail(void)
+{
+    long c = atomic_load(&fail_countdown);
+
+    atomic_fetch_add(&try_count, 1);
+    while (c > 0) {
+        if (atomic_compare_exchange_weak(&fail_countdown, &c, c - 1)) {
+            return c == 1;
+        }
+    }
+    return 0;
+}
+
+static void *
+try_failed(void)
+{
+    tl_failures++;
+    return NULL;
 }
 
 void *
 xmalloc_try(size_t n)
 {
-    long c = atomic_load(&fail_countdown);
-    if (c > 0 && atomic_fetch_sub(&fail_countdown, 1) == 1) {
-        return NULL;
+    void *p;
+
+    if (try_should_fail()) {
+        return try_failed();
     }
-    return malloc(n ? n : 1);
+    p = malloc(n ? n : 1);
+    return p != NULL ? p : try_failed();
+}
+
+void *
+xcalloc_try(size_t n, size_t size)
+{
+    void *p;
+
+    if (try_should_fail()) {
+        return try_failed();
+    }
+    if (size != 0 && n > (size_t)-1 / size) {
+        return try_failed();
+    }
+    p = calloc(n ? n : 1, size ? size : 1);
+    return p != NULL ? p : try_failed();
+}
+
+void *
+xrealloc_try(void *p, size_t n)
+{
+    void *q;
+
+    if (try_should_fail()) {
+        return try_failed();
+    }
+    q = realloc(p, n ? n : 1);
+    return q != NULL ? q : try_failed();
+}
+
+char *
+xstrdup_try(const char *s)
+{
+    return xstrndup_try(s, strlen(s));
+}
+
+char *
+xstrndup_try(const char *s, size_t n)
+{
+    char *p = xmalloc_try(n + 1);
+
+    if (p != NULL) {
+        memcpy(p, s, n);
+        p[n] = '\0';
+    }
+    return p;
 }

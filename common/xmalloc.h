@@ -1,8 +1,21 @@
-/* xmalloc.h - small host allocations that abort on failure (Redis zmalloc).
+/* xmalloc.h - small host allocations that abort on failure (Redis zmalloc),
+ * and a fallible family for the request path.
  *
- * Use for small, bounded allocations. Large buffers and mmaps use checked
- * calls at start-up. Under the test hook below, xmalloc_try() lets request
- * paths inject allocation failures.
+ * Use the aborting calls for start-up, model load and other bounded work
+ * that has no one to report to. Everything a request allocates goes
+ * through the *_try family: it returns NULL on failure and the caller turns
+ * that into a clean error for that request only.
+ *
+ * Test hooks (all cheap, always compiled in):
+ *   - xmalloc_fail_after(n): the n-th following *_try call fails, once
+ *     (the daemon arms it from KVSERVE_FAIL_ALLOC_AFTER, and, when
+ *     KVSERVE_TEST_HOOKS=1, from the debug route POST /debug/fail-alloc,
+ *     which re-arms it any number of times in one process);
+ *   - xmalloc_try_count(): how many *_try calls the process made, so a test
+ *     can count the allocation sites of one request;
+ *   - xmalloc_try_failures(): how many *_try calls failed on the calling
+ *     thread (lets a builder that cannot see each failure, such as cJSON
+ *     routed through xmalloc_try, find out that one happened).
  *
  * Thread: any.
  */
@@ -17,10 +30,24 @@ void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 char *xstrndup(const char *s, size_t n);
 
-/* Fallible allocation for request paths: returns NULL on failure, and
- * fails on purpose when the fault-injection countdown reaches zero. */
+/* Fallible allocation for request paths: returns NULL on failure (and on
+ * n * size overflow for xcalloc_try), and fails on purpose when the
+ * fault-injection countdown reaches zero. xrealloc_try leaves p allocated
+ * and unchanged when it fails. Free with free(). */
 void *xmalloc_try(size_t n);
-/* Test hook: the n-th following xmalloc_try() call (1-based) fails; 0 off. */
+void *xcalloc_try(size_t n, size_t size);
+void *xrealloc_try(void *p, size_t n);
+char *xstrdup_try(const char *s);
+char *xstrndup_try(const char *s, size_t n);
+
+/* Test hook: the n-th following fallible call (1-based) fails; 0 off.
+ * Re-arming replaces a countdown that has not fired yet. */
 void xmalloc_fail_after(long n);
+/* Calls left before the armed failure fires (0: not armed). */
+long xmalloc_fail_pending(void);
+/* Fallible calls made by the process so far (every thread). */
+unsigned long xmalloc_try_count(void);
+/* Fallible calls that failed on the calling thread so far. */
+unsigned long xmalloc_try_failures(void);
 
 #endif /* COMMON_XMALLOC_H */

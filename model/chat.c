@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "common/status.h"
+#include "common/xmalloc.h"
 #include "model/chat.h"
 
 #define CHAT_MAX_DEPTH 200           /* parser nesting (expressions, blocks) */
@@ -61,6 +62,7 @@ typedef struct ablk {
 typedef struct arena {
     ablk_t *head;
     size_t total, limit;
+    int fallible; /* rendering (a request): blocks come from xmalloc_try */
 } arena_t;
 
 /* Compile and render context: the error exit and the arena in use. */
@@ -134,7 +136,7 @@ ar_alloc(cx_t *cx, size_t n)
         if (a->total + cap > a->limit) {
             cx_fail(cx, ST_ETOOLONG, "template memory limit exceeded");
         }
-        b = malloc(sizeof(*b) + cap);
+        b = a->fallible ? xmalloc_try(sizeof(*b) + cap) : malloc(sizeof(*b) + cap);
         if (b == NULL) {
             cx_fail(cx, ST_ENOMEM, "out of memory");
         }
@@ -5617,10 +5619,12 @@ chat_template_render(const chat_template_t *t, const chat_message_t *msgs, size_
         set_err(err, errlen, "bad arguments");
         return ST_EINVAL;
     }
-    j = calloc(1, sizeof(*j));
+    j = xcalloc_try(1, sizeof(*j));
     if (j == NULL) {
+        set_err(err, errlen, "out of memory");
         return ST_ENOMEM;
     }
+    j->ar.fallible = 1;
     j->t = t;
     j->msgs = msgs;
     j->n = n;
@@ -5632,7 +5636,7 @@ chat_template_render(const chat_template_t *t, const chat_message_t *msgs, size_
     j->rs.now = j->opts->now ? j->opts->now : time(NULL);
     rc = render_run(j);
     if (rc == ST_OK) {
-        res = malloc(j->buf.n + 1);
+        res = xmalloc_try(j->buf.n + 1);
         if (res == NULL) {
             rc = ST_ENOMEM;
             set_err(err, errlen, "out of memory");

@@ -80,29 +80,46 @@ pow2_at_least(uint64_t n)
     return c;
 }
 
-/* Growable byte buffer. */
+/* Growable byte buffer. Loading uses it aborting; encoding and decoding
+ * (the request path) set fallible: a failed growth then sets oom, and the
+ * append that needed it adds nothing. */
 typedef struct sb {
     char *p;
     size_t n, cap;
+    int fallible;
+    int oom;
 } sb_t;
 
-static void
+static int
 sb_reserve(sb_t *b, size_t extra)
 {
     if (b->n + extra + 1 > b->cap) {
         size_t c = b->cap ? b->cap : 64;
+        char *q;
         while (c < b->n + extra + 1) {
             c *= 2;
         }
-        b->p = xrealloc(b->p, c);
+        if (b->fallible) {
+            q = xrealloc_try(b->p, c);
+            if (q == NULL) {
+                b->oom = 1;
+                return 0;
+            }
+        } else {
+            q = xrealloc(b->p, c);
+        }
+        b->p = q;
         b->cap = c;
     }
+    return 1;
 }
 
 static void
 sb_add(sb_t *b, const void *p, size_t n)
 {
-    sb_reserve(b, n);
+    if (!sb_reserve(b, n)) {
+        return;
+    }
     memcpy(b->p + b->n, p, n);
     b->n += n;
     b->p[b->n] = '\0';
@@ -706,7 +723,9 @@ typedef struct enc {
     size_t cap_map;
     sb_t word; /* byte-level spelling of a word (ignore_merges lookup) */
     pcre2_match_data *md;
-    struct wcache *cache; /* long inputs only: ids of recently seen words */
+    pcre2_general_context *gc; /* PCRE2's allocations through xmalloc_try */
+    struct wcache *cache;      /* long inputs only: ids of recently seen words */
+    int oom;                   /* an allocation failed: the result is void */
 } enc_t;
 
 /* Direct-mapped cache of word -> ids, used for long inputs where words
@@ -735,12 +754,30 @@ wcache_free(wcache_t *c)
     free(c);
 }
 
+/* Grows *p to hold cap items of size bytes; 0 with e->oom set when out of
+ * memory (*p unchanged). */
+static int
+enc_grow(enc_t *e, void **p, size_t cap, size_t size)
+{
+    void *q = cap > (size_t)-1 / size ? NULL : xrealloc_try(*p, cap * size);
+
+    if (q == NULL) {
+        e->oom = 1;
+        return 0;
+    }
+    *p = q;
+    return 1;
+}
+
 static void
 enc_push(enc_t *e, int32_t id)
 {
     if (e->n_ids == e->cap_ids) {
-        e->cap_ids = e->cap_ids ? e->cap_ids * 2 : 64;
-        e->ids = xrealloc(e->ids, e->cap_ids * sizeof(int32_t));
+        size_t cap = e->cap_ids ? e->cap_ids * 2 : 64;
+        if (!enc_grow(e, (void **)&e->ids, cap, sizeof(int32_t))) {
+            return;
+        }
+        e->cap_ids = cap;
     }
     e->ids[e->n_ids++] = id;
 }
@@ -760,8 +797,11 @@ heap_push(enc_t *e, cand_t c)
     size_t i;
 
     if (e->n_heap == e->cap_heap) {
-        e->cap_heap = e->cap_heap ? e->cap_heap * 2 : 64;
-        e->heap = xrealloc(e->heap, e->cap_heap * sizeof(cand_t));
+        size_t cap = e->cap_heap ? e->cap_heap * 2 : 64;
+        if (!enc_grow(e, (void **)&e->heap, cap, sizeof(cand_t))) {
+            return;
+        }
+        e->cap_heap = cap;
     }
     i = e->n_heap++;
     while (i > 0) {
@@ -860,7 +900,7 @@ static void
 enc_word(enc_t *e, const char *w, size_t n)
 {
 
-    if (n == 0) {
+    if (n == 0 || e->oom) {
         return;
     }
     wcache_t *slot = NULL;
@@ -881,12 +921,20 @@ enc_word(enc_t *e, const char *w, size_t n)
         slot->h = h;
     }
     enc_word_uncached(e, w, n);
-    if (slot != NULL) {
-        slot->word = xstrndup(w, n);
+    if (slot != NULL && !e->oom) {
+        uint32_t k = (uint32_t)(e->n_ids - first_id);
+        char *word = xstrndup_try(w, n);
+        int32_t *ids = word != NULL ? xcalloc_try(k ? k : 1, sizeof(int32_t)) : NULL;
+        if (ids == NULL) {
+            free(word);
+            e->oom = 1;
+            return;
+        }
+        memcpy(ids, e->ids + first_id, k * sizeof(int32_t));
+        slot->word = word;
         slot->len = (uint32_t)n;
-        slot->n = (uint32_t)(e->n_ids - first_id);
-        slot->ids = xmalloc((slot->n ? slot->n : 1) * sizeof(int32_t));
-        memcpy(slot->ids, e->ids + first_id, slot->n * sizeof(int32_t));
+        slot->n = k;
+        slot->ids = ids;
     }
 }
 
@@ -908,6 +956,10 @@ enc_word_uncached(enc_t *e, const char *w, size_t n)
                 int k = u8_encode(t->byte_cp[u[i]], tmp);
                 sb_add(&e->word, tmp, (size_t)k);
             }
+            if (e->word.oom) {
+                e->oom = 1;
+                return;
+            }
             id = tok__find_n(t, e->word.p, e->word.n);
         } else {
             id = tok__find_n(t, w, n);
@@ -919,8 +971,10 @@ enc_word_uncached(enc_t *e, const char *w, size_t n)
     }
 
     if (n > e->cap_sym) {
+        if (!enc_grow(e, (void **)&e->sym, n + 16, sizeof(sym_t))) {
+            return;
+        }
         e->cap_sym = n + 16;
-        e->sym = xrealloc(e->sym, e->cap_sym * sizeof(sym_t));
     }
 
     /* Initial symbols. */
@@ -1010,8 +1064,11 @@ spans_add(enc_t *e, int which, uint32_t off, uint32_t len)
         return;
     }
     if (e->n_sp[which] == e->cap_sp[which]) {
-        e->cap_sp[which] = e->cap_sp[which] ? e->cap_sp[which] * 2 : 64;
-        e->sp[which] = xrealloc(e->sp[which], e->cap_sp[which] * sizeof(span_t));
+        size_t cap = e->cap_sp[which] ? e->cap_sp[which] * 2 : 64;
+        if (!enc_grow(e, (void **)&e->sp[which], cap, sizeof(span_t))) {
+            return;
+        }
+        e->cap_sp[which] = cap;
     }
     e->sp[which][e->n_sp[which]++] = (span_t){off, len};
 }
@@ -1038,6 +1095,10 @@ pre_split(enc_t *e, const tok_pre_t *p, const char *subj_all, int src)
             int rc = pos < s.len ? pcre2_match(p->re, (PCRE2_SPTR)subj, s.len, pos,
                                                PCRE2_NO_UTF_CHECK, e->md, NULL)
                                  : PCRE2_ERROR_NOMATCH;
+            if (rc == PCRE2_ERROR_NOMEMORY) {
+                e->oom = 1;
+                return;
+            }
             if (rc >= 0) {
                 PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
                 ms = ov[0];
@@ -1122,8 +1183,16 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
         s = nfc;
         n = nfc_len;
     }
+    if (e->oom) {
+        free(nfc);
+        return;
+    }
     e->buf.n = 0;
-    sb_reserve(&e->buf, n + 8);
+    if (!sb_reserve(&e->buf, n + 8)) {
+        free(nfc);
+        e->oom = 1;
+        return;
+    }
     if (add_prefix && !(t->prefix_if_absent && s[0] == ' ')) {
         sb_add(&e->buf, k_meta, 3);
     }
@@ -1134,8 +1203,7 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
         for (size_t i = 0; i < n; i++) {
             if (s[i] == ' ') {
                 sb_add(&e->buf, k_meta, 3);
-            } else {
-                sb_reserve(&e->buf, 1);
+            } else if (sb_reserve(&e->buf, 1)) {
                 e->buf.p[e->buf.n++] = s[i];
             }
         }
@@ -1144,6 +1212,10 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
         sb_add(&e->buf, s, n);
     }
     free(nfc); /* s is not used past this point */
+    if (e->buf.oom) {
+        e->oom = 1;
+        return;
+    }
 
     if (t->n_pre == 0) {
         if (!t->meta_split) {
@@ -1177,8 +1249,10 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
         const uint8_t *u = (const uint8_t *)e->buf.p;
         e->san.n = 0;
         if (e->cap_map < e->buf.n * 3 + 1) {
+            if (!enc_grow(e, (void **)&e->san_map, e->buf.n * 3 + 1, sizeof(uint32_t))) {
+                return;
+            }
             e->cap_map = e->buf.n * 3 + 1;
-            e->san_map = xrealloc(e->san_map, e->cap_map * sizeof(uint32_t));
         }
         for (size_t i = 0; i < e->buf.n;) {
             int cl = u8_char_len(u + i, e->buf.n - i);
@@ -1194,6 +1268,10 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
             }
             i += (size_t)cl;
         }
+        if (e->san.oom) {
+            e->oom = 1;
+            return;
+        }
         e->san_map[e->san.n] = (uint32_t)e->buf.n;
         subj = e->san.p;
     }
@@ -1203,6 +1281,9 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
     for (int i = 0; i < t->n_pre; i++) {
         pre_split(e, &t->pre[i], subj, src);
         src = !src;
+    }
+    if (e->oom) {
+        return;
     }
     for (size_t k = 0; k < e->n_sp[src]; k++) {
         span_t sp = e->sp[src][k];
@@ -1234,6 +1315,20 @@ match_added(const tok_tokenizer_t *t, const char *text, size_t i, size_t n, int 
     return -1;
 }
 
+static void *
+pcre_malloc(PCRE2_SIZE n, void *data)
+{
+    (void)data;
+    return xmalloc_try(n);
+}
+
+static void
+pcre_free(void *p, void *data)
+{
+    (void)data;
+    free(p);
+}
+
 int
 tok_encode(const tok_tokenizer_t *t, const char *text, size_t len, int flags, int32_t **ids,
            size_t *n_ids)
@@ -1247,12 +1342,17 @@ tok_encode(const tok_tokenizer_t *t, const char *text, size_t len, int flags, in
         return ST_EINVAL;
     }
     e.t = t;
+    e.buf.fallible = e.san.fallible = e.word.fallible = 1;
     if (t->n_pre > 0) {
-        /* Enough ovector pairs for any of the patterns. */
-        e.md = pcre2_match_data_create(32, NULL);
+        /* Enough ovector pairs for any of the patterns; PCRE2 allocates
+         * the match data and its backtracking frames through xmalloc_try. */
+        e.gc = pcre2_general_context_create(pcre_malloc, pcre_free, NULL);
+        e.md = e.gc != NULL ? pcre2_match_data_create(32, e.gc) : NULL;
+        e.oom |= e.md == NULL;
     }
-    if (len >= 4096) {
-        e.cache = xcalloc(WCACHE_SLOTS, sizeof(wcache_t));
+    if (len >= 4096 && !e.oom) {
+        e.cache = xcalloc_try(WCACHE_SLOTS, sizeof(wcache_t));
+        e.oom |= e.cache == NULL;
     }
     if (flags & TOK_ADD_SPECIAL) {
         for (int k = 0; k < t->n_prefix_ids; k++) {
@@ -1312,6 +1412,9 @@ tok_encode(const tok_tokenizer_t *t, const char *text, size_t len, int flags, in
     if (e.md != NULL) {
         pcre2_match_data_free(e.md);
     }
+    if (e.gc != NULL) {
+        pcre2_general_context_free(e.gc);
+    }
     free(e.sym);
     free(e.heap);
     free(e.sp[0]);
@@ -1321,8 +1424,13 @@ tok_encode(const tok_tokenizer_t *t, const char *text, size_t len, int flags, in
     free(e.san_map);
     free(e.word.p);
     wcache_free(e.cache);
-    if (e.ids == NULL) {
-        e.ids = xmalloc(sizeof(int32_t));
+    if (e.ids == NULL && !e.oom) {
+        e.ids = xmalloc_try(sizeof(int32_t));
+        e.oom |= e.ids == NULL;
+    }
+    if (e.oom || e.buf.oom || e.san.oom || e.word.oom) {
+        free(e.ids);
+        return ST_ENOMEM;
     }
     *ids = e.ids;
     *n_ids = e.n_ids;
@@ -1355,7 +1463,9 @@ utf8_feed(uint8_t *pend, size_t *n_pend, const uint8_t *in, size_t n, sb_t *out)
         }
         int need = u8_need(b);
         if (need == 1) {
-            sb_reserve(out, 1);
+            if (!sb_reserve(out, 1)) {
+                return;
+            }
             out->p[out->n++] = (char)b;
             out->p[out->n] = '\0';
         } else if (need == 0) {
@@ -1419,11 +1529,12 @@ tok_stream_push(tok_stream_t *s, int32_t id, char *out, size_t cap)
     if (id < 0 || id >= t->n_vocab) {
         return ST_EINVAL;
     }
+    b.fallible = 1;
     s->n_pushed++;
     if (!(s->skip_special && t->tokens[id].special)) {
         stream_piece(s, &t->tokens[id], &b);
     }
-    rc = stream_out(&b, out, cap);
+    rc = b.oom ? ST_ENOMEM : stream_out(&b, out, cap);
     if (rc < 0) {
         *s = saved; /* nothing consumed: the caller may retry with more room */
     }
@@ -1463,14 +1574,19 @@ tok_decode(const tok_tokenizer_t *t, const int32_t *ids, size_t n, int skip_spec
         }
     }
     tok_stream_init(&s, t, skip_special);
+    b.fallible = 1;
     sb_reserve(&b, 16);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && !b.oom; i++) {
         if (!(skip_special && t->tokens[ids[i]].special)) {
             stream_piece(&s, &t->tokens[ids[i]], &b);
         }
     }
     if (s.n_pending > 0) {
         sb_add(&b, k_fffd, 3);
+    }
+    if (b.oom) {
+        free(b.p);
+        return ST_ENOMEM;
     }
     b.p[b.n] = '\0';
     *text = b.p;

@@ -44,11 +44,13 @@ int tok_is_special(const tok_tokenizer_t *t, int32_t id);
 int32_t tok_find(const tok_tokenizer_t *t, const char *s);
 
 /* Encodes text[0..len) (need not be NUL-terminated). *ids is malloc'd and
- * owned by the caller. */
+ * owned by the caller. Allocates through xmalloc_try: ST_ENOMEM (nothing
+ * returned) when out of memory. */
 int tok_encode(const tok_tokenizer_t *t, const char *text, size_t len, int flags, int32_t **ids,
                size_t *n_ids);
 /* Decodes ids to bytes (malloc'd, NUL-terminated, owned by the caller).
- * skip_special drops special tokens. Out-of-range ids: ST_EINVAL. */
+ * skip_special drops special tokens. Out-of-range ids: ST_EINVAL; out of
+ * memory (xmalloc_try): ST_ENOMEM. */
 int tok_decode(const tok_tokenizer_t *t, const int32_t *ids, size_t n, int skip_special,
                char **text, size_t *len);
 
@@ -65,7 +67,8 @@ typedef struct tok_stream {
 
 void tok_stream_init(tok_stream_t *s, const tok_tokenizer_t *t, int skip_special);
 /* Appends the new complete text of id to out (cap bytes, NUL-terminated),
- * returns its length, or ST_EINVAL / ST_ERANGE. */
+ * returns its length, or ST_EINVAL / ST_ERANGE / ST_ENOMEM (xmalloc_try;
+ * the stream is then unchanged). */
 int tok_stream_push(tok_stream_t *s, int32_t id, char *out, size_t cap);
 /* Emits whatever is pending (invalid tail bytes become U+FFFD). */
 int tok_stream_flush(tok_stream_t *s, char *out, size_t cap);

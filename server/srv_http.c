@@ -34,6 +34,10 @@
 #include "server/srv_loop.h"
 
 #define CT_JSON "application/json"
+/* Room a stream's output buffer gets up front: chunks of a client that
+ * reads along never make it grow (one allocation, not one per doubling
+ * at a moment that depends on how fast the client reads). */
+#define SRV_STREAM_RESERVE (16 * 1024)
 
 typedef struct route {
     const char *path;
@@ -114,13 +118,17 @@ cancel_jobs(srv_req_t *r)
 
 /* ---- request records --------------------------------------------------------- */
 
+/* The request record, or NULL when out of memory. */
 static srv_req_t *
 req_new(srv_t *s, struct MHD_Connection *mc)
 {
-    srv_req_t *r = xcalloc(1, sizeof(*r));
+    srv_req_t *r = xcalloc_try(1, sizeof(*r));
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
 
+    if (r == NULL) {
+        return NULL;
+    }
     r->s = s;
     r->mc = mc;
     r->id = s->next_id++;
@@ -164,6 +172,8 @@ srv_req_maybe_free(srv_req_t *r)
     srv_buf_free(&r->body);
     srv_buf_free(&r->out);
     srv_buf_free(&r->chunk_prefix);
+    srv_buf_free(&r->tail);
+    free(r->hup_mem);
     free(r->resp_body);
     list_remove(&r->node);
     s->n_reqs--;
@@ -193,7 +203,8 @@ add_request_id(const srv_req_t *r, struct MHD_Response *resp)
     MHD_add_response_header(resp, "X-Request-Id", id);
 }
 
-/* Queues body (malloc'd, ownership passes to MHD). */
+/* Queues body (malloc'd, ownership passes to MHD). A NULL body (its
+ * building ran out of memory) becomes the static out-of-memory error, 503. */
 static enum MHD_Result
 queue_body(srv_req_t *r, int status, char *body, const char *ctype, int retry_after)
 {
@@ -201,7 +212,16 @@ queue_body(srv_req_t *r, int status, char *body, const char *ctype, int retry_af
     enum MHD_Result ret;
     char ra[16];
 
-    resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (body == NULL) {
+        REQ_WARN(r->id, "503 out of memory building the response");
+        status = 503;
+        ctype = CT_JSON;
+        retry_after = 1;
+        resp = MHD_create_response_from_buffer(strlen(srv_oom_json), (void *)srv_oom_json,
+                                               MHD_RESPMEM_PERSISTENT);
+    } else {
+        resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    }
     if (resp == NULL) {
         free(body);
         return MHD_NO;
@@ -229,14 +249,32 @@ queue_body(srv_req_t *r, int status, char *body, const char *ctype, int retry_af
     return ret;
 }
 
-static enum MHD_Result
-queue_json(srv_req_t *r, int status, cJSON *root)
+/* Marks the start of building a cJSON tree: pass the mark to json_print. */
+static unsigned long
+json_mark(void)
 {
-    char *body = cJSON_PrintUnformatted(root);
+    return xmalloc_try_failures();
+}
+
+/* Prints and deletes root; NULL when any allocation since mark failed (a
+ * cJSON builder then silently drops the node it could not make). */
+static char *
+json_print(cJSON *root, unsigned long mark)
+{
+    char *out = xmalloc_try_failures() == mark ? cJSON_PrintUnformatted(root) : NULL;
 
     cJSON_Delete(root);
-    CHECK(body != NULL);
-    return queue_body(r, status, body, CT_JSON, 0);
+    if (out != NULL && xmalloc_try_failures() != mark) {
+        free(out);
+        out = NULL;
+    }
+    return out;
+}
+
+static enum MHD_Result
+queue_json(srv_req_t *r, int status, cJSON *root, unsigned long mark)
+{
+    return queue_body(r, status, json_print(root, mark), CT_JSON, 0);
 }
 
 static enum MHD_Result
@@ -305,6 +343,8 @@ auth_tenant(srv_req_t *r)
     return cfg_tenant_find_by_key(cfg, h);
 }
 
+static enum MHD_Result do_debug(srv_req_t *r, const char *url, const char *method);
+
 static enum MHD_Result
 first_call(srv_req_t *r, const char *url, const char *method)
 {
@@ -316,6 +356,9 @@ first_call(srv_req_t *r, const char *url, const char *method)
     int is_head = strcmp(method, "HEAD") == 0;
 
     r->ep = SRV_EP_OTHER;
+    if (s->test_hooks && strncmp(url, "/debug/", 7) == 0) {
+        return do_debug(r, url, method);
+    }
     for (int i = 0; i < N_ROUTES; i++) {
         if (strcmp(url, routes[i].path) == 0) {
             path_known = 1;
@@ -379,6 +422,7 @@ first_call(srv_req_t *r, const char *url, const char *method)
 static enum MHD_Result
 do_models(srv_req_t *r)
 {
+    unsigned long mark = json_mark();
     cJSON *root = cJSON_CreateObject();
     cJSON *data = cJSON_AddArrayToObject(root, "data");
     cJSON *m = cJSON_CreateObject();
@@ -390,7 +434,7 @@ do_models(srv_req_t *r)
     cJSON_AddStringToObject(m, "owned_by", "kvserve");
     cJSON_AddNumberToObject(m, "max_model_len", r->s->max_model_len);
     cJSON_AddItemToArray(data, m);
-    return queue_json(r, 200, root);
+    return queue_json(r, 200, root, mark);
 }
 
 static enum MHD_Result
@@ -399,17 +443,19 @@ do_health(srv_req_t *r)
     if (r->s->engine == NULL || !engine_alive(r->s->engine)) {
         return queue_error_msg(r, 503, NULL, "the engine is not running");
     }
+    unsigned long mark = json_mark();
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "status", "ok");
-    return queue_json(r, 200, root);
+    return queue_json(r, 200, root, mark);
 }
 
 static enum MHD_Result
 do_version(srv_req_t *r)
 {
+    unsigned long mark = json_mark();
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "version", KVSERVE_VERSION);
-    return queue_json(r, 200, root);
+    return queue_json(r, 200, root, mark);
 }
 
 static enum MHD_Result
@@ -419,6 +465,9 @@ queue_metrics(srv_req_t *r, const eng_stats_t *st)
 
     srv_metrics_format(&r->s->metrics, st, r->s->model_name, &b);
     srv_buf_add(&b, "", 0);
+    if (b.oom) {
+        srv_buf_free(&b);
+    }
     return queue_body(r, 200, b.data, "text/plain; version=0.0.4; charset=utf-8", 0);
 }
 
@@ -430,7 +479,12 @@ do_metrics(srv_req_t *r)
     if (r->s->engine == NULL || !engine_alive(r->s->engine)) {
         return queue_metrics(r, NULL);
     }
-    m = xcalloc(1, sizeof(*m));
+    m = xcalloc_try(1, sizeof(*m));
+    r->hup_mem = m != NULL ? xmalloc_try(sizeof(*r->hup_mem)) : NULL;
+    if (r->hup_mem == NULL) {
+        free(m);
+        return queue_body(r, 503, NULL, CT_JSON, 1);
+    }
     m->hdr.type = ENG_MSG_STATS;
     m->cookie = r->id;
     chan_send(engine_inbox(r->s->engine), &m->hdr);
@@ -450,7 +504,13 @@ parse_small_body(srv_req_t *r, srv_error_t *err)
                            err)) {
         return NULL;
     }
+    unsigned long mark = json_mark();
     root = cJSON_ParseWithLength(r->body.data ? r->body.data : "", r->body.len);
+    if (xmalloc_try_failures() != mark) {
+        cJSON_Delete(root);
+        srv_err_oom(err);
+        return NULL;
+    }
     if (root == NULL || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         srv_err_set(err, 400, NULL, "request body must be a JSON object");
@@ -494,11 +554,15 @@ do_tokenize(srv_req_t *r)
     } else if (cJSON_IsArray(msgs)) {
         /* Reuse the chat parser through a minimal chat body. */
         srv_params_t p;
+        unsigned long mark = json_mark();
         cJSON *tmp = cJSON_CreateObject();
         cJSON_AddStringToObject(tmp, "model", r->s->model_name);
         cJSON_AddItemReferenceToObject(tmp, "messages", msgs);
-        char *txt = cJSON_PrintUnformatted(tmp);
-        cJSON_Delete(tmp);
+        char *txt = json_print(tmp, mark);
+        if (txt == NULL) {
+            cJSON_Delete(root);
+            return queue_body(r, 503, NULL, CT_JSON, 1);
+        }
         int ok = srv_params_parse(SRV_KIND_CHAT, txt, strlen(txt), &r->s->lim, &p, &err);
         free(txt);
         if (!ok) {
@@ -520,9 +584,13 @@ do_tokenize(srv_req_t *r)
         return queue_error_msg(r, 400, "prompt", "'prompt' (a string) or 'messages' is required");
     }
     cJSON_Delete(root);
+    if (rc == ST_ENOMEM) {
+        return queue_body(r, 503, NULL, CT_JSON, 1);
+    }
     if (rc != ST_OK) {
         return queue_error_msg(r, 400, "prompt", "the text could not be tokenized");
     }
+    unsigned long mark = json_mark();
     out = cJSON_CreateObject();
     cJSON_AddNumberToObject(out, "count", (double)n_ids);
     cJSON_AddNumberToObject(out, "max_model_len", r->s->max_model_len);
@@ -531,7 +599,7 @@ do_tokenize(srv_req_t *r)
         cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
     }
     free(ids);
-    return queue_json(r, 200, out);
+    return queue_json(r, 200, out, mark);
 }
 
 static enum MHD_Result
@@ -552,7 +620,11 @@ do_detokenize(srv_req_t *r)
         cJSON_Delete(root);
         return queue_error_msg(r, 400, "tokens", "'tokens' must be an array of token ids");
     }
-    ids = xmalloc(sizeof(int32_t) * (size_t)(cJSON_GetArraySize(toks) + 1));
+    ids = xcalloc_try((size_t)cJSON_GetArraySize(toks) + 1, sizeof(int32_t));
+    if (ids == NULL) {
+        cJSON_Delete(root);
+        return queue_body(r, 503, NULL, CT_JSON, 1);
+    }
     cJSON_ArrayForEach(it, toks)
     {
         if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int32_t)it->valuedouble ||
@@ -566,18 +638,26 @@ do_detokenize(srv_req_t *r)
         ids[n++] = (int32_t)it->valuedouble;
     }
     cJSON_Delete(root);
-    if (tok_decode(r->s->tok, ids, (size_t)n, 0, &text, &len) != ST_OK) {
-        free(ids);
+    int rc = tok_decode(r->s->tok, ids, (size_t)n, 0, &text, &len);
+    free(ids);
+    if (rc == ST_ENOMEM) {
+        return queue_body(r, 503, NULL, CT_JSON, 1);
+    }
+    if (rc != ST_OK) {
         return queue_error_msg(r, 400, "tokens", "the tokens could not be decoded");
     }
-    free(ids);
     srv_buf_t clean = {0};
     srv_token_text(text, len, &clean);
     free(text);
+    if (clean.oom) {
+        srv_buf_free(&clean);
+        return queue_body(r, 503, NULL, CT_JSON, 1);
+    }
+    unsigned long mark = json_mark();
     out = cJSON_CreateObject();
     cJSON_AddStringToObject(out, "prompt", clean.data);
     srv_buf_free(&clean);
-    return queue_json(r, 200, out);
+    return queue_json(r, 200, out, mark);
 }
 
 /* ---- chat templates ---------------------------------------------------------- */
@@ -611,7 +691,8 @@ srv_http_chat_fini(srv_t *s)
 }
 
 /* Renders the conversation; NULL with err (400) when the template refuses
- * it (raise_exception) or exceeds its limits. The result is malloc'd. */
+ * it (raise_exception) or exceeds its limits, (503) when out of memory.
+ * The result is malloc'd. */
 static char *
 render_chat(srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp, srv_error_t *err)
 {
@@ -623,20 +704,32 @@ render_chat(srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp, srv_error_
     int rc;
 
     if (s->chat == NULL) {
-        return srv_chat_render_plain(msgs, n, agp, bos_s);
+        out = srv_chat_render_plain(msgs, n, agp, bos_s);
+        if (out == NULL) {
+            srv_err_oom(err);
+        }
+        return out;
     }
     memset(&opts, 0, sizeof(opts));
     opts.bos_token = bos_s;
     opts.eos_token = eos >= 0 ? tok_token_str(s->tok, eos) : NULL;
     opts.add_generation_prompt = agp;
     opts.max_output = 4u << 20;
-    cm = xcalloc((size_t)n + 1, sizeof(*cm));
+    cm = xcalloc_try((size_t)n + 1, sizeof(*cm));
+    if (cm == NULL) {
+        srv_err_oom(err);
+        return NULL;
+    }
     for (int32_t i = 0; i < n; i++) {
         cm[i].role = msgs[i].role;
         cm[i].content = msgs[i].content;
     }
     rc = chat_template_render(s->chat, cm, (size_t)n, &opts, &out, msg, sizeof(msg));
     free(cm);
+    if (rc == ST_ENOMEM) {
+        srv_err_oom(err);
+        return NULL;
+    }
     if (rc != ST_OK) {
         srv_err_set(err, 400, "messages", "the chat template rejected the conversation: %s",
                     msg[0] ? msg : st_str(rc));
@@ -693,7 +786,8 @@ usage_object(const srv_req_t *r)
 }
 
 /* Decoded text of one token (special tokens included). raw receives the
- * bytes, txt the same with invalid UTF-8 replaced. */
+ * bytes, txt the same with invalid UTF-8 replaced. Out of memory shows as
+ * a failed fallible allocation on this thread (the caller's mark). */
 static void
 token_piece(const srv_t *s, int32_t id, srv_buf_t *raw, srv_buf_t *txt)
 {
@@ -703,6 +797,7 @@ token_piece(const srv_t *s, int32_t id, srv_buf_t *raw, srv_buf_t *txt)
     raw->len = 0;
     txt->len = 0;
     if (tok_decode(s->tok, &id, 1, 0, &t, &n) != ST_OK) {
+        t = NULL;
         n = 0;
     }
     srv_buf_add(raw, t ? t : "", n);
@@ -815,15 +910,46 @@ prompt_text(const srv_req_t *r, int32_t ci, srv_buf_t *out)
 
 /* ---- generation: streaming --------------------------------------------------- */
 
+/* The last words of a stream that failed: an error event and [DONE], sent
+ * after what out holds. They go to their own buffer, so that a stream that
+ * failed for lack of memory can still end cleanly (a static event when even
+ * that buffer cannot be had). */
 static void
 stream_error_event(srv_req_t *r)
 {
+    static const char oom_event[] = "data: {\"error\":{\"message\":\"the server is out of "
+                                    "memory; retry later\",\"type\":\"service_unavailable_"
+                                    "error\",\"param\":null,\"code\":\"service_unavailable\"}}"
+                                    "\n\ndata: [DONE]\n\n";
     char *e = srv_err_json(&r->err);
-    srv_sse_data(&r->out, e);
-    free(e);
-    srv_sse_done(&r->out);
+
+    srv_buf_free(&r->tail);
+    if (e != NULL) {
+        srv_sse_data(&r->tail, e);
+        srv_sse_done(&r->tail);
+        free(e);
+    }
+    if (e == NULL || r->tail.oom) {
+        srv_buf_free(&r->tail);
+        r->tail_static = oom_event;
+    }
+    r->tail_off = 0;
     r->stream_error = 1;
     r->out_eos = 1;
+}
+
+/* Out of memory while the request runs: it ends with the 503 error (a plain
+ * response before a stream's headers, an error event and [DONE] after)
+ * once its jobs, cancelled here, have finished. */
+static void
+req_fail_oom(srv_req_t *r)
+{
+    if (r->err.status) {
+        return;
+    }
+    srv_err_oom(&r->err);
+    REQ_WARN(r->id, "out of memory: cancelling");
+    cancel_jobs(r);
 }
 
 /* Makes the buffered data reach the client. */
@@ -842,7 +968,10 @@ static void
 stream_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, cJSON *lp,
             const char *finish)
 {
-    if (r->stream_error || r->client_gone) {
+    unsigned long mark = json_mark();
+    size_t out_len = r->out.len;
+
+    if (r->stream_error || r->client_gone || r->err.status) {
         cJSON_Delete(lp);
         return;
     }
@@ -897,9 +1026,10 @@ stream_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
     srv_buf_adds(&r->out, "\"logprobs\":");
     if (lp != NULL) {
         char *lpj = cJSON_PrintUnformatted(lp);
-        CHECK(lpj != NULL);
-        srv_buf_adds(&r->out, lpj);
-        free(lpj);
+        if (lpj != NULL) {
+            srv_buf_adds(&r->out, lpj);
+            free(lpj);
+        }
         cJSON_Delete(lp);
     } else {
         srv_buf_adds(&r->out, "null");
@@ -911,6 +1041,17 @@ stream_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
         srv_buf_adds(&r->out, "null");
     }
     srv_buf_adds(&r->out, r->p.include_usage ? "}],\"usage\":null}\n\n" : "}]}\n\n");
+    if (xmalloc_try_failures() != mark) {
+        /* Drop the torn chunk: the stream ends after the last whole one. */
+        r->out.len = out_len;
+        r->out.oom = 0;
+        if (r->out.data != NULL) {
+            r->out.data[out_len] = '\0';
+        }
+        srv_buf_free(&r->chunk_prefix);
+        req_fail_oom(r);
+        return;
+    }
 
     if ((int64_t)r->out.len > r->s->cfg->max_sse_buffer_bytes) {
         srv_err_set(&r->err, 400, NULL,
@@ -938,9 +1079,11 @@ choice_emit(srv_req_t *r, int32_t ci, srv_choice_t *ch, srv_buf_t *piece, cJSON 
 
 /* ---- generation: the finished body ------------------------------------------- */
 
+/* The JSON body, or NULL when out of memory. */
 static char *
 build_body(srv_req_t *r)
 {
+    unsigned long mark = json_mark();
     cJSON *root = base_object(r, 0);
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
     char *out;
@@ -975,9 +1118,7 @@ build_body(srv_req_t *r)
         cJSON_AddItemToArray(choices, c);
     }
     cJSON_AddItemToObject(root, "usage", usage_object(r));
-    out = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    CHECK(out != NULL);
+    out = json_print(root, mark);
     return out;
 }
 
@@ -1012,28 +1153,42 @@ request_done(srv_req_t *r)
             if (r->err.status) {
                 stream_error_event(r);
             } else {
+                size_t out_len = r->out.len;
+                unsigned long mark = json_mark();
                 if (r->p.include_usage) {
                     cJSON *chunk = base_object(r, 1);
                     cJSON_AddArrayToObject(chunk, "choices");
                     cJSON_AddItemToObject(chunk, "usage", usage_object(r));
-                    char *json = cJSON_PrintUnformatted(chunk);
-                    cJSON_Delete(chunk);
-                    srv_sse_data(&r->out, json);
-                    free(json);
+                    char *json = json_print(chunk, mark);
+                    if (json != NULL) {
+                        srv_sse_data(&r->out, json);
+                        free(json);
+                    }
                 }
                 srv_sse_done(&r->out);
-                r->out_eos = 1;
+                if (xmalloc_try_failures() != mark) {
+                    r->out.len = out_len;
+                    r->out.oom = 0;
+                    if (r->out.data != NULL) {
+                        r->out.data[out_len] = '\0';
+                    }
+                    srv_err_oom(&r->err);
+                    REQ_WARN(r->id, "out of memory ending the stream");
+                    stream_error_event(r);
+                } else {
+                    r->out_eos = 1;
+                }
             }
         }
     } else if (r->err.status) {
         r->ready = 1;
         r->resp_status = r->err.status;
-        r->resp_body = srv_err_json(&r->err);
+        r->resp_body = srv_err_json(&r->err); /* NULL: the static 503 */
         r->retry_after = r->err.status == 429 || r->err.status == 503 ? 1 : 0;
     } else {
         r->ready = 1;
         r->resp_status = 200;
-        r->resp_body = build_body(r);
+        r->resp_body = build_body(r); /* NULL: the static 503 */
     }
     kick(r);
 }
@@ -1074,6 +1229,7 @@ on_delta(srv_req_t *r, srv_job_t *job, const eng_msg_delta_t *d)
     srv_buf_t piece = {0};
     cJSON *lp = NULL;
     char tb[256];
+    unsigned long mark = json_mark();
 
     if (d->choice < 0 || d->choice >= r->p.n || d->n_tokens <= 0) {
         return;
@@ -1110,8 +1266,20 @@ on_delta(srv_req_t *r, srv_job_t *job, const eng_msg_delta_t *d)
             break;
         }
     }
+    if (xmalloc_try_failures() != mark) {
+        /* Text or logprobs of this token were lost: the request fails. */
+        if (r->p.stream) {
+            cJSON_Delete(lp);
+        }
+        srv_buf_free(&piece);
+        req_fail_oom(r);
+        return;
+    }
     choice_emit(r, ci, ch, &piece, r->p.stream ? lp : NULL, ch->finish);
     srv_buf_free(&piece);
+    if (xmalloc_try_failures() != mark) {
+        req_fail_oom(r); /* ch->text could not hold the piece */
+    }
 }
 
 static void
@@ -1145,6 +1313,7 @@ on_finished(srv_req_t *r, srv_job_t *job, const eng_msg_finished_t *f)
     }
     if (ch->finish == NULL && !r->err.status) {
         srv_buf_t piece = {0};
+        unsigned long mark = json_mark();
         int n = tok_stream_flush(&ch->ds, tb, sizeof(tb));
         if (srv_stop_feed(&ch->stop, tb, n > 0 ? (size_t)n : 0, &piece)) {
             ch->finish = "stop";
@@ -1152,28 +1321,16 @@ on_finished(srv_req_t *r, srv_job_t *job, const eng_msg_finished_t *f)
             srv_stop_finish(&ch->stop, &piece);
             ch->finish = f->reason == ENG_FINISH_LENGTH ? "length" : "stop";
         }
-        choice_emit(r, ci, ch, &piece, NULL, ch->finish);
+        if (xmalloc_try_failures() == mark) {
+            choice_emit(r, ci, ch, &piece, NULL, ch->finish);
+        }
         srv_buf_free(&piece);
+        if (xmalloc_try_failures() != mark) {
+            req_fail_oom(r);
+        }
     }
     if (--job->n_open == 0) {
         job_done(r, job);
-    }
-}
-
-static int
-http_status_of(int st)
-{
-    switch (st) {
-    case ST_EQUEUE:
-        return 429;
-    case ST_ETOOLONG:
-    case ST_EINVAL:
-    case ST_ERANGE:
-        return 400;
-    case ST_ESHUTDOWN:
-        return 503;
-    default:
-        return 500;
     }
 }
 
@@ -1184,7 +1341,11 @@ on_error(srv_req_t *r, srv_job_t *job, const eng_msg_error_t *e)
 
     tm->finished_error++;
     if (!r->err.status) {
-        int status = http_status_of(e->status);
+        /* The engine marks itself dead before it fails the open requests,
+         * so a dead engine here means the error is its own, whatever the
+         * status (a forward can fail with ST_EINVAL). */
+        int failed = r->s->engine != NULL && !engine_alive(r->s->engine);
+        int status = srv_http_status_of(e->status, failed);
         srv_err_set(&r->err, status, NULL, "%s", e->message[0] ? e->message : st_str(e->status));
         if (status == 429) {
             r->s->metrics.tenant[r->tenant].rejected++;
@@ -1270,7 +1431,12 @@ tokenize_prompts(srv_req_t *r, srv_error_t *err)
         if (pr->ids != NULL) {
             continue;
         }
-        if (tok_encode(r->s->tok, pr->text, pr->text_len, flags, &pr->ids, &n) != ST_OK) {
+        int rc = tok_encode(r->s->tok, pr->text, pr->text_len, flags, &pr->ids, &n);
+        if (rc == ST_ENOMEM) {
+            srv_err_oom(err);
+            return 0;
+        }
+        if (rc != ST_OK) {
             srv_err_set(err, 400, "prompt", "the prompt could not be tokenized");
             return 0;
         }
@@ -1283,19 +1449,6 @@ tokenize_prompts(srv_req_t *r, srv_error_t *err)
     return 1;
 }
 
-/* calloc through the fallible allocator (xmalloc_try): NULL when out of
- * memory or when the fault-injection hook fires. */
-static void *
-try_calloc(size_t n, size_t size)
-{
-    void *p = xmalloc_try(n * size);
-
-    if (p != NULL) {
-        memset(p, 0, n * size);
-    }
-    return p;
-}
-
 /* Builds the SUBMIT message of one job, or NULL when out of memory (nothing
  * is left allocated then). */
 static eng_msg_submit_t *
@@ -1303,7 +1456,7 @@ make_submit(srv_req_t *r, srv_job_t *job)
 {
     const srv_params_t *p = &r->p;
     const srv_prompt_t *pr = &p->prompts[job->prompt_idx];
-    eng_msg_submit_t *m = try_calloc(1, sizeof(*m));
+    eng_msg_submit_t *m = xcalloc_try(1, sizeof(*m));
     eng_request_t *q;
 
     if (m == NULL) {
@@ -1368,7 +1521,12 @@ start_generation(srv_req_t *r)
         if (text == NULL) {
             return queue_error(r, &err);
         }
-        r->p.prompts = xcalloc(1, sizeof(srv_prompt_t));
+        r->p.prompts = xcalloc_try(1, sizeof(srv_prompt_t));
+        if (r->p.prompts == NULL) {
+            free(text);
+            srv_err_oom(&err);
+            return queue_error(r, &err);
+        }
         r->p.n_prompts = 1;
         r->p.prompts[0].text = text;
         r->p.prompts[0].text_len = strlen(text);
@@ -1391,9 +1549,14 @@ start_generation(srv_req_t *r)
      * job is registered or sent: out of memory is a 503 for this request
      * and nothing else (KVSERVE_FAIL_ALLOC_AFTER injects it in tests). */
     int32_t n_jobs = r->p.n_prompts;
-    eng_msg_submit_t **msgs = try_calloc((size_t)n_jobs, sizeof(*msgs));
-    r->jobs = msgs ? try_calloc((size_t)n_jobs, sizeof(srv_job_t)) : NULL;
-    r->choices = r->jobs ? try_calloc((size_t)(n_jobs * r->p.n), sizeof(srv_choice_t)) : NULL;
+    eng_msg_submit_t **msgs = xcalloc_try((size_t)n_jobs, sizeof(*msgs));
+    r->jobs = msgs ? xcalloc_try((size_t)n_jobs, sizeof(srv_job_t)) : NULL;
+    r->choices = r->jobs ? xcalloc_try((size_t)(n_jobs * r->p.n), sizeof(srv_choice_t)) : NULL;
+    r->hup_mem = r->choices ? xmalloc_try(sizeof(*r->hup_mem)) : NULL;
+    if (r->hup_mem == NULL || (r->p.stream && !srv_buf_reserve(&r->out, SRV_STREAM_RESERVE))) {
+        free(r->choices);
+        r->choices = NULL;
+    }
     for (int32_t j = 0; r->choices != NULL && j < n_jobs; j++) {
         r->jobs[j].id = j == 0 ? r->id : s->next_id++;
         r->jobs[j].prompt_idx = j;
@@ -1410,7 +1573,11 @@ start_generation(srv_req_t *r)
         free(r->jobs);
         r->jobs = NULL;
         free(msgs);
-        return queue_error_msg(r, 503, NULL, "the server is out of memory; retry later");
+        srv_buf_free(&r->out);
+        free(r->hup_mem);
+        r->hup_mem = NULL;
+        srv_err_oom(&err);
+        return queue_error(r, &err);
     }
     r->n_jobs = n_jobs;
     r->n_choices = r->p.n_prompts * r->p.n;
@@ -1463,6 +1630,14 @@ sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
         return (ssize_t)n;
     }
     if (r->out_eos) {
+        const char *t = r->tail_static != NULL ? r->tail_static : r->tail.data;
+        size_t tl = r->tail_static != NULL ? strlen(r->tail_static) : r->tail.len;
+        if (t != NULL && r->tail_off < tl) {
+            n = tl - r->tail_off < max ? tl - r->tail_off : max;
+            memcpy(buf, t + r->tail_off, n);
+            r->tail_off += n;
+            return (ssize_t)n;
+        }
         return MHD_CONTENT_READER_END_OF_STREAM;
     }
     srv_loop_suspend(r);
@@ -1493,6 +1668,82 @@ queue_stream(srv_req_t *r)
 }
 
 /* ---- the access handler ------------------------------------------------------ */
+
+/* Stands for the record of a request that could not get one. */
+static srv_req_t oom_req;
+
+/* Out of memory for the request record itself: the static 503, counted
+ * under the route the URL names. */
+static enum MHD_Result
+queue_oom_norecord(srv_t *s, struct MHD_Connection *mc, const char *url)
+{
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+    int ep = SRV_EP_OTHER;
+
+    for (int i = 0; i < N_ROUTES; i++) {
+        if (strcmp(url, routes[i].path) == 0) {
+            ep = routes[i].ep;
+        }
+    }
+    LOG_WARN("503 out of memory for a request record (%.100s)", url);
+    resp = MHD_create_response_from_buffer(strlen(srv_oom_json), (void *)srv_oom_json,
+                                           MHD_RESPMEM_PERSISTENT);
+    if (resp == NULL) {
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", CT_JSON);
+    MHD_add_response_header(resp, "Retry-After", "1");
+    ret = MHD_queue_response(mc, 503, resp);
+    MHD_destroy_response(resp);
+    s->metrics.http_requests[ep][5]++;
+    return ret;
+}
+
+/* Test hooks, answered only when KVSERVE_TEST_HOOKS=1 (s->test_hooks):
+ *   GET  /debug/allocs            {"count":C,"pending":P}: fallible
+ *        allocations made so far by the process, calls left before an
+ *        armed failure fires (0: none armed);
+ *   POST /debug/fail-alloc?after=N  arms the failure of the N-th following
+ *        fallible allocation (0 disarms); answers {"armed":N}.
+ * After reading or arming they allocate nothing through xmalloc_try (the
+ * body is copied by MHD), so the count moves only with other requests. */
+static enum MHD_Result
+do_debug(srv_req_t *r, const char *url, const char *method)
+{
+    char body[128];
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+    int status = 200;
+
+    if (strcmp(url, "/debug/allocs") == 0 && strcmp(method, "GET") == 0) {
+        snprintf(body, sizeof(body), "{\"count\":%lu,\"pending\":%ld}", xmalloc_try_count(),
+                 xmalloc_fail_pending());
+    } else if (strcmp(url, "/debug/fail-alloc") == 0 && strcmp(method, "POST") == 0) {
+        const char *a = MHD_lookup_connection_value(r->mc, MHD_GET_ARGUMENT_KIND, "after");
+        char *end = NULL;
+        long n = a != NULL ? strtol(a, &end, 10) : -1;
+        if (a == NULL || *end != '\0' || n < 0) {
+            status = 400;
+            snprintf(body, sizeof(body), "{\"error\":\"after=N (N >= 0) is required\"}");
+        } else {
+            xmalloc_fail_after(n);
+            snprintf(body, sizeof(body), "{\"armed\":%ld}", n);
+        }
+    } else {
+        status = 404;
+        snprintf(body, sizeof(body), "{\"error\":\"no such debug route\"}");
+    }
+    resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_COPY);
+    if (resp == NULL) {
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", CT_JSON);
+    ret = MHD_queue_response(r->mc, (unsigned int)status, resp);
+    MHD_destroy_response(resp);
+    r->state = SRV_REQ_RESPONDED;
+    return ret;
+}
 
 static enum MHD_Result
 dispatch(srv_req_t *r)
@@ -1526,8 +1777,16 @@ srv_http_access(void *cls, struct MHD_Connection *mc, const char *url, const cha
     srv_req_t *r = *req_cls;
 
     (void)version;
+    if (r == &oom_req) {
+        *upload_size = 0; /* the 503 is queued; the body is not wanted */
+        return MHD_YES;
+    }
     if (r == NULL) {
         r = req_new(s, mc);
+        if (r == NULL) {
+            *req_cls = &oom_req;
+            return queue_oom_norecord(s, mc, url);
+        }
         *req_cls = r;
         return first_call(r, url, method);
     }
@@ -1539,7 +1798,7 @@ srv_http_access(void *cls, struct MHD_Connection *mc, const char *url, const cha
         if (*upload_size > 0) {
             if (r->body.len + *upload_size > (size_t)s->cfg->max_body_bytes) {
                 r->body_too_big = 1;
-            } else {
+            } else if (!r->body.oom) {
                 srv_buf_add(&r->body, upload, *upload_size);
             }
             *upload_size = 0;
@@ -1551,6 +1810,9 @@ srv_http_access(void *cls, struct MHD_Connection *mc, const char *url, const cha
                         (long long)s->cfg->max_body_bytes);
             return queue_error(r, &err);
         }
+        if (r->body.oom) {
+            return queue_body(r, 503, NULL, CT_JSON, 1);
+        }
         return dispatch(r);
     case SRV_REQ_WAITING:
         if (r->ready) {
@@ -1561,7 +1823,7 @@ srv_http_access(void *cls, struct MHD_Connection *mc, const char *url, const cha
             }
             return queue_body(r, r->resp_status, body, CT_JSON, r->retry_after);
         }
-        if (r->p.stream && r->out.len > 0) {
+        if (r->p.stream && (r->out.len > 0 || r->out_eos)) {
             return queue_stream(r);
         }
         /* Woken with nothing to send yet. */
@@ -1580,7 +1842,8 @@ srv_http_completed(void *cls, struct MHD_Connection *mc, void **req_cls,
 
     (void)cls;
     (void)mc;
-    if (r == NULL) {
+    if (r == NULL || r == &oom_req) {
+        *req_cls = NULL;
         return;
     }
     *req_cls = NULL;

@@ -19,12 +19,19 @@
 
 /* ---- growable byte buffer ---------------------------------------------------- */
 
+/* Growth goes through the fallible allocator: when it fails, the buffer
+ * keeps what it had, the failed append adds nothing, and oom stays set
+ * (until srv_buf_free) for the caller to check once after a series of
+ * appends. */
 typedef struct srv_buf {
     char *data; /* NUL-terminated when len > 0 or after srv_buf_add */
     size_t len;
     size_t cap;
+    int oom; /* an append failed for lack of memory */
 } srv_buf_t;
 
+/* Makes room for extra more bytes; 0 (and oom set) when out of memory. */
+int srv_buf_reserve(srv_buf_t *b, size_t extra);
 void srv_buf_add(srv_buf_t *b, const void *p, size_t n);
 void srv_buf_adds(srv_buf_t *b, const char *s);
 void srv_buf_printf(srv_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -45,8 +52,23 @@ typedef struct srv_error {
 /* Fills err (status 400 unless set otherwise by the _status variant). */
 void srv_err_set(srv_error_t *err, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* {"error":{"message","type","param","code"}} as a malloc'd string. */
+/* {"error":{"message","type","param","code"}} as a malloc'd string, or
+ * NULL when out of memory. */
 char *srv_err_json(const srv_error_t *err);
+/* Routes cJSON's allocations through xmalloc_try (cJSON_InitHooks), so a
+ * request's JSON parsing and building can fail cleanly and the fault hook
+ * reaches them. Process-wide; call once before serving. */
+void srv_json_hooks_install(void);
+/* The HTTP status of an engine ERROR message. Refusals of what the client
+ * asked for are 4xx (ST_EINVAL, ST_ETOOLONG, ST_ERANGE: 400; ST_EQUEUE:
+ * 429); ST_ESHUTDOWN and ST_ENOMEM are 503; anything else is 500. When the
+ * engine itself failed (engine_failed != 0) nothing is the client's fault:
+ * 500, or 503 for ST_ESHUTDOWN. */
+int srv_http_status_of(int st, int engine_failed);
+/* Fills err with the request's out-of-memory error: 503, retryable. */
+void srv_err_oom(srv_error_t *err);
+/* The body of srv_err_oom as a static string (needs no allocation). */
+extern const char srv_oom_json[];
 /* Default type and code for an HTTP status. */
 void srv_err_defaults(srv_error_t *err);
 
@@ -233,14 +255,14 @@ void srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const cha
 
 /* Plain template for models without one:
  *   <bos>system: ...\nuser: ...\nassistant: ...\nassistant:
- * Returns a malloc'd string. */
+ * Returns a malloc'd string, or NULL when out of memory. */
 char *srv_chat_render_plain(const srv_chat_msg_t *msgs, int32_t n, int add_generation_prompt,
                             const char *bos);
 
 /* ---- JSON building helpers --------------------------------------------------- */
 
 /* Token text for logprobs: the token's bytes with invalid UTF-8 replaced
- * by U+FFFD (written to out, NUL-terminated). */
+ * by U+FFFD (written to out, NUL-terminated; out->oom when it could not). */
 void srv_token_text(const char *bytes, size_t n, srv_buf_t *out);
 
 #endif /* SERVER_SRV_INT_H */

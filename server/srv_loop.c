@@ -136,7 +136,12 @@ srv_loop_suspend(srv_req_t *r)
     if (ci == NULL) {
         return;
     }
-    r->hup = xmalloc(sizeof(*r->hup));
+    /* Allocated (fallibly) by the request before it first suspends. */
+    r->hup = r->hup_mem;
+    r->hup_mem = NULL;
+    if (r->hup == NULL) {
+        return;
+    }
     if (uv_poll_init_socket(&r->s->loop, r->hup, ci->connect_fd) != 0) {
         free(r->hup);
         r->hup = NULL;
@@ -539,6 +544,14 @@ srv_run(const srv_setup_t *setup)
     rc = srv_http_chat_init(s);
     if (rc != ST_OK) {
         goto out;
+    }
+    srv_json_hooks_install();
+    /* Test hook (tests/soak/faults.test.mjs): the /debug/ routes that count
+     * fallible allocations and arm an allocation failure. */
+    const char *hooks = getenv("KVSERVE_TEST_HOOKS");
+    if (hooks != NULL && strcmp(hooks, "1") == 0) {
+        LOG_WARN("KVSERVE_TEST_HOOKS=1: the /debug/ routes are enabled (tests only)");
+        s->test_hooks = 1;
     }
     rc = engine_create(&setup->eng, setup->model, &s->outbox, &s->engine, err, sizeof(err));
     if (rc != ST_OK) {

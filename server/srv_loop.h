@@ -97,7 +97,8 @@ struct srv_req {
     srv_choice_t *choices;
 
     int suspended;
-    uv_poll_t *hup; /* hang-up watch while suspended */
+    uv_poll_t *hup;     /* hang-up watch while suspended */
+    uv_poll_t *hup_mem; /* its memory, allocated before the first suspension */
     int client_gone;
     int mhd_done;
 
@@ -114,6 +115,9 @@ struct srv_req {
     int out_eos;
     int stream_error; /* an error event was sent */
     int stats_wait;   /* /metrics waiting for STATS_REPLY */
+    srv_buf_t tail;   /* the error event and [DONE], sent after out */
+    const char *tail_static; /* ... or this, when tail could not be built */
+    size_t tail_off;  /* bytes of the tail already sent */
 
     srv_error_t err; /* err.status != 0: the request failed */
     uint64_t t_arrival_ns;
@@ -164,6 +168,7 @@ struct srv {
     sdn_watchdog_t watchdog;
     eng_stats_t last_stats; /* from the latest periodic STATS reply */
     int have_stats;
+    int test_hooks; /* KVSERVE_TEST_HOOKS=1: the /debug/ routes answer */
 };
 
 /* srv_http.c */

@@ -102,7 +102,11 @@ parse_token_array(const cJSON *arr, const srv_limits_t *lim, srv_prompt_t *pr, s
         srv_err_set(err, 400, "prompt", "'prompt' must not be an empty token array");
         return 0;
     }
-    pr->ids = xmalloc(sizeof(int32_t) * (size_t)n);
+    pr->ids = xcalloc_try((size_t)n, sizeof(int32_t));
+    if (pr->ids == NULL) {
+        srv_err_oom(err);
+        return 0;
+    }
     cJSON_ArrayForEach(it, arr)
     {
         int64_t v;
@@ -126,9 +130,17 @@ parse_prompt(const cJSON *pj, const srv_limits_t *lim, srv_params_t *p, srv_erro
         return 0;
     }
     if (cJSON_IsString(pj)) {
-        p->prompts = xcalloc(1, sizeof(srv_prompt_t));
+        p->prompts = xcalloc_try(1, sizeof(srv_prompt_t));
+        if (p->prompts == NULL) {
+            srv_err_oom(err);
+            return 0;
+        }
         p->n_prompts = 1;
-        p->prompts[0].text = xstrdup(pj->valuestring);
+        p->prompts[0].text = xstrdup_try(pj->valuestring);
+        if (p->prompts[0].text == NULL) {
+            srv_err_oom(err);
+            return 0;
+        }
         p->prompts[0].text_len = strlen(pj->valuestring);
         return 1;
     }
@@ -140,7 +152,11 @@ parse_prompt(const cJSON *pj, const srv_limits_t *lim, srv_params_t *p, srv_erro
     }
     const cJSON *first = cJSON_GetArrayItem(pj, 0);
     if (cJSON_IsNumber(first)) {
-        p->prompts = xcalloc(1, sizeof(srv_prompt_t));
+        p->prompts = xcalloc_try(1, sizeof(srv_prompt_t));
+        if (p->prompts == NULL) {
+            srv_err_oom(err);
+            return 0;
+        }
         p->n_prompts = 1;
         return parse_token_array(pj, lim, &p->prompts[0], err);
     }
@@ -148,14 +164,22 @@ parse_prompt(const cJSON *pj, const srv_limits_t *lim, srv_params_t *p, srv_erro
         srv_err_set(err, 400, "prompt", "at most %d prompts per request", lim->max_prompts);
         return 0;
     }
-    p->prompts = xcalloc((size_t)n, sizeof(srv_prompt_t));
+    p->prompts = xcalloc_try((size_t)n, sizeof(srv_prompt_t));
+    if (p->prompts == NULL) {
+        srv_err_oom(err);
+        return 0;
+    }
     p->n_prompts = n;
     int32_t i = 0;
     cJSON_ArrayForEach(it, pj)
     {
         srv_prompt_t *pr = &p->prompts[i++];
         if (cJSON_IsString(it) && cJSON_IsString(first)) {
-            pr->text = xstrdup(it->valuestring);
+            pr->text = xstrdup_try(it->valuestring);
+            if (pr->text == NULL) {
+                srv_err_oom(err);
+                return 0;
+            }
             pr->text_len = strlen(it->valuestring);
         } else if (cJSON_IsArray(it) && cJSON_IsArray(first)) {
             if (!parse_token_array(it, lim, pr, err)) {
@@ -180,7 +204,11 @@ parse_messages(const cJSON *mj, srv_params_t *p, srv_error_t *err)
         srv_err_set(err, 400, "messages", "'messages' must be a non-empty array");
         return 0;
     }
-    p->messages = xcalloc((size_t)n, sizeof(srv_chat_msg_t));
+    p->messages = xcalloc_try((size_t)n, sizeof(srv_chat_msg_t));
+    if (p->messages == NULL) {
+        srv_err_oom(err);
+        return 0;
+    }
     cJSON_ArrayForEach(m, mj)
     {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
@@ -230,9 +258,13 @@ parse_messages(const cJSON *mj, srv_params_t *p, srv_error_t *err)
             return 0;
         }
         srv_buf_add(&text, "", 0);
-        out->role = xstrdup(r);
+        out->role = text.oom ? NULL : xstrdup_try(r);
         out->content = text.data;
         p->n_messages = ++i;
+        if (out->role == NULL) {
+            srv_err_oom(err);
+            return 0;
+        }
     }
     return 1;
 }
@@ -248,7 +280,11 @@ parse_stop(const cJSON *sj, srv_params_t *p, srv_error_t *err)
             srv_err_set(err, 400, "stop", "'stop' strings must not be empty");
             return 0;
         }
-        p->stop[p->n_stop++] = xstrdup(sj->valuestring);
+        if ((p->stop[p->n_stop] = xstrdup_try(sj->valuestring)) == NULL) {
+            srv_err_oom(err);
+            return 0;
+        }
+        p->n_stop++;
         return 1;
     }
     if (!cJSON_IsArray(sj) || cJSON_GetArraySize(sj) > SRV_MAX_STOP) {
@@ -263,7 +299,11 @@ parse_stop(const cJSON *sj, srv_params_t *p, srv_error_t *err)
             srv_err_set(err, 400, "stop", "'stop' items must be non-empty strings");
             return 0;
         }
-        p->stop[p->n_stop++] = xstrdup(it->valuestring);
+        if ((p->stop[p->n_stop] = xstrdup_try(it->valuestring)) == NULL) {
+            srv_err_oom(err);
+            return 0;
+        }
+        p->n_stop++;
     }
     return 1;
 }
@@ -286,7 +326,11 @@ parse_logit_bias(const cJSON *bj, const srv_limits_t *lim, srv_params_t *p, srv_
         srv_err_set(err, 400, "logit_bias", "'logit_bias' has more than 1024 entries");
         return 0;
     }
-    p->bias = xcalloc((size_t)(n > 0 ? n : 1), sizeof(smp_bias_t));
+    p->bias = xcalloc_try((size_t)(n > 0 ? n : 1), sizeof(smp_bias_t));
+    if (p->bias == NULL) {
+        srv_err_oom(err);
+        return 0;
+    }
     cJSON_ArrayForEach(it, bj)
     {
         char *end;
@@ -494,7 +538,15 @@ srv_params_parse(int kind, const char *body, size_t len, const srv_limits_t *lim
     if (!srv_json_precheck(body, len, lim->max_depth, err)) {
         return 0;
     }
+    unsigned long failures = xmalloc_try_failures();
     root = cJSON_ParseWithLength(body, len);
+    if (xmalloc_try_failures() != failures) {
+        /* cJSON allocates through xmalloc_try (srv_json_hooks): a failed
+         * allocation is not the client's fault. */
+        cJSON_Delete(root);
+        srv_err_oom(err);
+        return 0;
+    }
     if (root == NULL) {
         srv_err_set(err, 400, NULL, "request body is not valid JSON");
         return 0;

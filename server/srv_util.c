@@ -14,26 +14,39 @@
 
 /* ---- buffers ----------------------------------------------------------------- */
 
-static void
-buf_reserve(srv_buf_t *b, size_t extra)
+int
+srv_buf_reserve(srv_buf_t *b, size_t extra)
 {
     size_t need = b->len + extra + 1;
+    char *p;
 
     if (need <= b->cap) {
-        return;
+        return 1;
+    }
+    if (need < extra) {
+        b->oom = 1;
+        return 0;
     }
     size_t cap = b->cap ? b->cap : 256;
     while (cap < need) {
         cap *= 2;
     }
-    b->data = xrealloc(b->data, cap);
+    p = xrealloc_try(b->data, cap);
+    if (p == NULL) {
+        b->oom = 1;
+        return 0;
+    }
+    b->data = p;
     b->cap = cap;
+    return 1;
 }
 
 void
 srv_buf_add(srv_buf_t *b, const void *p, size_t n)
 {
-    buf_reserve(b, n);
+    if (!srv_buf_reserve(b, n)) {
+        return;
+    }
     if (n > 0) {
         memcpy(b->data + b->len, p, n);
     }
@@ -59,7 +72,9 @@ srv_buf_printf(srv_buf_t *b, const char *fmt, ...)
     if (n <= 0) {
         return;
     }
-    buf_reserve(b, (size_t)n);
+    if (!srv_buf_reserve(b, (size_t)n)) {
+        return;
+    }
     va_start(ap, fmt);
     vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
     va_end(ap);
@@ -87,6 +102,7 @@ srv_buf_free(srv_buf_t *b)
     free(b->data);
     b->data = NULL;
     b->len = b->cap = 0;
+    b->oom = 0;
 }
 
 /* ---- errors ------------------------------------------------------------------ */
@@ -168,29 +184,85 @@ srv_err_set(srv_error_t *err, int status, const char *param, const char *fmt, ..
     utf8_scrub(err->message);
 }
 
+/* Hand-built (no cJSON) so that an error body needs one allocation; same
+ * bytes as cJSON_PrintUnformatted() of the same object. */
 char *
 srv_err_json(const srv_error_t *err)
 {
-    cJSON *root = cJSON_CreateObject();
-    cJSON *e = cJSON_AddObjectToObject(root, "error");
-    char *out;
+    srv_buf_t b = {0};
+    const char *type = err->type ? err->type : "invalid_request_error";
 
-    cJSON_AddStringToObject(e, "message", err->message);
-    cJSON_AddStringToObject(e, "type", err->type ? err->type : "invalid_request_error");
+    srv_buf_adds(&b, "{\"error\":{\"message\":");
+    srv_json_string(&b, err->message, strlen(err->message));
+    srv_buf_adds(&b, ",\"type\":");
+    srv_json_string(&b, type, strlen(type));
+    srv_buf_adds(&b, ",\"param\":");
     if (err->param[0] != '\0') {
-        cJSON_AddStringToObject(e, "param", err->param);
+        srv_json_string(&b, err->param, strlen(err->param));
     } else {
-        cJSON_AddNullToObject(e, "param");
+        srv_buf_adds(&b, "null");
     }
+    srv_buf_adds(&b, ",\"code\":");
     if (err->code != NULL) {
-        cJSON_AddStringToObject(e, "code", err->code);
+        srv_json_string(&b, err->code, strlen(err->code));
     } else {
-        cJSON_AddNullToObject(e, "code");
+        srv_buf_adds(&b, "null");
     }
-    out = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    CHECK(out != NULL);
-    return out;
+    srv_buf_adds(&b, "}}");
+    if (b.oom) {
+        srv_buf_free(&b);
+        return NULL;
+    }
+    return b.data;
+}
+
+int
+srv_http_status_of(int st, int engine_failed)
+{
+    if (st == ST_ESHUTDOWN) {
+        return 503;
+    }
+    if (engine_failed) {
+        return 500;
+    }
+    switch (st) {
+    case ST_EQUEUE:
+        return 429;
+    case ST_ETOOLONG:
+    case ST_EINVAL:
+    case ST_ERANGE:
+        return 400;
+    case ST_ENOMEM:
+        return 503;
+    default:
+        return 500;
+    }
+}
+
+static void *
+json_malloc(size_t n)
+{
+    return xmalloc_try(n);
+}
+
+void
+srv_json_hooks_install(void)
+{
+    cJSON_Hooks h = {json_malloc, free};
+
+    cJSON_InitHooks(&h);
+}
+
+#define OOM_MESSAGE "the server is out of memory; retry later"
+
+const char srv_oom_json[] = "{\"error\":{\"message\":\"" OOM_MESSAGE "\","
+                            "\"type\":\"service_unavailable_error\",\"param\":null,"
+                            "\"code\":\"service_unavailable\"}}";
+
+void
+srv_err_oom(srv_error_t *err)
+{
+    srv_err_set(err, 503, NULL, "%s", OOM_MESSAGE);
 }
 
 /* ---- JSON pre-check ---------------------------------------------------------- */
@@ -446,5 +518,9 @@ srv_chat_render_plain(const srv_chat_msg_t *msgs, int32_t n, int add_generation_
         srv_buf_adds(&b, "assistant:");
     }
     srv_buf_add(&b, "", 0);
+    if (b.oom) {
+        srv_buf_free(&b);
+        return NULL;
+    }
     return b.data;
 }

@@ -1,10 +1,22 @@
 // faults.test.mjs - lifecycle faults.
-//  * Allocation failure: with KVSERVE_FAIL_ALLOC_AFTER=N the N-th fallible
-//    allocation on the request path fails once. For every allocation site
-//    of a two-prompt request with logit_bias (3 + 2 x 3 sites), that request
-//    gets a clean 503 JSON error, the next identical request succeeds, no
-//    KV block stays in use and the daemon exits 0; N one past the last site
-//    leaves the request untouched and fails the next one.
+//  * Allocation failure. Every allocation a request makes goes through the
+//    fallible allocator (common/xmalloc.h). With KVSERVE_TEST_HOOKS=1 the
+//    daemon answers GET /debug/allocs (fallible allocations so far) and
+//    POST /debug/fail-alloc?after=N (the N-th following one fails, once;
+//    re-armable, so one daemon serves every site). For each request kind
+//    below a counting run finds how many allocation sites the request has
+//    (deterministic: the same request, repeated, makes the same
+//    allocations; the count must stay above a floor so that a regression
+//    back to aborting allocations fails here), then for every site N:
+//    arm N, send the request, and check that the failure fired inside that
+//    request and gave a clean error (a 503 OpenAI ErrorResponse, or for a
+//    stream whose headers were already out, an error event then [DONE]),
+//    and that the next identical request succeeds with the same text.
+//    Arming one past the last site leaves the request untouched (the
+//    count is exact). At the end no KV block is in use, no request is in
+//    flight, the 5xx counters match and the daemon exits 0.
+//  * KVSERVE_FAIL_ALLOC_AFTER=N arms the same failure from the start.
+//  * A forward failure is the server's fault: 500, never 4xx.
 //  * SIGTERM with 24 requests accepted, most of them queued: all complete.
 //  * A second SIGTERM during a drain ends the open streams with an error
 //    event and [DONE] (never a torn response) and the daemon exits.
@@ -14,56 +26,190 @@ import {
   MODEL_NAME, getMetrics, metricValue, postJson, readSse, startServer, validate, waitKvEmpty,
 } from '../integration/lib.mjs';
 
-const req = {
-  model: MODEL_NAME, prompt: ['Emma Woodhouse, handsome,', 'It is a truth'], max_tokens: 8,
-  temperature: 0, logit_bias: { 5: 1 },
-};
-const SITES = 9;
+const OOM = /out of memory/;
+
+async function allocs(base) {
+  const res = await fetch(`${base}/debug/allocs`);
+  const text = await res.text();
+  assert.equal(res.status, 200, `/debug/allocs: ${res.status} ${text}`);
+  return JSON.parse(text);
+}
+
+async function armFailure(base, n) {
+  const res = await fetch(`${base}/debug/fail-alloc?after=${n}`, { method: 'POST' });
+  const text = await res.text();
+  assert.equal(res.status, 200, text);
+}
+
+// Sends a request; a stream is read to its end and parsed.
+async function send(base, kind) {
+  if (!kind.stream) {
+    return postJson(base, kind.route, kind.body, {});
+  }
+  const res = await fetch(base + kind.route, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify(kind.body),
+  });
+  if (res.status !== 200) {
+    const text = await res.text();
+    let json = null;
+    try {
+      json = JSON.parse(text);
+    } catch {
+      json = null;
+    }
+    return { status: res.status, text, json };
+  }
+  return { status: 200, ...(await readSse(res)) };
+}
+
+const prompt2 = ['Emma Woodhouse, handsome,', 'It is a truth'];
+const KINDS = [
+  {
+    name: 'completion, two prompts, logit_bias', route: '/v1/completions', ep: '/v1/completions',
+    body: { model: MODEL_NAME, prompt: prompt2, max_tokens: 6, temperature: 0, logit_bias: { 5: 1 } },
+    floor: 60,
+    result: (r) => r.json.choices.map((c) => c.text),
+  },
+  {
+    name: 'chat completion', route: '/v1/chat/completions', ep: '/v1/chat/completions',
+    body: {
+      model: MODEL_NAME, max_tokens: 6, temperature: 0,
+      messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Who is Emma?' }],
+    },
+    floor: 50,
+    result: (r) => r.json.choices.map((c) => c.message.content),
+  },
+  {
+    name: 'streaming completion', route: '/v1/completions', ep: '/v1/completions', stream: true,
+    body: {
+      model: MODEL_NAME, prompt: 'Emma Woodhouse, handsome,', max_tokens: 6, temperature: 0,
+      stream: true, stream_options: { include_usage: true }, logprobs: 1,
+    },
+    floor: 40,
+    result: (r) => {
+      assert.ok(r.done, 'stream ended with [DONE]');
+      assert.ok(r.events.every((e) => e.error === undefined), JSON.stringify(r.events.at(-1)));
+      assert.ok(r.events.at(-1).usage, 'usage chunk last');
+      return r.events.filter((e) => e.choices.length > 0).map((e) => e.choices[0].text).join('');
+    },
+  },
+  {
+    name: '/tokenize (prompt)', route: '/tokenize', ep: '/tokenize',
+    body: { model: MODEL_NAME, prompt: 'Emma Woodhouse, handsome, clever, and rich' },
+    floor: 15,
+    result: (r) => r.json.tokens,
+  },
+  {
+    name: '/tokenize (messages)', route: '/tokenize', ep: '/tokenize',
+    body: { model: MODEL_NAME, messages: [{ role: 'user', content: 'Who is Emma?' }] },
+    floor: 20,
+    result: (r) => r.json.tokens,
+  },
+];
+
+function checkOk(kind, r) {
+  assert.equal(r.status, 200, `${kind.name}: ${r.status} ${r.text}`);
+  return kind.result(r);
+}
 
 test('an allocation failure at each request-path site fails that request only', async () => {
-  const ref = await (async () => {
-    const srv = await startServer([]);
-    try {
-      return await postJson(srv.base, '/v1/completions', req, {});
-    } finally {
-      await srv.stop();
-    }
-  })();
-  assert.equal(ref.status, 200);
-  for (let n = 1; n <= SITES + 1; n++) {
-    const srv = await startServer([], { env: { KVSERVE_FAIL_ALLOC_AFTER: String(n) } });
-    try {
-      const r1 = await postJson(srv.base, '/v1/completions', req, {});
-      if (n <= SITES) {
-        assert.equal(r1.status, 503, `site ${n}: ${r1.status} ${r1.text}`);
-        validate('ErrorResponse', r1.json);
-        assert.match(r1.json.error.message, /out of memory/);
-      } else {
-        assert.equal(r1.status, 200, r1.text);
-      }
-      if (n > SITES) {
-        // The countdown went on into the next request's first site.
-        const r = await postJson(srv.base, '/v1/completions', req, {});
-        assert.equal(r.status, 503, `exactly ${SITES} sites per request: ${r.text}`);
-      }
-      const r2 = await postJson(srv.base, '/v1/completions', req, {});
-      assert.equal(r2.status, 200, `site ${n}, next request: ${r2.text}`);
-      assert.deepEqual(r2.json.choices.map((c) => c.text), ref.json.choices.map((c) => c.text));
-      await waitKvEmpty(srv.base);
-      const m = await getMetrics(srv.base);
-      assert.equal(metricValue(m, 'kvserve:requests_in_flight'), 0);
-    } finally {
-      const st = await srv.stop();
-      assert.equal(st.code, 0, `site ${n}: exit ${st.code ?? st.sig}\n${srv.logs.join('\n')}`);
-    }
-  }
-  // A failing streaming request is refused before its headers: a plain 503.
-  const srv = await startServer([], { env: { KVSERVE_FAIL_ALLOC_AFTER: '2' } });
+  const srv = await startServer([], { env: { KVSERVE_TEST_HOOKS: '1' } });
+  const report = [];
+  const expect5xx = {};
   try {
-    const r = await postJson(srv.base, '/v1/completions', { ...req, stream: true }, {});
-    assert.equal(r.status, 503, r.text);
-    validate('ErrorResponse', r.json);
+    for (const kind of KINDS) {
+      // Reference and warm-up (first-use allocations are not per request).
+      const ref = checkOk(kind, await send(srv.base, kind));
+      // Counting run: what one /debug/allocs costs, then one more request.
+      const c0 = await allocs(srv.base);
+      const c1 = await allocs(srv.base);
+      assert.deepEqual(checkOk(kind, await send(srv.base, kind)), ref);
+      const c2 = await allocs(srv.base);
+      const sites = c2.count - c1.count - (c1.count - c0.count);
+      assert.ok(sites >= kind.floor,
+        `${kind.name}: only ${sites} fallible allocations (floor ${kind.floor}): ` +
+        'did the request path go back to aborting allocations?');
+      let plain = 0;
+      let events = 0;
+      for (let n = 1; n <= sites; n++) {
+        await armFailure(srv.base, n);
+        const r = await send(srv.base, kind);
+        const left = await allocs(srv.base);
+        assert.equal(left.pending, 0,
+          `${kind.name}, site ${n}/${sites}: the failure did not fire inside the request`);
+        if (r.status === 503) {
+          validate('ErrorResponse', r.json);
+          assert.match(r.json.error.message, OOM, r.text);
+          assert.equal(r.json.error.type, 'service_unavailable_error');
+          plain++;
+        } else {
+          // Only a stream whose headers were out may fail in-band.
+          assert.ok(kind.stream && r.status === 200,
+            `${kind.name}, site ${n}/${sites}: ${r.status} ${r.text ?? ''}`);
+          assert.ok(r.done, `${kind.name}, site ${n}: no [DONE]`);
+          const last = r.events.at(-1);
+          assert.ok(last && last.error, `${kind.name}, site ${n}: last event ${JSON.stringify(last)}`);
+          assert.match(last.error.message, OOM);
+          r.events.slice(0, -1).forEach((e) => validate('CreateCompletionStreamResponse', e));
+          events++;
+        }
+        const again = await send(srv.base, kind);
+        assert.deepEqual(checkOk(kind, again), ref, `${kind.name}, after site ${n}`);
+      }
+      expect5xx[kind.ep] = (expect5xx[kind.ep] ?? 0) + plain;
+      // One past the last site: the request is untouched and the failure
+      // lands on the next allocation, the record of the next request.
+      await armFailure(srv.base, sites + 1);
+      assert.deepEqual(checkOk(kind, await send(srv.base, kind)), ref,
+        `${kind.name}: more than ${sites} sites`);
+      const res = await fetch(`${srv.base}/debug/allocs`);
+      assert.equal(res.status, 503, `${kind.name}: fewer than ${sites} sites`);
+      await res.arrayBuffer();
+      assert.equal((await allocs(srv.base)).pending, 0);
+      report.push(`${kind.name}: ${sites} sites (${plain} plain 503, ${events} in-stream)`);
+    }
     await waitKvEmpty(srv.base);
+    const m = await getMetrics(srv.base);
+    assert.equal(metricValue(m, 'kvserve:requests_in_flight'), 0);
+    for (const [route, n] of Object.entries(expect5xx)) {
+      assert.equal(metricValue(m, 'kvserve:http_requests_total', `route="${route}",code="5xx"`) ?? 0,
+        n, `5xx count of ${route}`);
+    }
+  } finally {
+    const st = await srv.stop();
+    assert.equal(st.code, 0, `exit ${st.code ?? st.sig}\n${srv.logs.slice(-30).join('\n')}`);
+  }
+  console.log(report.join('\n'));
+});
+
+test('KVSERVE_FAIL_ALLOC_AFTER arms the failure from the start', async () => {
+  const srv = await startServer([], { env: { KVSERVE_FAIL_ALLOC_AFTER: '1' } });
+  try {
+    const req = KINDS[0];
+    const r1 = await send(srv.base, req);
+    assert.equal(r1.status, 503, r1.text);
+    validate('ErrorResponse', r1.json);
+    assert.match(r1.json.error.message, OOM);
+    const r2 = await send(srv.base, req);
+    assert.equal(r2.status, 200, r2.text);
+    await waitKvEmpty(srv.base);
+  } finally {
+    const st = await srv.stop();
+    assert.equal(st.code, 0, srv.logs.slice(-10).join('\n'));
+  }
+});
+
+test('a failed forward is a server error (500), not the client\'s', async () => {
+  // KVSERVE_TEST_FAIL_FORWARD_AT=1: the first forward pass fails and the
+  // engine fails every open request with the forward's status.
+  const srv = await startServer([], { env: { KVSERVE_TEST_FAIL_FORWARD_AT: '1' } });
+  try {
+    const r = await postJson(srv.base, '/v1/completions',
+      { model: MODEL_NAME, prompt: 'Emma', max_tokens: 4 }, {});
+    assert.equal(r.status, 500, r.text);
+    validate('ErrorResponse', r.json);
+    assert.equal(r.json.error.type, 'server_error');
   } finally {
     await srv.stop();
   }
