@@ -3,6 +3,8 @@
 
 #include "kvserve_config.h"
 
+int fuzz_replay;
+
 int
 fuzz_utf8_valid(const char *str, size_t n)
 {

@@ -57,6 +57,13 @@ typedef struct fuzz_linear_case {
  * empty). */
 extern const fuzz_linear_case_t fuzz_linear_cases[];
 
+/* 1 in the replay build (replay.c sets it before the first input), 0 under
+ * libFuzzer. Properties that cost a second full pass over the input (a
+ * second render, a second decode) run on every replayed input but only on
+ * a sample of the fuzzed ones, which keeps the executions per second up;
+ * the fuzzer still reaches them through the bits that select the sample. */
+extern int fuzz_replay;
+
 /* Path of the source root (KVSERVE_SOURCE_ROOT env var, else the
  * compiled-in one), for targets that load fixtures at start. */
 const char *fuzz_source_root(void);

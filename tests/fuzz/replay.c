@@ -154,6 +154,7 @@ main(int argc, char **argv)
     int linear = 0;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
+    fuzz_replay = 1;
     if (LLVMFuzzerInitialize != NULL) {
         LLVMFuzzerInitialize(&argc, &argv);
     }
