@@ -705,6 +705,104 @@ START_TEST(test_devemu_synthetic)
 }
 END_TEST
 
+/* More partly filled blocks than residual slots (14 with these limits):
+ * both sides flush the least recently written slot into codes, and a
+ * later write into a flushed block continues from its dequantized codes.
+ * 18 one-sequence prefills of 3 tokens into blocks 1, 3, .., 35, then
+ * decodes into the flushed blocks, then two sequences filling a block
+ * (quantized on fill) and one token into the next. */
+static double
+kq_flush_script(const mdl_model_t *m, mdl_kv_dtype_t kv, double bound)
+{
+    char err[256];
+    mdl_runtime_config_t rc = {.num_blocks = NBLK,
+                               .swap_blocks = SWAPB,
+                               .block_size = BS,
+                               .max_num_batched_tokens = 8,
+                               .max_num_seqs = 2,
+                               .max_blocks_per_seq = 4,
+                               .n_threads = 1,
+                               .tp_size = 1,
+                               .kv_dtype = kv};
+    side_t ref = {0}, got = {0};
+    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
+    int32_t ids[18][16], done[18] = {0};
+
+    ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
+    got.dev = emu_dev_create(m, &rc, KN_DT_F16);
+    ck_assert_int_eq(got.dev->fw[0].kqt[0].n_slots, 14);
+    rs = 0x51075ULL;
+    for (int32_t q = 0; q < 18; q++) {
+        for (int32_t i = 0; i < 16; i++) {
+            ids[q][i] = 3 + (int32_t)(rnd() % (uint32_t)(c.vocab - 3));
+        }
+    }
+    /* (sequence, new tokens) per step; a step holds one or two sequences. */
+    static const int32_t plan[][4] = {
+        {0, 3, -1, 0},  {1, 3, -1, 0},  {2, 3, -1, 0},  {3, 3, -1, 0}, {4, 3, -1, 0},
+        {5, 3, -1, 0},  {6, 3, -1, 0},  {7, 3, -1, 0},  {8, 3, -1, 0}, {9, 3, -1, 0},
+        {10, 3, -1, 0}, {11, 3, -1, 0}, {12, 3, -1, 0}, {13, 3, -1, 0}, {14, 3, -1, 0},
+        {15, 3, -1, 0}, {16, 3, -1, 0}, {17, 3, -1, 0}, {0, 1, -1, 0},  {1, 1, -1, 0},
+        {2, 2, 3, 2},   {0, 4, 1, 4},   {0, 1, 1, 1},   {4, 1, -1, 0},
+    };
+    for (size_t p = 0; p < sizeof(plan) / sizeof(plan[0]); p++) {
+        int32_t tok[8], pos[8], slot[8], qs[3] = {0}, ctx[2], bt[2 * 4], rows[2], n = 0, ns = 0;
+
+        for (int k = 0; k < 2; k++) {
+            int32_t q = plan[p][2 * k], nn = plan[p][2 * k + 1];
+
+            if (q < 0) {
+                continue;
+            }
+            for (int32_t b = 0; b < 4; b++) {
+                bt[ns * 4 + b] = b < 2 ? 1 + 2 * q + b : 0;
+            }
+            for (int32_t i = 0; i < nn; i++) {
+                int32_t ix = done[q] + i;
+
+                tok[n] = ids[q][ix];
+                pos[n] = ix;
+                slot[n] = bt[ns * 4 + ix / BS] * BS + ix % BS;
+                n++;
+            }
+            done[q] += nn;
+            ctx[ns] = done[q];
+            rows[ns] = n - 1;
+            qs[++ns] = n;
+        }
+        mdl_batch_t b = {.n_tokens = n,
+                         .tokens = tok,
+                         .positions = pos,
+                         .slot_mapping = slot,
+                         .n_seqs = ns,
+                         .query_start = qs,
+                         .context_len = ctx,
+                         .block_tables = bt,
+                         .max_blocks = 4,
+                         .logits_rows = rows,
+                         .n_logits = ns};
+        float *lr = xmalloc(sizeof(float) * (size_t)ns * c.vocab);
+
+        memcpy(lr, side_forward(&ref, &b), sizeof(float) * (size_t)ns * c.vocab);
+        compare(&c, lr, side_forward(&got, &b), ns);
+        free(lr);
+        if (p == 17) { /* 18 partial blocks, 14 slots: the 4 oldest were flushed */
+            for (int32_t q = 0; q < 18; q++) {
+                const mdl_dev_kq_tier_t *t = &got.dev->fw[0].kqt[0];
+
+                ck_assert_int_eq(t->slot_of[1 + 2 * q] < 0, q < 4);
+                ck_assert_int_eq(t->qv[1 + 2 * q], q < 4);
+            }
+        }
+    }
+    /* Sequence 0's first block filled (quantized), 1's too; 17 still partial. */
+    ck_assert(got.dev->fw[0].kqt[0].qv[1] && got.dev->fw[0].kqt[0].slot_of[1] < 0);
+    ck_assert(got.dev->fw[0].kqt[0].slot_of[35] >= 0);
+    mdl_runtime_destroy(ref.cpu);
+    emu_dev_destroy(got.dev);
+    return c.worst;
+}
+
 /* fp8 / int8 / int4 KV: the emulated rank against the CPU backend with
  * the same dtype. Both quantize the same blocks with the same rules, but
  * from K/V that differ by the f16 weights' rounding, so an element may
@@ -732,6 +830,13 @@ START_TEST(test_devemu_kv_quant)
             free(s.m.layers);
             free(s.buf);
         }
+    }
+    for (size_t k = 0; k < sizeof(kvs) / sizeof(kvs[0]); k++) {
+        synth_init(&s, 8, 2, 0);
+        printf("synthetic 8/2 heads, %s KV, residual slots flushed: emulated vs cpu NMSE %.3g\n",
+               kvs[k].name, kq_flush_script(&s.m, kvs[k].kv, kvs[k].bound));
+        free(s.m.layers);
+        free(s.buf);
     }
     if (scale != NULL && atof(scale) < 1.0) {
         printf("default model skipped at KVSERVE_TEST_SCALE=%s\n", scale);
