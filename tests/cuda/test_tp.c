@@ -350,15 +350,15 @@ static const mdl_kv_dtype_t quant_dtypes[] = {MDL_KV_INT8, MDL_KV_INT4, MDL_KV_F
  * K and V differ in the last bit (f32: logits within 1e-5). A value on a
  * rounding boundary then takes the neighbouring code, one quantization
  * step (int8: 1/255 of the group's range, int4: 1/15, fp8: 1/16 of the
- * value), and later logits move by that step's effect: measured worst
- * 1e-4 for int8 and int4, 5.4e-3 for fp8 (the default model streamed
- * through sink + window). A broken shard (keys not re-rotated on the
- * ranks) moves them by 0.15 (synthetic models) to 1.5 (default model),
- * far above these bounds. */
+ * value), and later logits move by that step's effect, which depends on
+ * which element flipped: most rows stay within 1e-4, single rows reach
+ * 3.4e-3 (int8) and 5.4e-3 (fp8) in the default model's sink + window
+ * stream. A broken shard (keys not re-rotated on the ranks) moves them by
+ * 0.15 (synthetic models) to 1.5 (default model): 2e-2 sits between. */
 static double
 tol_for(mdl_kv_dtype_t d)
 {
-    return d == MDL_KV_F32 ? 1e-5 : d == MDL_KV_FP8_E4M3 ? 2e-2 : 2e-3;
+    return d == MDL_KV_F32 ? 1e-5 : 2e-2;
 }
 
 START_TEST(test_tp_kv_quant_default_model)
