@@ -22,6 +22,9 @@
  * contiguous); row-parallel shards (wo, w_down) are copied once at
  * creation. Each rank owns its KV pool and swap tier, holding its KV
  * heads' slice of every block (model/tp.h); kv_ops run on every rank.
+ * The engine thread is rank 0; it broadcasts the step by handing the
+ * batch (read-only host memory) to kn_ranks_run(). Nothing is allocated
+ * in forward() or kv_ops().
  *
  * KV dtypes: the pool of a rank is model/host_kv.h for its n_kv heads, in
  * f32 or in the compressed KIVI layout (kernels/cpu/kv_quant.h). A
@@ -31,9 +34,6 @@
  * rank sees the same writes, so the slots follow the same blocks), and
  * COPY / SWAP / DROP / SHIFT (the sink + rolling-window policy's
  * re-rotation, model/kv_policy.h) run on every rank's slice of a block.
- * The engine thread is rank 0; it broadcasts the step by handing the
- * batch (read-only host memory) to kn_ranks_run(). Nothing is allocated
- * in forward() or kv_ops().
  */
 #define LOG_MODULE "cpu-tp"
 
