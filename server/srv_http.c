@@ -256,6 +256,26 @@ json_mark(void)
     return xmalloc_try_failures();
 }
 
+/* Adds item under key; when that fails (out of memory for the key) the
+ * item is deleted instead of leaked. The failure shows at json_print. */
+static void
+json_add(cJSON *obj, const char *key, cJSON *item)
+{
+    if (item != NULL && !cJSON_AddItemToObject(obj, key, item)) {
+        cJSON_Delete(item);
+    }
+}
+
+/* Appends item to arr (which may be NULL when its own creation failed);
+ * deletes the item when it cannot be appended. */
+static void
+json_push(cJSON *arr, cJSON *item)
+{
+    if (item != NULL && !cJSON_AddItemToArray(arr, item)) {
+        cJSON_Delete(item);
+    }
+}
+
 /* Prints and deletes root; NULL when any allocation since mark failed (a
  * cJSON builder then silently drops the node it could not make). */
 static char *
@@ -433,7 +453,7 @@ do_models(srv_req_t *r)
     cJSON_AddNumberToObject(m, "created", (double)r->s->started);
     cJSON_AddStringToObject(m, "owned_by", "kvserve");
     cJSON_AddNumberToObject(m, "max_model_len", r->s->max_model_len);
-    cJSON_AddItemToArray(data, m);
+    json_push(data, m);
     return queue_json(r, 200, root, mark);
 }
 
@@ -554,17 +574,21 @@ do_tokenize(srv_req_t *r)
     } else if (cJSON_IsArray(msgs)) {
         /* Reuse the chat parser through a minimal chat body. */
         srv_params_t p;
-        unsigned long mark = json_mark();
-        cJSON *tmp = cJSON_CreateObject();
-        cJSON_AddStringToObject(tmp, "model", r->s->model_name);
-        cJSON_AddItemReferenceToObject(tmp, "messages", msgs);
-        char *txt = json_print(tmp, mark);
-        if (txt == NULL) {
+        srv_buf_t body = {0};
+        char *mj = cJSON_PrintUnformatted(msgs);
+        srv_buf_adds(&body, "{\"model\":");
+        srv_json_string(&body, r->s->model_name, strlen(r->s->model_name));
+        srv_buf_adds(&body, ",\"messages\":");
+        srv_buf_adds(&body, mj != NULL ? mj : "");
+        srv_buf_adds(&body, "}");
+        free(mj);
+        if (mj == NULL || body.oom) {
+            srv_buf_free(&body);
             cJSON_Delete(root);
             return queue_body(r, 503, NULL, CT_JSON, 1);
         }
-        int ok = srv_params_parse(SRV_KIND_CHAT, txt, strlen(txt), &r->s->lim, &p, &err);
-        free(txt);
+        int ok = srv_params_parse(SRV_KIND_CHAT, body.data, body.len, &r->s->lim, &p, &err);
+        srv_buf_free(&body);
         if (!ok) {
             cJSON_Delete(root);
             return queue_error(r, &err);
@@ -596,7 +620,7 @@ do_tokenize(srv_req_t *r)
     cJSON_AddNumberToObject(out, "max_model_len", r->s->max_model_len);
     arr = cJSON_AddArrayToObject(out, "tokens");
     for (size_t i = 0; i < n_ids; i++) {
-        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+        json_push(arr, cJSON_CreateNumber(ids[i]));
     }
     free(ids);
     return queue_json(r, 200, out, mark);
@@ -810,7 +834,7 @@ bytes_array(const srv_buf_t *raw)
 {
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; i < raw->len; i++) {
-        cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)raw->data[i]));
+        json_push(a, cJSON_CreateNumber((unsigned char)raw->data[i]));
     }
     return a;
 }
@@ -850,7 +874,7 @@ lp_add(const srv_req_t *r, srv_choice_t *ch, cJSON *lp, const smp_result_t *t)
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "token", txt.data ? txt.data : "");
         cJSON_AddNumberToObject(e, "logprob", finite_lp(t->logprob));
-        cJSON_AddItemToObject(e, "bytes", bytes_array(&raw));
+        json_add(e, "bytes", bytes_array(&raw));
         cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
         for (int32_t k = 0; k < ntop; k++) {
             srv_buf_t r2 = {0}, t2 = {0};
@@ -858,16 +882,16 @@ lp_add(const srv_req_t *r, srv_choice_t *ch, cJSON *lp, const smp_result_t *t)
             cJSON *te = cJSON_CreateObject();
             cJSON_AddStringToObject(te, "token", t2.data ? t2.data : "");
             cJSON_AddNumberToObject(te, "logprob", finite_lp(t->top_logprobs[k]));
-            cJSON_AddItemToObject(te, "bytes", bytes_array(&r2));
-            cJSON_AddItemToArray(tops, te);
+            json_add(te, "bytes", bytes_array(&r2));
+            json_push(tops, te);
             srv_buf_free(&r2);
             srv_buf_free(&t2);
         }
-        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "content"), e);
+        json_push(cJSON_GetObjectItemCaseSensitive(lp, "content"), e);
     } else {
-        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "tokens"),
+        json_push(cJSON_GetObjectItemCaseSensitive(lp, "tokens"),
                              cJSON_CreateString(txt.data ? txt.data : ""));
-        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "token_logprobs"),
+        json_push(cJSON_GetObjectItemCaseSensitive(lp, "token_logprobs"),
                              cJSON_CreateNumber(finite_lp(t->logprob)));
         cJSON *tops = cJSON_CreateObject();
         for (int32_t k = 0; k < ntop; k++) {
@@ -880,8 +904,8 @@ lp_add(const srv_req_t *r, srv_choice_t *ch, cJSON *lp, const smp_result_t *t)
             srv_buf_free(&r2);
             srv_buf_free(&t2);
         }
-        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "top_logprobs"), tops);
-        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "text_offset"),
+        json_push(cJSON_GetObjectItemCaseSensitive(lp, "top_logprobs"), tops);
+        json_push(cJSON_GetObjectItemCaseSensitive(lp, "text_offset"),
                              cJSON_CreateNumber(ch->text_offset));
         ch->text_offset += (int32_t)txt.len;
     }
@@ -1109,15 +1133,15 @@ build_body(srv_req_t *r)
             cJSON_AddStringToObject(c, "text", text);
         }
         if (ch->lp != NULL) {
-            cJSON_AddItemToObject(c, "logprobs", ch->lp);
+            json_add(c, "logprobs", ch->lp);
             ch->lp = NULL;
         } else {
             cJSON_AddNullToObject(c, "logprobs");
         }
         cJSON_AddStringToObject(c, "finish_reason", ch->finish ? ch->finish : "stop");
-        cJSON_AddItemToArray(choices, c);
+        json_push(choices, c);
     }
-    cJSON_AddItemToObject(root, "usage", usage_object(r));
+    json_add(root, "usage", usage_object(r));
     out = json_print(root, mark);
     return out;
 }
@@ -1158,7 +1182,7 @@ request_done(srv_req_t *r)
                 if (r->p.include_usage) {
                     cJSON *chunk = base_object(r, 1);
                     cJSON_AddArrayToObject(chunk, "choices");
-                    cJSON_AddItemToObject(chunk, "usage", usage_object(r));
+                    json_add(chunk, "usage", usage_object(r));
                     char *json = json_print(chunk, mark);
                     if (json != NULL) {
                         srv_sse_data(&r->out, json);

@@ -1,11 +1,12 @@
 /* main.c - runs the server unit suites (parsing, validation, stop strings,
- * SSE framing, error bodies, metrics formatting). */
+ * SSE framing, error bodies, metrics formatting, allocation failure). */
 #include <check.h>
 #include <stdlib.h>
 
 Suite *server_params_suite(void);
 Suite *server_stop_sse_suite(void);
 Suite *server_metrics_suite(void);
+Suite *server_oom_suite(void);
 
 int
 main(void)
@@ -15,6 +16,7 @@ main(void)
 
     srunner_add_suite(sr, server_stop_sse_suite());
     srunner_add_suite(sr, server_metrics_suite());
+    srunner_add_suite(sr, server_oom_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);

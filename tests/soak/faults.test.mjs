@@ -67,14 +67,14 @@ const prompt2 = ['Emma Woodhouse, handsome,', 'It is a truth'];
 const KINDS = [
   {
     name: 'completion, two prompts, logit_bias', route: '/v1/completions', ep: '/v1/completions',
-    body: { model: MODEL_NAME, prompt: prompt2, max_tokens: 6, temperature: 0, logit_bias: { 5: 1 } },
+    body: { model: MODEL_NAME, prompt: prompt2, max_tokens: 4, temperature: 0, logit_bias: { 5: 1 } },
     floor: 60,
     result: (r) => r.json.choices.map((c) => c.text),
   },
   {
     name: 'chat completion', route: '/v1/chat/completions', ep: '/v1/chat/completions',
     body: {
-      model: MODEL_NAME, max_tokens: 6, temperature: 0,
+      model: MODEL_NAME, max_tokens: 4, temperature: 0,
       messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Who is Emma?' }],
     },
     floor: 50,
@@ -83,7 +83,7 @@ const KINDS = [
   {
     name: 'streaming completion', route: '/v1/completions', ep: '/v1/completions', stream: true,
     body: {
-      model: MODEL_NAME, prompt: 'Emma Woodhouse, handsome,', max_tokens: 6, temperature: 0,
+      model: MODEL_NAME, prompt: 'Emma Woodhouse, handsome,', max_tokens: 4, temperature: 0,
       stream: true, stream_options: { include_usage: true }, logprobs: 1,
     },
     floor: 40,
@@ -119,6 +119,7 @@ test('an allocation failure at each request-path site fails that request only', 
   const expect5xx = {};
   try {
     for (const kind of KINDS) {
+      const t0 = Date.now();
       // Reference and warm-up (first-use allocations are not per request).
       const ref = checkOk(kind, await send(srv.base, kind));
       // Counting run: what one /debug/allocs costs, then one more request.
@@ -167,7 +168,8 @@ test('an allocation failure at each request-path site fails that request only', 
       assert.equal(res.status, 503, `${kind.name}: fewer than ${sites} sites`);
       await res.arrayBuffer();
       assert.equal((await allocs(srv.base)).pending, 0);
-      report.push(`${kind.name}: ${sites} sites (${plain} plain 503, ${events} in-stream)`);
+      report.push(`${kind.name}: ${sites} sites (${plain} plain 503, ${events} in-stream), ` +
+        `${((Date.now() - t0) / 1000).toFixed(1)} s`);
     }
     await waitKvEmpty(srv.base);
     const m = await getMetrics(srv.base);
