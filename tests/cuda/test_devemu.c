@@ -864,7 +864,11 @@ cuda_devemu_suite(void)
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_devemu_synthetic);
     tcase_add_test(tc, test_devemu_default_model);
-    tcase_add_test(tc, test_devemu_kv_quant);
     suite_add_tcase(s, tc);
+    TCase *tq = tcase_create("kv_quant");
+
+    tcase_set_timeout(tq, 240);
+    tcase_add_test(tq, test_devemu_kv_quant);
+    suite_add_tcase(s, tq);
     return s;
 }

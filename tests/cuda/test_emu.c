@@ -1082,7 +1082,7 @@ START_TEST(test_kq_attention)
         {4, 2, 32, 64, 0, 64},  /* blocks of 64: two key tiles per block */
     };
 
-    for (int rep = 0; rep < reps(2); rep++) {
+    for (int rep = 0; rep < reps(1); rep++) {
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
             check_kq_attention(&cases[i], kq_fmts[_i]);
         }
