@@ -803,6 +803,51 @@ kq_flush_script(const mdl_model_t *m, mdl_kv_dtype_t kv, double bound)
     return c.worst;
 }
 
+/* mdl_kv_blocks_for_budget() with compressed KV: a block costs its codes
+ * and scales on each rank (at T = 1 exactly the CPU backend's block, as
+ * mdl_kv_block_bytes() reports it) and the residual slots come out of the
+ * activations' share. */
+START_TEST(test_devemu_kv_quant_budget)
+{
+    synth_t s;
+    mdl_kv_budget_t b16, bq;
+    char err[400];
+    const size_t GiB = (size_t)1 << 30;
+
+    synth_init(&s, 8, 2, 0);
+    for (mdl_kv_dtype_t kv = MDL_KV_FP8_E4M3; kv <= MDL_KV_INT4; kv++) {
+        mdl_runtime_config_t rc = script_config(1);
+
+        rc.block_size = 16;
+        rc.max_num_batched_tokens = 512;
+        rc.max_num_seqs = 16;
+        rc.gpu_memory_utilization = 0.5f;
+        rc.num_blocks = 0;
+        rc.kv_dtype = MDL_KV_BF16;
+        ck_assert_int_eq(mdl_kv_blocks_for_budget(&s.m.cfg, &rc, 4 * GiB, &b16, err, sizeof(err)),
+                         ST_OK);
+        rc.kv_dtype = kv;
+        ck_assert_int_eq(mdl_kv_blocks_for_budget(&s.m.cfg, &rc, 4 * GiB, &bq, err, sizeof(err)),
+                         ST_OK);
+        ck_assert_uint_eq(bq.block_bytes, mdl_kv_block_bytes(&s.m.cfg, 16, kv));
+        ck_assert_uint_lt(bq.block_bytes, b16.block_bytes);
+        /* 73 slots of 2 layers x K,V x 2 heads x 16 x 8 f32: one more page. */
+        ck_assert_uint_eq(bq.act_bytes, b16.act_bytes + MDL_DEV_ALLOC_GRAIN);
+        ck_assert_uint_eq(bq.weight_bytes, b16.weight_bytes);
+        ck_assert_int_eq(bq.num_blocks, (int32_t)((bq.budget_bytes - bq.weight_bytes -
+                                                   bq.act_bytes - bq.reserve_bytes) /
+                                                  bq.block_bytes));
+        /* T = 2: one KV head per rank, half the block. */
+        rc.tp_size = 2;
+        ck_assert_int_eq(mdl_kv_blocks_for_budget(&s.m.cfg, &rc, 4 * GiB, &bq, err, sizeof(err)),
+                         ST_OK);
+        ck_assert_uint_eq(bq.block_bytes, mdl_kv_block_bytes(&s.m.cfg, 16, kv) / 2);
+    }
+    free(s.m.layers);
+    free(s.buf);
+}
+END_TEST
+
 /* fp8 / int8 / int4 KV: the emulated rank against the CPU backend with
  * the same dtype. Both quantize the same blocks with the same rules, but
  * from K/V that differ by the f16 weights' rounding, so an element may
@@ -868,6 +913,7 @@ cuda_devemu_suite(void)
     TCase *tq = tcase_create("kv_quant");
 
     tcase_set_timeout(tq, 240);
+    tcase_add_test(tq, test_devemu_kv_quant_budget);
     tcase_add_test(tq, test_devemu_kv_quant);
     suite_add_tcase(s, tq);
     return s;
