@@ -9,7 +9,11 @@
  *             the CPU backend's greedy tokens: per step the logits agree
  *             (NMSE < 1e-3) and the argmax is the CPU's wherever the CPU's
  *             top-2 margin is not a near tie;
- *   tp:       with two or more devices, TP = 2 against TP = 1 on CUDA.
+ *   tp:       with two or more devices, TP = 2 against TP = 1 on CUDA;
+ *   kv quant: fp8 / int8 / int4 blocks quantized on the device equal the
+ *             CPU quantizer's bytes (codes, scales, zero points), and the
+ *             default model with each compressed KV dtype on cuda (bf16
+ *             weights) against the CPU backend with the same dtype.
  *
  * Plain C (no Check): Check forks after this process has touched CUDA.
  * The model directory comes from KVSERVE_TEST_MODEL.
@@ -27,6 +31,7 @@
 #include "kernels/cpu/kn_cpu.h"
 #include "kernels/cuda/kn_cuda.h"
 #include "model/model.h"
+#include "tests/cuda/kvq_ref.h"
 
 static int n_fail;
 
@@ -248,6 +253,58 @@ test_kernels(kn_dt_t dt)
     free(u);
 }
 
+/* ---- quantized KV blocks on the device --------------------------------------------- */
+
+static void
+test_kq_quant(void)
+{
+    static const int fmts[3] = {KN_KQ_FP8, KN_KQ_INT8, KN_KQ_INT4};
+    static const int32_t shapes[][3] = {{2, 16, 64}, {1, 16, 128}, {4, 8, 40}, {1, 32, 256}};
+
+    for (int f = 0; f < 3; f++) {
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+            kn_kq_geom_t g;
+
+            if (kn_kq_geom_init(&g, fmts[f], shapes[si][0], shapes[si][1], shapes[si][2]) != 0) {
+                continue;
+            }
+            size_t lk = kn_kq_lk(&g), n_res = 2 * lk; /* one slot, one layer */
+            float *res = xmalloc(sizeof(float) * n_res);
+            uint8_t *kh = xcalloc(1, g.k_stride), *vh = xcalloc(1, g.v_stride);
+            uint8_t *ref = xmalloc(g.k_stride > g.v_stride ? g.k_stride : g.v_stride);
+
+            for (size_t i = 0; i < n_res; i++) { /* outliers in channels and rows */
+                res[i] = rnd_f(1.0f) * (i % 29 == 3 ? 40.0f : i % 97 == 5 ? 1e-4f : 1.0f);
+            }
+            float *res_d = dev_copy(res, sizeof(float) * n_res);
+            uint8_t *kd = dev_copy(kh, g.k_stride), *vd = dev_copy(vh, g.v_stride);
+            kn_kq_quant_args_t qa = {kd, vd, res_d, NULL, 0, 0, g.bs, 1, 0, g};
+
+            CU(kn_cuda_kq_quant(0, &qa, 1));
+            CU(cudaMemcpy(kh, kd, g.k_stride, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(vh, vd, g.v_stride, cudaMemcpyDeviceToHost));
+            for (int kind = 0; kind < 2; kind++) {
+                size_t bytes = g.data_bytes + (kind == 0 ? (size_t)g.n_kv * g.hd
+                                                         : (size_t)g.n_kv * g.bs) *
+                                                  (fmts[f] == KN_KQ_FP8 ? 2 : 4);
+
+                kvq_ref_quantize(fmts[f], g.n_kv, g.bs, g.hd, kind, res + (size_t)kind * lk, g.bs,
+                                 ref);
+                EXPECT(memcmp(kind == 0 ? kh : vh, ref, bytes) == 0,
+                       "fmt %d kind %d %dx%dx%d: device block differs from the CPU quantizer",
+                       fmts[f], kind, g.n_kv, g.bs, g.hd);
+            }
+            cudaFree(res_d);
+            cudaFree(kd);
+            cudaFree(vd);
+            free(res);
+            free(kh);
+            free(vh);
+            free(ref);
+        }
+    }
+}
+
 /* ---- end to end ------------------------------------------------------------------ */
 
 #define E2E_STEPS 24
@@ -354,6 +411,32 @@ test_end_to_end(const mdl_model_t *m, int n_dev)
                want, margin);
     }
 
+    /* Compressed KV: CPU and cuda with the same dtype (bf16 weights on cuda). */
+    static const mdl_kv_dtype_t kq[3] = {MDL_KV_FP8_E4M3, MDL_KV_INT8, MDL_KV_INT4};
+
+    for (int k = 0; k < 3; k++) {
+        mdl_runtime_config_t rq = {.num_blocks = 16, .block_size = 16, .max_blocks_per_seq = 8};
+
+        rq.kv_dtype = kq[k];
+        if (mdl_runtime_create(m, &rq, &cpu, err, sizeof(err)) != ST_OK) {
+            fprintf(stderr, "cpu runtime: %s\n", err);
+            exit(1);
+        }
+        run_seq(cpu, tokens, n_prompt, vocab, lc);
+        mdl_runtime_destroy(cpu);
+        rq.device = "cuda";
+        if (mdl_runtime_create(m, &rq, &gpu, err, sizeof(err)) != ST_OK) {
+            fprintf(stderr, "cuda runtime, %s KV: %s\n", mdl_kv_dtype_name(kq[k]), err);
+            exit(1);
+        }
+        run_seq(gpu, tokens, n_prompt, vocab, lg);
+        mdl_runtime_destroy(gpu);
+        double e = nmse(lg, lc, (size_t)(E2E_STEPS + 1) * vocab);
+
+        printf("%s KV: cuda vs cpu logits NMSE %.3g\n", mdl_kv_dtype_name(kq[k]), e);
+        EXPECT(e < 5e-3, "%s KV: logits NMSE %g", mdl_kv_dtype_name(kq[k]), e);
+    }
+
     if (n_dev < 2) {
         printf("tp: one device, TP = 2 not run\n");
     } else {
@@ -394,6 +477,7 @@ main(void)
     }
     test_kernels(KN_DT_BF16);
     test_kernels(KN_DT_F16);
+    test_kq_quant();
     if (dir == NULL || mdl_model_load(dir, &m, err, sizeof(err)) != ST_OK) {
         fprintf(stderr, "model: %s\n", dir == NULL ? "KVSERVE_TEST_MODEL unset" : err);
         return 1;
