@@ -437,10 +437,10 @@ dev_kq_flush(mdl_dev_rank_t *rk, int tier, int32_t s)
     return ST_OK;
 }
 
-/* A slot for blk in *out; when none is free, flushes the least recently
- * written slot other than `avoid` and older than stamp `guard` (slots of
- * the running step are never flushed). Before a flush, *flushed is
- * called back so that the caller can order earlier copies before it. */
+/* A slot for blk in *out (its contents undefined); when none is free,
+ * flushes the least recently written slot other than `avoid` and not
+ * written after stamp `guard` (slots of the running step are never
+ * flushed). ST_ENOMEM when every slot is the running step's. */
 static int
 dev_kq_take(mdl_dev_rank_t *rk, int tier, int32_t blk, int32_t avoid, uint64_t guard,
             int32_t *out)
@@ -869,7 +869,9 @@ dev_rank_bytes(const mdl_config_t *c, const mdl_runtime_config_t *rc, const mdl_
     if (dev_kq_fmt(rc->kv_dtype) != 0) {
         /* Quantized KV: the staging's slot columns and the residual slots. */
         stage_len += 5 * T;
-        res = dev_grain((size_t)dev_kq_slots(c, rc, rc->num_blocks > 0 ? rc->num_blocks : INT32_MAX) *
+        int32_t nb = rc->num_blocks > 0 ? rc->num_blocks : INT32_MAX;
+
+        res = dev_grain((size_t)dev_kq_slots(c, rc, nb) *
                         dev_kq_slot_bytes(c, rc->block_size, sh->n_kv));
     }
     *a = res + 2 * dev_grain(f * T * dim) + dev_grain(f * T * lq) + 2 * dev_grain(f * T * lkv) +

@@ -191,8 +191,8 @@ kn_cuda_kq_attention(cudaStream_t s, const kn_kq_attn_args_t *a, int32_t n_tok)
         return cudaErrorInvalidValue;
     }
     if (smem > 48 * 1024) {
-        cudaError_t e =
-            cudaFuncSetAttribute(k_kq_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaError_t e = cudaFuncSetAttribute(
+            k_kq_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) {
             return e;
         }

@@ -1143,9 +1143,10 @@ kn_kq_quant_body(const kn_thr_t *t, float *smem, const kn_kq_quant_args_t *a)
                     for (int c = 0; c < 2; c++) {
                         int32_t d = i + c * half;
 
+                        float x = r < rows ? src[(size_t)r * hd + d] : 0.0f;
+
                         dst[row_el + (size_t)d] =
-                            r < rows ? kn_kq_encode(g->fmt, src[(size_t)r * hd + d], inv[c], zero[c])
-                                     : (uint8_t)0;
+                            r < rows ? kn_kq_encode(g->fmt, x, inv[c], zero[c]) : (uint8_t)0;
                     }
                 }
             }
@@ -1413,7 +1414,8 @@ kn_kq_attention_body(const kn_thr_t *t, float *smem, const kn_kq_attn_args_t *qa
 
             for (int32_t jj = 0; jj < n_keys; jj++) {
                 int32_t r = off0 + jj;
-                float vv = own ? vr[(size_t)r * hd + d] : kn_kq_code(g, vb, row0 + (size_t)r * hd, d);
+                float vv = own ? vr[(size_t)r * hd + d]
+                               : kn_kq_code(g, vb, row0 + (size_t)r * hd, d);
 
                 o += pg[jj] * vv;
             }

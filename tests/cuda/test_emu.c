@@ -613,7 +613,8 @@ END_TEST
 static size_t
 plan_off(int32_t r, int32_t n, int32_t b, size_t kb, size_t vb)
 {
-    return (size_t)(r / 2) * n * (kb + vb) + (size_t)(r % 2) * n * kb + (size_t)b * (r % 2 ? vb : kb);
+    return (size_t)(r / 2) * n * (kb + vb) + (size_t)(r % 2) * n * kb +
+           (size_t)b * (r % 2 ? vb : kb);
 }
 
 /* _i = 0: kn_kvcopy_plan (16-bit pools); 1: kn_kvcopy_plan_kv with K and
@@ -829,7 +830,8 @@ START_TEST(test_kq_quantize)
                 res[i] = NAN; /* only the job's slot layer may be read */
             }
             for (int kind = 0; kind < 2; kind++) {
-                kq_fill(res + kn_kq_res_off(&g, slot, n_layers, layer, kind, 0), n_kv, bs, hd, kind);
+                kq_fill(res + kn_kq_res_off(&g, slot, n_layers, layer, kind, 0), n_kv, bs, hd,
+                        kind);
             }
             memset(kp, 0xa5, g.k_stride * nblk);
             memset(vp, 0xa5, g.v_stride * nblk);
