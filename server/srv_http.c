@@ -98,7 +98,13 @@ send_cancel(srv_t *s, uint64_t id, int as_stop, int32_t choice)
     if (s->engine == NULL) {
         return;
     }
-    m = xcalloc(1, sizeof(*m));
+    /* Without memory for the message the job runs on to its end: its
+     * output is ignored, and its blocks are freed when it finishes. */
+    m = xcalloc_try(1, sizeof(*m));
+    if (m == NULL) {
+        REQ_WARN(id, "out of memory: cancel not sent, the job runs to its end");
+        return;
+    }
     m->hdr.type = ENG_MSG_CANCEL;
     m->id = id;
     m->as_stop = as_stop;
@@ -425,6 +431,7 @@ first_call(srv_req_t *r, const char *url, const char *method)
                         (long long)s->cfg->max_body_bytes);
             return queue_error(r, &err);
         }
+        r->content_length = (size_t)v;
     }
     if (!((rt->is_public_health && s->cfg->public_health) ||
           (rt->is_public_metrics && s->cfg->public_metrics))) {
@@ -1428,6 +1435,9 @@ srv_http_on_msg(srv_t *s, msg_t *m)
                 r->stats_wait = 0;
                 srv_metrics_format(&s->metrics, &st->stats, s->model_name, &b);
                 srv_buf_add(&b, "", 0);
+                if (b.oom) {
+                    srv_buf_free(&b); /* NULL body: the static 503 */
+                }
                 r->ready = 1;
                 r->resp_status = 200;
                 r->resp_body = b.data;
@@ -1823,6 +1833,11 @@ srv_http_access(void *cls, struct MHD_Connection *mc, const char *url, const cha
             if (r->body.len + *upload_size > (size_t)s->cfg->max_body_bytes) {
                 r->body_too_big = 1;
             } else if (!r->body.oom) {
+                /* One allocation for a body of known length, however it
+                 * arrives in pieces. */
+                if (r->body.cap == 0 && r->content_length > *upload_size) {
+                    srv_buf_reserve(&r->body, r->content_length);
+                }
                 srv_buf_add(&r->body, upload, *upload_size);
             }
             *upload_size = 0;

@@ -179,7 +179,8 @@ void srv_stop_init(srv_stop_t *s, const char *const *stop, int32_t n_stop);
 void srv_stop_free(srv_stop_t *s);
 /* Feeds new text; appends what can be released to out. Returns 1 when a
  * stop string matched (out then ends right before it and the matcher
- * releases nothing more), else 0. */
+ * releases nothing more), else 0. Out of memory: held.oom or out->oom is
+ * set and text may be lost (the request has failed). */
 int srv_stop_feed(srv_stop_t *s, const char *text, size_t n, srv_buf_t *out);
 /* End of generation: releases whatever is held. */
 void srv_stop_finish(srv_stop_t *s, srv_buf_t *out);

@@ -87,6 +87,7 @@ struct srv_req {
     int tenant;
     int state;
     srv_buf_t body;
+    size_t content_length; /* from the header; 0 when absent */
     int body_too_big;
     srv_params_t p;
     int have_params;

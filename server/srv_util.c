@@ -360,6 +360,9 @@ srv_stop_feed(srv_stop_t *s, const char *text, size_t n, srv_buf_t *out)
         return 0;
     }
     srv_buf_add(&s->held, text, n);
+    if (s->held.oom) {
+        return 0; /* the text is lost: the caller sees the failed allocation */
+    }
     t = s->held.data;
     tl = s->held.len;
     for (int32_t k = 0; k < s->n_stop; k++) {

@@ -72,9 +72,9 @@ const KINDS = [
     result: (r) => r.json.choices.map((c) => c.text),
   },
   {
-    name: 'chat completion', route: '/v1/chat/completions', ep: '/v1/chat/completions',
+    name: 'chat completion, stop strings', route: '/v1/chat/completions', ep: '/v1/chat/completions',
     body: {
-      model: MODEL_NAME, max_tokens: 4, temperature: 0,
+      model: MODEL_NAME, max_tokens: 4, temperature: 0, stop: ['zzz', 'Qq'],
       messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Who is Emma?' }],
     },
     floor: 50,
