@@ -32,9 +32,15 @@
  * a slot again, starting from the dequantized rows (the one case that
  * re-quantizes; the store counts it).
  *
- * Attention dequantizes at most one block chunk of K and V at a time into
- * a stack tile (L1), then runs the same online-softmax loop as the f32
- * kernel, so the bytes read from the pool shrink by the compression ratio.
+ * Attention reads the codes directly and never builds a dequantized tile:
+ * key scales are per channel, so q . k_t = sum_c (q_c s_c) code_tc +
+ * sum_c q_c z_c (q scaled once per block, then dotted with the codes);
+ * value scales are per token, so sum_t p_t (s_t code_t + z_t) =
+ * sum_t (p_t s_t) code_t + sum_t p_t z_t (one scalar per code row, one
+ * zero-point sum per head). Codes are widened to f32 in registers
+ * (generic, AVX2+FMA or AVX-512 copy picked at run time from
+ * kn_cpu_isa()); the online softmax is the f32 kernel's. A quantized block
+ * with a pending SHIFT rotates the query by +shift instead of the keys.
  *
  * Thread: a store belongs to one thread (the engine); kn_kvq_attention()
  * fans out over the kernel thread team internally.
@@ -138,7 +144,8 @@ void kn_kvq_write(kn_kvq_store_t *st, int32_t layer, const float *k, const float
 /* Paged attention of one layer over the store: a's k_cache / v_cache are
  * ignored; everything else as kn_cpu_attention(). A query reads the rows of
  * its own block in full precision (the residual) and earlier blocks as
- * codes (KIVI), whatever the step split. */
+ * codes (KIVI), whatever the step split. Uses the ISA kn_cpu_set_isa()
+ * selected (tests force each one); allocates nothing. */
 void kn_kvq_attention(const kn_kvq_store_t *st, int32_t layer, const kn_attn_args_t *a);
 
 /* Ends a forward step: residual slots of blocks quantized during it return
