@@ -20,8 +20,10 @@
  *
  * KV dtypes: bf16 / f16 blocks, or fp8_e4m3 / int8 / int4 blocks in the
  * KIVI layout of kernels/cpu/kv_quant.h with f32 residual slots for blocks
- * being filled (model/dev_fwd.c); --kv-policy (KV_OP_SHIFT) stays refused
- * on cuda (server/cmd_serve.c), kv_shift_ops is 0.
+ * being filled (model/dev_fwd.c). --kv-policy works as on the cpu backend
+ * (kv_shift_ops): KV_OP_SHIFT re-rotates 16-bit blocks and residual slots
+ * in place (kn_cuda_kv_rotate) and records a pending shift for quantized
+ * blocks, applied to the query by the attention kernel.
  *
  * Memory, per device, all allocated in create(): weights (bf16, or f16
  * with --kv-cache-dtype f16), activations for max_num_batched_tokens rows,
@@ -210,6 +212,15 @@ CU_OP_KERNEL(kq_dequant, kn_kq_dequant_args_t)
 CU_OP_KERNEL(kq_attention, kn_kq_attn_args_t)
 
 static int
+cu_op_kv_rotate(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers)
+{
+    cu_rank_t *rk = ctx;
+
+    CU_CHECK(kn_cuda_kv_rotate(rk->stream, a, n_heads, n_layers));
+    return ST_OK;
+}
+
+static int
 cu_op_add(void *ctx, const kn_add_args_t *a)
 {
     cu_rank_t *rk = ctx;
@@ -251,7 +262,7 @@ cu_op_allreduce(void *ctx, float *buf, size_t n)
     .gather = cu_op_gather, .attention = cu_op_attention,                                          \
     .attention_prefill = cu_op_attention_prefill, .kq_res_write = cu_op_kq_res_write,           \
     .kq_quant = cu_op_kq_quant, .kq_dequant = cu_op_kq_dequant,                                    \
-    .kq_attention = cu_op_kq_attention, .gemm = cu_op_gemm
+    .kq_attention = cu_op_kq_attention, .kv_rotate = cu_op_kv_rotate, .gemm = cu_op_gemm
 
 static const mdl_dev_ops_t cu_ops_tp1 = {CU_OPS_COMMON, .allreduce = NULL};
 static const mdl_dev_ops_t cu_ops_tp = {CU_OPS_COMMON, .allreduce = cu_op_allreduce};
@@ -569,4 +580,5 @@ const mdl_backend_t mdl_backend_cuda = {
     .kv_ops = cu_kv_ops,
     .forward = cu_forward,
     .kv_drop_ops = 1, /* quantized KV: a dropped partial block gives its residual slot back */
+    .kv_shift_ops = 1,
 };

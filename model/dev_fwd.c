@@ -37,7 +37,15 @@
  *   after the step   slots of the blocks filled are freed
  *
  * Copy / swap move blocks with their scales (one range per layer and
- * kind) and a partial block's slot with it; DROP frees the slot. The
+ * kind) and a partial block's slot with it; DROP frees the slot.
+ *
+ * KV_OP_SHIFT (attention sinks / rolling window) re-rotates a block's key
+ * rows by -delta in place (kv_rotate) in a 16-bit pool and in a residual
+ * slot; a quantized block without a slot keeps its codes and adds delta
+ * to its pending shift, which copy / swap carry, a rewrite (taking a
+ * slot: dequantized rows are rotated then) and DROP reset, and the
+ * attention kernel applies by rotating the query by +shift for that
+ * block, as the CPU store does. The
  * prefill-tile kernel is 16-bit only: quantized steps use the per-token
  * kernel for every token.
  */
@@ -286,6 +294,15 @@ dev_kq_tier_init(mdl_dev_rank_t *rk, int tier, int32_t n_blocks)
     }
     t->slot_of = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
     t->qv = xcalloc((size_t)n_blocks, 1);
+    t->shift = xcalloc((size_t)n_blocks, sizeof(int32_t));
+    if (tier == 0) {
+        size_t sb = sizeof(int32_t) * (size_t)n_blocks;
+
+        if ((st = dev_alloc(rk, &t->shift_dev, sb)) != ST_OK ||
+            (st = rk->ops->alloc_host(rk->ctx, (void **)&t->shift_pin, sb)) != ST_OK) {
+            return st;
+        }
+    }
     t->slot_blk = xmalloc(sizeof(int32_t) * (size_t)t->n_slots);
     t->slot_fill = xcalloc((size_t)t->n_slots, sizeof(int32_t));
     t->slot_used = xcalloc((size_t)t->n_slots, sizeof(uint64_t));
@@ -311,6 +328,9 @@ dev_kq_tier_fini(mdl_dev_rank_t *rk, int tier)
     } else {
         rk->ops->free_host(rk->ctx, t->res);
     }
+    rk->ops->free(rk->ctx, t->shift_dev);
+    rk->ops->free_host(rk->ctx, t->shift_pin);
+    free(t->shift);
     free(t->slot_of);
     free(t->qv);
     free(t->slot_blk);
@@ -417,6 +437,41 @@ dev_kq_release(mdl_dev_kq_tier_t *t, int32_t blk)
     t->free_slots[t->n_free++] = s;
 }
 
+/* Rotates the key rows [0, n_rows) of every head and layer of residual
+ * slot s of tier 0 by -delta in place. */
+static int
+dev_kq_rotate_slot(mdl_dev_rank_t *rk, int32_t s, int32_t n_rows, int32_t delta)
+{
+    const int32_t n_layers = rk->m->cfg.n_layers;
+    const kn_kq_geom_t *g = &rk->kq;
+    kn_kv_rotate_args_t ra = {rk->kqt[0].res + kn_kq_res_off(g, s, n_layers, 0, 0, 0),
+                              NULL,
+                              rk->inv_freq,
+                              2 * kn_kq_lk(g),
+                              (size_t)g->bs * (size_t)g->hd,
+                              n_rows,
+                              g->hd,
+                              delta,
+                              rk->dt};
+
+    if (delta == 0 || n_rows <= 0) {
+        return ST_OK;
+    }
+    return rk->ops->kv_rotate(rk->ctx, &ra, g->n_kv, n_layers);
+}
+
+/* Sets a block's pending shift (tier 0 marks the device copy stale). */
+static void
+dev_kq_set_shift(mdl_dev_rank_t *rk, int tier, int32_t blk, int32_t shift)
+{
+    mdl_dev_kq_tier_t *t = &rk->kqt[tier];
+
+    if (t->shift[blk] != shift) {
+        t->shift[blk] = shift;
+        t->shift_dirty |= tier == 0;
+    }
+}
+
 /* Quantizes the rows written so far of slot s into its block (every
  * layer) and frees the slot. */
 static int
@@ -433,6 +488,7 @@ dev_kq_flush(mdl_dev_rank_t *rk, int tier, int32_t s)
         DEV_TRY(rk->ops->kq_quant(rk->ctx, &qa, 1));
     }
     t->qv[blk] = 1;
+    dev_kq_set_shift(rk, tier, blk, 0); /* the slot's rows were rotated in place */
     dev_kq_release(t, blk);
     return ST_OK;
 }
@@ -520,9 +576,12 @@ dev_kq_prepare(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t *res_slot, int3
 
                     DEV_TRY(rk->ops->kq_dequant(rk->ctx, &da, 1));
                 }
+                /* Codes of a shifted block: its rows take the rotation. */
+                DEV_TRY(dev_kq_rotate_slot(rk, s, bs, t->shift[blk]));
                 t->slot_fill[s] = off;
             }
             t->qv[blk] = 0;
+            dev_kq_set_shift(rk, 0, blk, 0);
         }
         res_slot[i] = s;
         t->slot_fill[s] = off + 1 > t->slot_fill[s] ? off + 1 : t->slot_fill[s];
@@ -631,6 +690,7 @@ dev_kq_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
                 return ST_EINVAL;
             }
             D->qv[o->dst] = S->qv[o->src];
+            dev_kq_set_shift(rk, td, o->dst, S->shift[o->src]);
             ss = S->slot_of[o->src];
             if (ss < 0) {
                 dev_kq_release(D, o->dst);
@@ -660,10 +720,63 @@ dev_kq_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
             }
             dev_kq_release(t, o->src);
             t->qv[o->src] = 0;
+            dev_kq_set_shift(rk, o->kind == KV_OP_DROP ? 0 : 1, o->src, 0);
             break;
         }
-        default: /* SHIFT: the backend does not offer it (kv_shift_ops 0) */
-            return ST_EUNSUPPORTED;
+        case KV_OP_SHIFT: {
+            mdl_dev_kq_tier_t *t = &rk->kqt[0];
+            int32_t s = t->slot_of[o->src];
+
+            if (o->dst < 0) {
+                return ST_EINVAL;
+            }
+            if (s >= 0) { /* a partial block: its f32 rows rotate */
+                DEV_TRY(dev_kq_rotate_slot(rk, s, t->slot_fill[s], o->dst));
+            } else if (o->dst != 0) { /* codes stay; attention rotates the query */
+                dev_kq_set_shift(rk, 0, o->src, t->shift[o->src] + o->dst);
+            }
+            break;
+        }
+        default:
+            return ST_EINVAL;
+        }
+    }
+    return dev_emit_copies(rk, ops + p0, n_ops - p0);
+}
+
+/* 16-bit pool: copies in runs, SHIFT rotates the block's key rows of
+ * every layer in place, in op order. */
+static int
+dev_ops16(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
+{
+    const size_t region_el = (size_t)rk->rc.num_blocks * rk->blk_bytes / sizeof(uint16_t);
+    const size_t blk_el = rk->blk_bytes / sizeof(uint16_t);
+    const int32_t bs = rk->rc.block_size, hd = rk->m->cfg.head_dim;
+    int32_t p0 = 0;
+
+    for (int32_t i = 0; i < n_ops; i++) {
+        const kv_op_t *o = &ops[i];
+
+        if (o->kind != KV_OP_SHIFT) {
+            continue;
+        }
+        if (o->dst < 0) {
+            return ST_EINVAL;
+        }
+        DEV_TRY(dev_emit_copies(rk, ops + p0, i - p0));
+        p0 = i + 1;
+        if (o->dst != 0) {
+            kn_kv_rotate_args_t ra = {NULL,
+                                      (uint16_t *)rk->kv + (size_t)o->src * blk_el,
+                                      rk->inv_freq,
+                                      2 * region_el,
+                                      (size_t)bs * (size_t)hd,
+                                      bs,
+                                      hd,
+                                      o->dst,
+                                      rk->dt};
+
+            DEV_TRY(rk->ops->kv_rotate(rk->ctx, &ra, rk->sh.n_kv, rk->m->cfg.n_layers));
         }
     }
     return dev_emit_copies(rk, ops + p0, n_ops - p0);
@@ -675,7 +788,7 @@ mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
     if (rk->kq.fmt != 0) {
         DEV_TRY(dev_kq_ops(rk, ops, n_ops));
     } else {
-        DEV_TRY(dev_emit_copies(rk, ops, n_ops));
+        DEV_TRY(dev_ops16(rk, ops, n_ops));
     }
     return rk->ops->sync(rk->ctx);
 }
@@ -726,6 +839,14 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     if (kq) {
         DEV_TRY(dev_kq_prepare(rk, b, h + o_rs, h + o_own, h + o_jobs, &n_jobs));
         n_int = o_jobs + 3 * (size_t)n_jobs;
+        if (rk->kqt[0].shift_dirty) { /* pending shifts changed since the last step */
+            mdl_dev_kq_tier_t *t0 = &rk->kqt[0];
+
+            memcpy(t0->shift_pin, t0->shift, sizeof(int32_t) * (size_t)t0->n_blocks);
+            DEV_TRY(o->copy(cx, t0->shift_dev, t0->shift_pin,
+                            sizeof(int32_t) * (size_t)t0->n_blocks, KV_OP_SWAP_IN));
+            t0->shift_dirty = 0;
+        }
     }
     DEV_TRY(o->copy(cx, rk->stage_dev, h, sizeof(int32_t) * n_int, KV_OP_SWAP_IN));
     const int32_t *d = rk->stage_dev;
@@ -779,7 +900,8 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
                                          c->n_layers, l, lkv, rk->kq};
             kn_kq_quant_args_t qa = {kb, vb, rk->kqt[0].res, d + o_jobs, 0, 0, 0,
                                      c->n_layers, l, rk->kq};
-            kn_kq_attn_args_t ka = {aa, kb, vb, rk->kqt[0].res, d + o_own, c->n_layers, l, rk->kq};
+            kn_kq_attn_args_t ka = {aa,          kb, vb,     rk->kqt[0].res,       d + o_own,
+                                    c->n_layers, l,  rk->kq, rk->kqt[0].shift_dev, rk->inv_freq};
 
             DEV_TRY(o->kq_res_write(cx, &rw, T));
             if (n_jobs > 0) {

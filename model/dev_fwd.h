@@ -65,6 +65,9 @@ typedef struct mdl_dev_ops {
     int (*kq_quant)(void *ctx, const kn_kq_quant_args_t *a, int32_t n_jobs);
     int (*kq_dequant)(void *ctx, const kn_kq_dequant_args_t *a, int32_t n);
     int (*kq_attention)(void *ctx, const kn_kq_attn_args_t *a, int32_t n_tok);
+    /* KV_OP_SHIFT: key rows rotated by -a->delta in place, grid
+     * (n_heads, n_layers) (kn_kv_rotate_body). */
+    int (*kv_rotate)(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers);
     /* y (n_tok, d_out) f32 = x (n_tok, d_in) 16-bit @ w^T, w (d_out, d_in)
      * 16-bit; row-major device memory, f32 accumulation. */
     int (*gemm)(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y,
@@ -97,6 +100,13 @@ typedef struct mdl_dev_kq_tier {
     uint64_t *slot_used; /* [n_slots] last write stamp (LRU flush order) */
     int32_t *free_slots; /* stack */
     int32_t n_free;
+    /* KV_OP_SHIFT of blocks holding codes: the pending re-rotation of
+     * their keys, which attention applies to the query (host; tier 0 also
+     * on the device, uploaded before a step when changed). */
+    int32_t *shift;     /* [n_blocks] host */
+    int32_t *shift_dev; /* [n_blocks] device (tier 0) */
+    int32_t *shift_pin; /* [n_blocks] pinned staging of the upload (tier 0) */
+    int shift_dirty;
 } mdl_dev_kq_tier_t;
 
 typedef struct mdl_dev_rank {
@@ -152,7 +162,11 @@ int mdl_dev_rank_alloc_kv(mdl_dev_rank_t *rk);
 /* Frees everything; safe on a partly initialized rank. */
 void mdl_dev_rank_fini(mdl_dev_rank_t *rk);
 
-/* Validated ops, in order, then sync. */
+/* Validated ops, in order, then sync. KV_OP_SHIFT (dst >= 0, else
+ * ST_EINVAL) re-rotates the keys of a 16-bit block, or of a quantized
+ * block's residual slot, in place; a quantized block without a slot keeps
+ * its codes and records the shift for attention (kernels/cpu/kv_quant.h's
+ * store, step for step). */
 int mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops);
 /* One step (b validated by the runtime) then sync. Rank 0 leaves
  * [b->n_logits][vocab] f32 in rk->logits_host. Every rank must run it:

@@ -568,7 +568,8 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     sc.sliding_window = mc->sliding_window;
     sc.kv_sink = c->kv_sink;
     sc.kv_window = c->kv_window;
-    sc.kv_policy_ok = c->rt.device == NULL || strcmp(c->rt.device, "cpu") == 0; /* any tp */
+    sc.kv_policy_ok = c->rt.device == NULL || strcmp(c->rt.device, "cpu") == 0 ||
+                      strcmp(c->rt.device, "cuda") == 0; /* any tp: both re-rotate KV */
     sc.n_eos = mc->n_eos;
     memcpy(sc.eos_ids, mc->eos_ids, sizeof(sc.eos_ids));
     sc.n_tenants = c->n_tenants;

@@ -603,7 +603,7 @@ sched_submit(sched_t *s, eng_request_t *req)
         }
         if (!s->cfg.kv_policy_ok) {
             return submit_fail(s, ST_EUNSUPPORTED,
-                               "a kv policy needs the cpu backend");
+                               "a kv policy needs the cpu or cuda backend");
         }
     }
     rq = xcalloc(1, sizeof(*rq));

@@ -88,13 +88,11 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     su->max_model_len = ctx;
 
     if (cfg->kv_policy_window > 0 &&
-        ((cfg->device[0] != '\0' && strcmp(cfg->device, "cpu") != 0) ||
-         cfg->kv_policy_sink + cfg->kv_policy_window + 2 * cfg->block_size > ctx)) {
-        /* The re-rotation of kept keys (KV_OP_SHIFT) runs on the cpu
-         * backend (every tensor-parallel rank shifts its KV heads); the
-         * window must leave room in the context. */
-        LOG_ERROR("--kv-policy %s needs the cpu backend and sink + window + 2 blocks within the "
-                  "context of %d tokens",
+        cfg->kv_policy_sink + cfg->kv_policy_window + 2 * cfg->block_size > ctx) {
+        /* The cpu and cuda backends re-rotate kept keys (KV_OP_SHIFT,
+         * every tensor-parallel rank its KV heads); the window must leave
+         * room in the context. */
+        LOG_ERROR("--kv-policy %s needs sink + window + 2 blocks within the context of %d tokens",
                   cfg->kv_policy, ctx);
         return ST_EUNSUPPORTED;
     }

@@ -53,6 +53,7 @@ KN_KERNEL(kq_res_write, kn_kq_res_write_args_t)
 KN_KERNEL(kq_quant, kn_kq_quant_args_t)
 KN_KERNEL(kq_dequant, kn_kq_dequant_args_t)
 KN_KERNEL(kq_attention, kn_kq_attn_args_t)
+KN_KERNEL(kv_rotate, kn_kv_rotate_args_t)
 
 extern "C" cudaError_t
 kn_cuda_embed(cudaStream_t s, const kn_embed_args_t *a, int32_t n_tok)
@@ -198,5 +199,17 @@ kn_cuda_kq_attention(cudaStream_t s, const kn_kq_attn_args_t *a, int32_t n_tok)
         }
     }
     k_kq_attention<<<grid, KN_ATTN_THREADS, smem, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_kv_rotate(cudaStream_t s, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers)
+{
+    dim3 grid((unsigned)n_heads, (unsigned)n_layers);
+
+    if (n_heads <= 0 || n_layers <= 0 || a->n_rows <= 0 || a->delta == 0) {
+        return cudaSuccess;
+    }
+    k_kv_rotate<<<grid, KN_ROW_THREADS, 0, s>>>(*a);
     return cudaGetLastError();
 }

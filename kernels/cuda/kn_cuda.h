@@ -55,6 +55,10 @@ cudaError_t kn_cuda_kq_quant(cudaStream_t s, const kn_kq_quant_args_t *a, int32_
 cudaError_t kn_cuda_kq_dequant(cudaStream_t s, const kn_kq_dequant_args_t *a, int32_t n);
 /* Paged attention over quantized blocks; grid (n_kv_heads, n_tok). */
 cudaError_t kn_cuda_kq_attention(cudaStream_t s, const kn_kq_attn_args_t *a, int32_t n_tok);
+/* KV_OP_SHIFT: key rows rotated by -a->delta in place (16-bit pool or f32
+ * residual slot); grid (n_heads, n_layers); nothing for delta 0. */
+cudaError_t kn_cuda_kv_rotate(cudaStream_t s, const kn_kv_rotate_args_t *a, int32_t n_heads,
+                              int32_t n_layers);
 
 #ifdef __cplusplus
 }

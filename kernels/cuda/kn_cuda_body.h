@@ -1229,6 +1229,68 @@ kn_kq_dequant_body(const kn_thr_t *t, float *smem, const kn_kq_dequant_args_t *a
     }
 }
 
+/* ---- KV_OP_SHIFT: re-rotating key rows ----------------------------------------
+ * Rotates rows of head_dim values in place by -delta positions (RoPE
+ * "rotate_half" pairs i, i + head_dim / 2; rotations compose), the CPU's
+ * kn_kvq_rotate_rows step for step: cos / sin of -delta * inv_freq[i] in
+ * double rounded to f32, then x0 c - x1 s and x1 c + x0 s rounded once per
+ * operation (no FMA contraction), stored back as the rows' dtype (f32, or
+ * 16-bit dt rounded to nearest even).
+ *   rows of (layer y, head x): base + y * layer_stride + x * head_stride,
+ *   n_rows rows of head_dim elements each (element strides)
+ *   k32: f32 rows (a residual slot's keys), or NULL and k16: 16-bit rows
+ *   inv_freq: (head_dim / 2) f32, the model's (rope scaling included)
+ * Launch: grid (n_heads, n_layers), any block size, no shared memory. */
+typedef struct kn_kv_rotate_args {
+    float *k32;
+    uint16_t *k16;
+    const float *inv_freq;
+    size_t layer_stride;
+    size_t head_stride;
+    int32_t n_rows;
+    int32_t head_dim;
+    int32_t delta;
+    kn_dt_t dt;
+} kn_kv_rotate_args_t;
+
+/* cos and sin of the angle that rotates a row by -delta positions. */
+KN_DEV void
+kn_rot_cs(const float *inv_freq, int32_t i, int32_t delta, float *c, float *s)
+{
+    double ang = -(double)delta * (double)inv_freq[i];
+
+    *c = (float)cos(ang);
+    *s = (float)sin(ang);
+}
+
+KN_DEV void
+kn_kv_rotate_body(const kn_thr_t *t, float *smem, const kn_kv_rotate_args_t *a)
+{
+    const int32_t half = a->head_dim / 2;
+    size_t base = (size_t)t->by * a->layer_stride + (size_t)t->bx * a->head_stride;
+
+    (void)smem;
+    for (int32_t j = t->tid; j < a->n_rows * half; j += t->nthr) {
+        int32_t r = j / half, i = j % half;
+        size_t e0 = base + (size_t)r * a->head_dim + (size_t)i, e1 = e0 + (size_t)half;
+        float c, s, x0, x1;
+
+        kn_rot_cs(a->inv_freq, i, a->delta, &c, &s);
+        x0 = a->k32 != NULL ? a->k32[e0] : kn_ld16(a->k16, e0, a->dt);
+        x1 = a->k32 != NULL ? a->k32[e1] : kn_ld16(a->k16, e1, a->dt);
+        float y0 = KN_FSUB_RN(KN_FMUL_RN(x0, c), KN_FMUL_RN(x1, s));
+        float y1 = KN_FADD_RN(KN_FMUL_RN(x1, c), KN_FMUL_RN(x0, s));
+
+        if (a->k32 != NULL) {
+            a->k32[e0] = y0;
+            a->k32[e1] = y1;
+        } else {
+            kn_st16(a->k16, e0, y0, a->dt);
+            kn_st16(a->k16, e1, y1, a->dt);
+        }
+    }
+}
+
 /* ---- paged attention over quantized blocks ---------------------------------------
  * The batch contract of kn_attention_body (a.k_cache / a.v_cache unused);
  * K and V come from the layer's quantized regions, and a query's own block
@@ -1243,6 +1305,11 @@ kn_kq_dequant_body(const kn_thr_t *t, float *smem, const kn_kq_dequant_args_t *a
  *            p' = p * s_v (row), pz = sum p * z_v
  *   values   thread per (head, dim): acc = acc * alpha + pz + sum p' code
  *
+ * A block with a pending SHIFT (shift[block] != 0: its codes predate a
+ * re-rotation by -shift) is read with the query rotated by +shift instead
+ * (q . R(-d) k = (R(d) q) . k), folded in with the scales; a query's own
+ * block (the residual slot, rotated in place) never is.
+ *
  * Launch: grid (n_kv_heads, n_tok), block a multiple of 32, shared
  * kn_kq_attn_smem_floats() floats. */
 typedef struct kn_kq_attn_args {
@@ -1254,6 +1321,8 @@ typedef struct kn_kq_attn_args {
     int32_t n_layers;
     int32_t layer;
     kn_kq_geom_t g;
+    const int32_t *shift;  /* [num_blocks] pending key shift per block, or NULL (none) */
+    const float *inv_freq; /* (head_dim / 2), read when a shift is pending */
 } kn_kq_attn_args_t;
 
 /* Shared floats: q, q', acc (group x hd), p (group x tile), m, l, alpha,
@@ -1330,6 +1399,7 @@ kn_kq_attention_body(const kn_thr_t *t, float *smem, const kn_kq_attn_args_t *qa
         const float *vr = qa->res + kn_kq_res_off(g, own ? own_slot : 0, qa->n_layers, qa->layer, 1,
                                                   kvh);
         const size_t row0 = (size_t)kvh * bs * hd; /* element index of (kvh, 0, 0) */
+        const int32_t shift = !own && qa->shift != NULL ? qa->shift[bt[bi]] : 0;
 
         n_keys = n_keys < KN_ATTN_TILE ? n_keys : KN_ATTN_TILE;
         n_keys = n_keys < hi - j0 + 1 ? n_keys : hi - j0 + 1;
@@ -1341,6 +1411,15 @@ kn_kq_attention_body(const kn_thr_t *t, float *smem, const kn_kq_attn_args_t *qa
             for (int32_t i = lane; i < hd; i += KN_WARP) {
                 float qv = q_s[(size_t)gg * hd + i], sc = 1.0f, z = 0.0f;
 
+                if (shift != 0) { /* R(shift) q, pair (i, i + hd/2) */
+                    const int32_t half = hd / 2, k = i < half ? i : i - half;
+                    const float *qg = q_s + (size_t)gg * hd;
+                    float c, sn;
+
+                    kn_rot_cs(qa->inv_freq, k, -shift, &c, &sn);
+                    qv = i < half ? KN_FSUB_RN(KN_FMUL_RN(qv, c), KN_FMUL_RN(qg[i + half], sn))
+                                  : KN_FADD_RN(KN_FMUL_RN(qv, c), KN_FMUL_RN(qg[i - half], sn));
+                }
                 if (!own) {
                     sc = kn_f16_to_f32(km[(size_t)kvh * hd + i]);
                     z = zp ? kn_f16_to_f32(km[(size_t)g->n_kv * hd + (size_t)kvh * hd + i]) : 0.0f;

@@ -29,6 +29,7 @@
 #include "kernels/comm.h"
 #include "model/dev_fwd.h"
 #include "model/model.h"
+#include "model/kv_policy.h"
 #include "model/model_int.h"
 #include "tests/cuda/kn_emu.h"
 
@@ -107,6 +108,19 @@ EO_KERNEL(kq_attention, kn_kq_attn_args_t, a->a.n_kv_heads, n, 64,
           kn_kq_attn_smem_floats(a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
 
 static void
+run_kv_rotate(const kn_thr_t *t, float *sm, const void *a)
+{
+    kn_kv_rotate_body(t, sm, a);
+}
+
+static int
+eo_kv_rotate(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers)
+{
+    (void)ctx;
+    return kn_emu_launch(run_kv_rotate, a, n_heads, n_layers, 32, 0) == 0 ? ST_OK : ST_EINVAL;
+}
+
+static void
 run_add(const kn_thr_t *t, float *sm, const void *a)
 {
     kn_add_body(t, sm, a);
@@ -174,6 +188,7 @@ static const mdl_dev_ops_t emu_ops = {
     .kq_quant = eo_kq_quant,
     .kq_dequant = eo_kq_dequant,
     .kq_attention = eo_kq_attention,
+    .kv_rotate = eo_kv_rotate,
     .gemm = eo_gemm,
     .allreduce = eo_allreduce,
 };
@@ -900,6 +915,131 @@ START_TEST(test_devemu_kv_quant)
 }
 END_TEST
 
+/* ---- attention sinks + rolling window (KV_OP_SHIFT) ------------------------------- */
+
+/* One sequence streamed 5x past sink + window (sink 1 block, window 4
+ * blocks) in steps of 1 to 7 tokens, with the evictions and SHIFT ops of
+ * mdl_kv_policy_evict() run on both sides: kept blocks (full ones, and
+ * the partial tail with its residual slot) are re-rotated again and again,
+ * quantized blocks through their pending shift (attention rotates the
+ * query), 16-bit ones in place. The emulated rank at T = tp against the
+ * CPU backend with the same KV dtype; every step's last row compared. */
+static double
+stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
+{
+    static const int32_t chunks[] = {7, 1, 1, 3, 1, 5, 1, 1, 2, 6, 1, 4};
+    const mdl_kv_policy_t pol = {.sink = BS, .window = 4 * BS};
+    const int32_t total = 5 * (BS + 4 * BS);
+    char err[256];
+    mdl_runtime_config_t rc = script_config(1), rct = script_config(tp);
+    side_t ref = {0}, got = {0};
+    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
+    int32_t table[MAXB], n_blocks = 0, kv_len = 0, fed = 0, free_blk[NBLK], n_free = 0;
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)total);
+    int64_t evicted = 0, shifts = 0;
+
+    rc.kv_dtype = kv;
+    rct.kv_dtype = kv;
+    ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
+    got.dev = emu_dev_create(m, &rct, KN_DT_F16);
+    rs = 0x5171ULL + (uint64_t)kv;
+    for (int32_t i = 0; i < total; i++) {
+        ids[i] = 3 + (int32_t)(rnd() % (uint32_t)(c.vocab - 3));
+    }
+    for (int32_t b = NBLK - 1; b >= 1; b--) {
+        free_blk[n_free++] = b;
+    }
+    for (int32_t k = 0; fed < total; k++) {
+        int32_t n = chunks[k % (int32_t)(sizeof(chunks) / sizeof(chunks[0]))];
+        int32_t ev[MAXB], n_ops = 0, n_ev;
+        kv_op_t ops[MAXB];
+
+        n = n < total - fed ? n : total - fed;
+        n_ev = mdl_kv_policy_evict(&pol, BS, table, &n_blocks, &kv_len, ev, ops, &n_ops);
+        for (int32_t i = 0; i < n_ev; i++) {
+            free_blk[n_free++] = ev[i];
+        }
+        evicted += n_ev;
+        shifts += n_ops;
+        if (n_ops > 0) {
+            both_kv(&ref, &got, ops, n_ops);
+        }
+        while (n_blocks * BS < kv_len + n) {
+            ck_assert_int_gt(n_free, 0);
+            ck_assert_int_lt(n_blocks, MAXB);
+            table[n_blocks++] = free_blk[--n_free];
+        }
+        int32_t tok[8], pos[8], slot[8], qs[2] = {0, n}, ctx = kv_len + n, bt[MAXB] = {0};
+        int32_t row = n - 1;
+
+        memcpy(bt, table, sizeof(int32_t) * (size_t)n_blocks);
+        for (int32_t i = 0; i < n; i++) {
+            tok[i] = ids[fed + i];
+            pos[i] = kv_len + i;
+            slot[i] = table[(kv_len + i) / BS] * BS + (kv_len + i) % BS;
+        }
+        mdl_batch_t b = {.n_tokens = n,
+                         .tokens = tok,
+                         .positions = pos,
+                         .slot_mapping = slot,
+                         .n_seqs = 1,
+                         .query_start = qs,
+                         .context_len = &ctx,
+                         .block_tables = bt,
+                         .max_blocks = MAXB,
+                         .logits_rows = &row,
+                         .n_logits = 1};
+        float *lr = xmalloc(sizeof(float) * (size_t)c.vocab);
+
+        memcpy(lr, side_forward(&ref, &b), sizeof(float) * (size_t)c.vocab);
+        compare(&c, lr, side_forward(&got, &b), 1);
+        free(lr);
+        kv_len += n;
+        fed += n;
+    }
+    ck_assert_int_ge(evicted, 16); /* the script really streams */
+    ck_assert_int_ge(shifts, 40);
+    if (kv >= MDL_KV_FP8_E4M3 && kv <= MDL_KV_INT4) { /* some shifts stay pending */
+        const mdl_dev_kq_tier_t *t = &got.dev->fw[0].kqt[0];
+        int32_t pending = 0;
+
+        for (int32_t i = 0; i < n_blocks; i++) {
+            pending += t->shift[table[i]] != 0;
+        }
+        ck_assert_int_gt(pending, 0);
+    }
+    mdl_runtime_destroy(ref.cpu);
+    emu_dev_destroy(got.dev);
+    free(ids);
+    return c.worst;
+}
+
+START_TEST(test_devemu_kv_policy)
+{
+    static const struct {
+        mdl_kv_dtype_t kv;
+        const char *name;
+        double bound;
+        int32_t tp;
+    } runs[] = {{MDL_KV_F16, "f16", 2e-6, 1},
+                {MDL_KV_INT4, "int4", 2e-4, 1},
+                {MDL_KV_INT8, "int8", 2e-5, 1},
+                {MDL_KV_INT4, "int4", 2e-4, 2}};
+    synth_t s;
+
+    for (size_t k = 0; k < sizeof(runs) / sizeof(runs[0]); k++) {
+        synth_init(&s, 8, 2, 1);
+        s.m.cfg.rope_scaling = MDL_ROPE_LINEAR; /* the shift uses the scaled frequencies */
+        s.m.cfg.rope_factor = 2.0f;
+        printf("synthetic 8/2 heads, %s KV, T=%d, sink 8 + window 32 streamed 200 tokens: "
+               "emulated vs cpu NMSE %.3g\n",
+               runs[k].name, runs[k].tp, stream_script(&s.m, runs[k].kv, runs[k].tp, runs[k].bound));
+        free(s.m.layers);
+        free(s.buf);
+    }
+}
+END_TEST
+
 Suite *
 cuda_devemu_suite(void)
 {
@@ -916,5 +1056,10 @@ cuda_devemu_suite(void)
     tcase_add_test(tq, test_devemu_kv_quant_budget);
     tcase_add_test(tq, test_devemu_kv_quant);
     suite_add_tcase(s, tq);
+    TCase *tp = tcase_create("kv_policy");
+
+    tcase_set_timeout(tp, 240);
+    tcase_add_test(tp, test_devemu_kv_policy);
+    suite_add_tcase(s, tp);
     return s;
 }

@@ -995,7 +995,7 @@ check_kq_attention(const attn_case_t *c, int fmt)
         n_seqs, c->n_heads, c->n_kv, hd,   bs, c->window, qd, 1.0f / sqrtf((float)hd),
         KN_DT_F16,
     };
-    kn_kq_attn_args_t ka = {a, kp, vp, res, own, n_layers, layer, g};
+    kn_kq_attn_args_t ka = {a, kp, vp, res, own, n_layers, layer, g, NULL, NULL};
 
     ck_assert_int_eq(kn_emu_launch(run_kq_attention, &ka, c->n_kv, n_tok, c->nthr,
                                    kn_kq_attn_smem_floats(group, hd)),
@@ -1141,6 +1141,206 @@ START_TEST(test_kq_res_write)
 }
 END_TEST
 
+/* ---- KV_OP_SHIFT ------------------------------------------------------------------ */
+
+static void
+run_kv_rotate(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_kv_rotate_body(t, smem, a);
+}
+
+/* inv_freq of RoPE theta 10000 with linear scaling by 2 (as a scaled model's). */
+static void
+shift_inv_freq(float *inv, int32_t hd)
+{
+    for (int32_t i = 0; i < hd / 2; i++) {
+        inv[i] = (float)(pow(10000.0, -2.0 * i / hd) / 2.0);
+    }
+}
+
+/* The rotate body against the CPU's kn_kvq_rotate_rows, bit for bit: f32
+ * rows (a residual slot's keys: n_rows < block) and 16-bit blocks (f16,
+ * bf16: the CPU rotation of the decoded rows, rounded to nearest even),
+ * over 2 layers with padding between them; nothing else is written. */
+START_TEST(test_kv_rotate)
+{
+    static const int32_t shapes[][4] = {{2, 16, 32, 16}, {1, 4, 64, 3}, {4, 8, 40, 8},
+                                        {2, 16, 128, 16}, {3, 32, 8, 17}};
+    static const int32_t deltas[] = {1, 7, 64, 1000, 123457};
+
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const int32_t n_kv = shapes[si][0], bs = shapes[si][1], hd = shapes[si][2];
+        const int32_t n_rows = shapes[si][3], n_layers = 2;
+        const size_t head_stride = (size_t)bs * hd, layer_stride = n_kv * head_stride + 24;
+        const size_t n = layer_stride * n_layers;
+        float inv[128], *x = xmalloc(sizeof(float) * n), *ref = xmalloc(sizeof(float) * n);
+        uint16_t *x16 = xmalloc(sizeof(uint16_t) * n), *ref16 = xmalloc(sizeof(uint16_t) * n);
+
+        shift_inv_freq(inv, hd);
+        for (size_t di = 0; di < sizeof(deltas) / sizeof(deltas[0]); di++) {
+            for (int kind = 0; kind < 3; kind++) { /* f32, f16, bf16 */
+                kn_dt_t dt = kind == 2 ? KN_DT_BF16 : KN_DT_F16;
+                int32_t nr = kind == 0 ? n_rows : bs;
+                kn_kv_rotate_args_t a = {kind == 0 ? x : NULL, kind == 0 ? NULL : x16, inv,
+                                         layer_stride, head_stride, nr, hd, deltas[di], dt};
+
+                for (size_t i = 0; i < n; i++) {
+                    x[i] = rng_f(3.0f);
+                    kn_st16(x16, i, x[i], dt);
+                    ref16[i] = x16[i];
+                    ref[i] = kind == 0 ? x[i] : kn_ld16(x16, i, dt);
+                }
+                for (int32_t l = 0; l < n_layers; l++) {
+                    for (int32_t h = 0; h < n_kv; h++) {
+                        float *r = ref + l * layer_stride + h * head_stride;
+
+                        kvq_ref_rotate_rows(r, nr, hd, inv, deltas[di]);
+                        for (size_t e = 0; kind != 0 && e < (size_t)nr * hd; e++) {
+                            kn_st16(ref16, (size_t)(r - ref) + e, r[e], dt);
+                        }
+                    }
+                }
+                ck_assert_int_eq(kn_emu_launch(run_kv_rotate, &a, n_kv, n_layers, 32, 0), 0);
+                if (kind == 0) {
+                    ck_assert_int_eq(memcmp(x, ref, sizeof(float) * n), 0);
+                } else {
+                    ck_assert_int_eq(memcmp(x16, ref16, sizeof(uint16_t) * n), 0);
+                }
+            }
+        }
+        free(x);
+        free(ref);
+        free(x16);
+        free(ref16);
+    }
+}
+END_TEST
+
+/* Quantized attention over blocks with pending shifts (the query rotated
+ * by +shift per block) against the CPU store's attention after the same
+ * SHIFT ops: a sequence written in one step, every block after the sink
+ * block shifted, all but the first two twice; the tail block partial (its
+ * residual rows rotated in place, read as the queries' own block) or full
+ * (codes with a pending shift); 1 to 3 query tokens. */
+static void
+check_kq_shift_attention(const attn_case_t *c, int fmt)
+{
+    const int32_t bs = c->bs, hd = c->hd, group = c->n_heads / c->n_kv, num_blocks = 40;
+    const int32_t n_q = rng_int(1, 3), tail = rng_int(n_q < bs ? n_q : bs, bs);
+    const int32_t nb = rng_int(3, 8), ctx = (nb - 1) * bs + tail, qd = c->n_heads * hd;
+    const int32_t kvd = c->n_kv * hd, d1 = rng_int(1, 5) * bs, d2 = rng_int(1, 300);
+    int32_t table[8], perm[40], *shift = xcalloc(num_blocks, sizeof(int32_t));
+    int32_t own[3], n_ops = 0;
+    kv_op_t ops[16];
+    float inv[128];
+    kn_kq_geom_t g;
+
+    ck_assert_int_eq(kn_kq_geom_init(&g, fmt, c->n_kv, bs, hd), 0);
+    shift_inv_freq(inv, hd);
+    for (int32_t i = 0; i < num_blocks; i++) {
+        perm[i] = i;
+    }
+    for (int32_t i = num_blocks - 1; i > 1; i--) {
+        int32_t j = rng_int(1, i), tmp = perm[i];
+
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    for (int32_t b = 0; b < nb; b++) {
+        table[b] = perm[1 + b];
+    }
+    for (int32_t b = 1; b < nb; b++) {
+        ops[n_ops++] = (kv_op_t){KV_OP_SHIFT, table[b], d1};
+    }
+    for (int32_t b = 2; b < nb; b++) {
+        ops[n_ops++] = (kv_op_t){KV_OP_SHIFT, table[b], d2};
+    }
+    float *k = xmalloc(sizeof(float) * (size_t)ctx * kvd), *v = xmalloc(sizeof(float) * ctx * kvd);
+    float *q = xmalloc(sizeof(float) * (size_t)n_q * qd), *ref = xmalloc(sizeof(float) * n_q * qd);
+    uint8_t *kp = xcalloc(num_blocks, g.k_stride), *vp = xcalloc(num_blocks, g.v_stride);
+    float *res = xcalloc(2 * kn_kq_lk(&g), sizeof(float));
+    uint16_t *out = xmalloc(sizeof(uint16_t) * (size_t)n_q * qd);
+
+    for (int32_t i = 0; i < ctx * kvd; i++) {
+        k[i] = rng_f(2.0f) + (i % hd == 3 ? 4.0f : 0.0f); /* an outlier channel */
+        v[i] = rng_f(1.0f);
+    }
+    for (int32_t i = 0; i < n_q * qd; i++) {
+        q[i] = rng_f(1.5f);
+    }
+    kvq_ref_shift_t rc = {fmt,  c->n_kv, bs,  hd,  c->n_heads, num_blocks,
+                          table, ctx,    k,   v,   inv,        q,
+                          n_q,   1.0f / sqrtf((float)hd)};
+    int residual = kvq_ref_shift_attention(&rc, ops, n_ops, ref, kp, vp, res,
+                                           res + kn_kq_lk(&g));
+
+    ck_assert_int_ge(residual, 0);
+    ck_assert_int_eq(residual, tail < bs);
+    /* The device's pending shifts: blocks holding codes keep theirs. */
+    for (int32_t b = 1; b < nb; b++) {
+        if (b < nb - 1 || !residual) {
+            shift[table[b]] = d1 + (b >= 2 ? d2 : 0);
+        }
+    }
+    for (int32_t t = 0; t < n_q; t++) {
+        int32_t cx = ctx - (n_q - t);
+
+        own[t] = residual && cx / bs == nb - 1 ? 0 : -1;
+    }
+    int32_t qs[2] = {0, n_q};
+    kn_attn_cuda_args_t a = {
+        out, q,  NULL, NULL, qs,     &ctx,      table,         nb,
+        1,   c->n_heads, c->n_kv, hd, bs, 0, qd, 1.0f / sqrtf((float)hd),
+        KN_DT_F16,
+    };
+    kn_kq_attn_args_t ka = {a, kp, vp, res, own, 1, 0, g, shift, inv};
+
+    ck_assert_int_eq(kn_emu_launch(run_kq_attention, &ka, c->n_kv, n_q, c->nthr,
+                                   kn_kq_attn_smem_floats(group, hd)),
+                     0);
+    double num = 0.0, den = 0.0;
+
+    for (int32_t i = 0; i < n_q * qd; i++) {
+        double gv = kn_f16_to_f32(out[i]);
+
+        ck_assert_msg(!isnan(gv), "NaN output");
+        num += (gv - ref[i]) * (gv - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    if (!(num / den < 1e-6)) {
+        fprintf(stderr, "shifted kq attention fmt %d %dx%d hd %d bs %d: NMSE %g\n", fmt,
+                c->n_heads, c->n_kv, hd, bs, num / den);
+    }
+    ck_assert_double_lt(num / den, 1e-6);
+    free(shift);
+    free(k);
+    free(v);
+    free(q);
+    free(ref);
+    free(kp);
+    free(vp);
+    free(res);
+    free(out);
+}
+
+START_TEST(test_kq_shift_attention)
+{
+    static const attn_case_t cases[] = {
+        {6, 2, 32, 16, 0, 64}, /* the default model's shape */
+        {4, 1, 64, 4, 0, 128}, /* MQA, small blocks */
+        {4, 4, 40, 8, 0, 32},  /* MHA, head_dim not a multiple of 32 */
+        {8, 2, 16, 16, 0, 64}, /* group of 4 over 2 warps */
+        {4, 2, 32, 64, 0, 64}, /* blocks of 64: two key tiles per block */
+    };
+
+    for (int rep = 0; rep < reps(2); rep++) {
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            check_kq_shift_attention(&cases[i], kq_fmts[_i]);
+        }
+    }
+}
+END_TEST
+
 Suite *
 cuda_emu_suite(void)
 {
@@ -1163,6 +1363,8 @@ cuda_emu_suite(void)
     tcase_add_test(tc, test_kq_res_write);
     tcase_add_loop_test(tc, test_kq_quantize, 0, 3);
     tcase_add_loop_test(tc, test_kq_attention, 0, 3);
+    tcase_add_test(tc, test_kv_rotate);
+    tcase_add_loop_test(tc, test_kq_shift_attention, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }
