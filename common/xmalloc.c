@@ -7,9 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static atomic_long fail_countdown;
-static atomic_ulong try_count;
+static atomic_long fail_countdown[XMALLOC_N_DOMAINS];
+static atomic_ulong try_count[XMALLOC_N_DOMAINS];
 static _Thread_local unsigned long tl_failures;
+static _Thread_local int tl_domain; /* XMALLOC_DOMAIN_* of the calling thread */
 
 static _Noreturn void
 oom(size_t n)
@@ -63,22 +64,54 @@ xstrndup(const char *s, size_t n)
     return p;
 }
 
+static int
+domain_ok(int d)
+{
+    return d >= 0 && d < XMALLOC_N_DOMAINS;
+}
+
+void
+xmalloc_set_thread_domain(int domain)
+{
+    tl_domain = domain_ok(domain) ? domain : XMALLOC_DOMAIN_DEFAULT;
+}
+
+void
+xmalloc_fail_after_in(int domain, long n)
+{
+    if (domain_ok(domain)) {
+        atomic_store(&fail_countdown[domain], n > 0 ? n : 0);
+    }
+}
+
+long
+xmalloc_fail_pending_in(int domain)
+{
+    return domain_ok(domain) ? atomic_load(&fail_countdown[domain]) : 0;
+}
+
+unsigned long
+xmalloc_try_count_in(int domain)
+{
+    return domain_ok(domain) ? atomic_load(&try_count[domain]) : 0;
+}
+
 void
 xmalloc_fail_after(long n)
 {
-    atomic_store(&fail_countdown, n > 0 ? n : 0);
+    xmalloc_fail_after_in(XMALLOC_DOMAIN_DEFAULT, n);
 }
 
 long
 xmalloc_fail_pending(void)
 {
-    return atomic_load(&fail_countdown);
+    return xmalloc_fail_pending_in(XMALLOC_DOMAIN_DEFAULT);
 }
 
 unsigned long
 xmalloc_try_count(void)
 {
-    return atomic_load(&try_count);
+    return xmalloc_try_count_in(XMALLOC_DOMAIN_DEFAULT);
 }
 
 unsigned long
@@ -87,17 +120,19 @@ xmalloc_try_failures(void)
     return tl_failures;
 }
 
-/* One fallible call: counts it and says whether the armed countdown makes
- * it fail. The decrement is a compare-and-swap so that exactly one call
- * fails even when several threads race for the last count. */
+/* One fallible call: counts it in the calling thread's domain and says
+ * whether that domain's armed countdown makes it fail. The decrement is a
+ * compare-and-swap so that exactly one call fails even when several
+ * threads of the domain race for the last count. */
 static int
 try_should_fail(void)
 {
-    long c = atomic_load(&fail_countdown);
+    atomic_long *cd = &fail_countdown[tl_domain];
+    long c = atomic_load(cd);
 
-    atomic_fetch_add(&try_count, 1);
+    atomic_fetch_add(&try_count[tl_domain], 1);
     while (c > 0) {
-        if (atomic_compare_exchange_weak(&fail_countdown, &c, c - 1)) {
+        if (atomic_compare_exchange_weak(cd, &c, c - 1)) {
             return c == 1;
         }
     }

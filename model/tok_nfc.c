@@ -246,6 +246,7 @@ tok__nfc(const char *s, size_t n, size_t *out_len)
     char *out;
 
     /* Quick check: text below U+0300 is always in NFC. */
+    *out_len = 0;
     for (k = 0; k < n && u[k] < 0xCC; k++) {
     }
     if (k == n) {
@@ -253,7 +254,11 @@ tok__nfc(const char *s, size_t n, size_t *out_len)
     }
 
     /* Decompose. A character expands to at most 4 code points. */
-    cps = xmalloc((n * 4 + 1) * sizeof(uint32_t));
+    cps = xmalloc_try((n * 4 + 1) * sizeof(uint32_t));
+    if (cps == NULL) {
+        *out_len = TOK_NFC_OOM;
+        return NULL;
+    }
     while (i < n) {
         uint32_t cp;
         int len = utf8_get(u + i, n - i, &cp);
@@ -266,8 +271,14 @@ tok__nfc(const char *s, size_t n, size_t *out_len)
     }
 
     /* Canonical ordering of each run of non-starters. */
-    cls = xmalloc(m + 1);
-    tmp = xmalloc((m + 1) * sizeof(uint32_t));
+    cls = xmalloc_try(m + 1);
+    tmp = cls != NULL ? xmalloc_try((m + 1) * sizeof(uint32_t)) : NULL;
+    if (tmp == NULL) {
+        free(cps);
+        free(cls);
+        *out_len = TOK_NFC_OOM;
+        return NULL;
+    }
     for (k = 0; k < m; k++) {
         cls[k] = (uint8_t)nfc_ccc(cps[k]);
     }
@@ -302,8 +313,14 @@ tok__nfc(const char *s, size_t n, size_t *out_len)
         }
     }
 
-    out = xmalloc(w * 4 + 1);
-    *out_len = 0;
+    out = xmalloc_try(w * 4 + 1);
+    if (out == NULL) {
+        free(cps);
+        free(cls);
+        free(tmp);
+        *out_len = TOK_NFC_OOM;
+        return NULL;
+    }
     for (k = 0; k < w; k++) {
         *out_len += utf8_put(cps[k], out + *out_len);
     }

@@ -1182,6 +1182,8 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
     if (t->nfc && (nfc = tok__nfc(s, n, &nfc_len)) != NULL) {
         s = nfc;
         n = nfc_len;
+    } else if (t->nfc && nfc_len == TOK_NFC_OOM) {
+        e->oom = 1;
     }
     if (e->oom) {
         free(nfc);

@@ -150,7 +150,10 @@ int tok__finish(tok_tokenizer_t *t, char *err, size_t errlen);
 
 /* NFC of s[0..n) (tok_nfc.c): a malloc'd NUL-terminated copy with its
  * length in *out_len, or NULL when s is in NFC already (always the case
- * below U+0300). Invalid UTF-8 bytes pass through unchanged. */
+ * below U+0300; *out_len = 0), or NULL with *out_len = TOK_NFC_OOM when
+ * an allocation failed (fallible family, common/xmalloc.h). Invalid UTF-8
+ * bytes pass through unchanged. */
+#define TOK_NFC_OOM ((size_t)-1)
 char *tok__nfc(const char *s, size_t n, size_t *out_len);
 
 /* The GPT-2 byte-level alphabet: the code point standing for byte b. */

@@ -109,15 +109,22 @@ eng_msg_free(msg_t *m)
     free(m);
 }
 
-static void send_error(engine_t *e, uint64_t id, int status, const char *fmt, ...)
+/* Turns a SUBMIT message (its prompt and bias already released or handed
+ * on) into the ERROR for its request and queues it: answering never
+ * allocates (engine.h). */
+static void answer_error(engine_t *e, eng_msg_submit_t *sm, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 static void
-send_error(engine_t *e, uint64_t id, int status, const char *fmt, ...)
+answer_error(engine_t *e, eng_msg_submit_t *sm, int status, const char *fmt, ...)
 {
-    eng_msg_error_t *m = xcalloc(1, sizeof(*m));
+    eng_msg_error_t *m = &sm->as_error;
+    uint64_t id = sm->req.id;
     va_list ap;
 
+    free(sm->req.prompt);
+    free((void *)sm->req.sampling.bias);
+    memset(m, 0, sizeof(*m));
     m->hdr.type = ENG_MSG_ERROR;
     m->id = id;
     m->status = status;
@@ -127,15 +134,69 @@ send_error(engine_t *e, uint64_t id, int status, const char *fmt, ...)
     out_push(e, &m->hdr);
 }
 
-/* Scheduler events become outbox messages. */
+/* What an accepted request's last words need, allocated at submit (the
+ * scheduler's udata for it): one FINISHED per choice, and its own SUBMIT
+ * message as the spare for an ERROR. Taken as they are used; the rest is
+ * freed with the request (reserve_free). */
+typedef struct eng_reserve {
+    eng_msg_submit_t *spare;
+    int32_t n;
+    eng_msg_finished_t *fin[]; /* [n] */
+} eng_reserve_t;
+
 static void
+reserve_free(void *udata)
+{
+    eng_reserve_t *rs = udata;
+
+    if (rs == NULL) {
+        return;
+    }
+    for (int32_t k = 0; k < rs->n; k++) {
+        free(rs->fin[k]);
+    }
+    eng_msg_free(&rs->spare->hdr);
+    free(rs);
+}
+
+/* NULL when an allocation fails (nothing left allocated; the SUBMIT
+ * message stays with the caller). */
+static eng_reserve_t *
+reserve_new(eng_msg_submit_t *sm)
+{
+    int32_t n = sm->req.n;
+    eng_reserve_t *rs = xmalloc_try(sizeof(*rs) + (size_t)n * sizeof(rs->fin[0]));
+
+    if (rs == NULL) {
+        return NULL;
+    }
+    rs->spare = NULL;
+    rs->n = 0;
+    for (int32_t k = 0; k < n; k++) {
+        rs->fin[k] = xcalloc_try(1, sizeof(*rs->fin[k]));
+        if (rs->fin[k] == NULL) {
+            reserve_free(rs);
+            return NULL;
+        }
+        rs->n = k + 1;
+    }
+    return rs;
+}
+
+/* Scheduler events become outbox messages. Only a DELTA allocates; when
+ * it cannot, the scheduler ends that request with ERROR ST_ENOMEM. */
+static int
 engine_emit(void *arg, const sched_event_t *ev)
 {
     engine_t *e = arg;
+    eng_reserve_t *rs = ev->udata;
 
     switch (ev->kind) {
     case SCHED_EV_TOKEN: {
-        eng_msg_delta_t *m = xmalloc(sizeof(*m));
+        eng_msg_delta_t *m = xmalloc_try(sizeof(*m));
+        if (m == NULL) {
+            return ST_ENOMEM;
+        }
         m->hdr.type = ENG_MSG_DELTA;
         m->id = ev->id;
         m->choice = ev->choice;
@@ -145,7 +206,10 @@ engine_emit(void *arg, const sched_event_t *ev)
         break;
     }
     case SCHED_EV_FINISHED: {
-        eng_msg_finished_t *m = xcalloc(1, sizeof(*m));
+        eng_msg_finished_t *m;
+        CHECK(rs != NULL && ev->choice >= 0 && ev->choice < rs->n && rs->fin[ev->choice] != NULL);
+        m = rs->fin[ev->choice];
+        rs->fin[ev->choice] = NULL;
         m->hdr.type = ENG_MSG_FINISHED;
         m->id = ev->id;
         m->choice = ev->choice;
@@ -159,9 +223,13 @@ engine_emit(void *arg, const sched_event_t *ev)
         break;
     }
     case SCHED_EV_ERROR:
-        send_error(e, ev->id, ev->status, "%s", st_str(ev->status));
+        CHECK(rs != NULL && rs->spare != NULL);
+        answer_error(e, rs->spare, ev->status, "%s",
+                     ev->status == ST_ENOMEM ? "out of memory" : st_str(ev->status));
+        rs->spare = NULL;
         break;
     }
+    return ST_OK;
 }
 
 void
@@ -244,30 +312,48 @@ check_sampling(const engine_t *e, const eng_request_t *r)
     return ST_OK;
 }
 
+/* Takes m: it becomes the request's spare (accepted) or its ERROR. */
 static void
 apply_submit(engine_t *e, eng_msg_submit_t *m)
 {
     eng_request_t *r = &m->req;
+    eng_reserve_t *rs;
     int rc;
 
     if (e->failed != 0 || e->shutdown) {
-        send_error(e, r->id, e->failed != 0 ? e->failed : ST_ESHUTDOWN, "engine %s",
-                   e->failed != 0 ? "failed" : "shutting down");
+        answer_error(e, m, e->failed != 0 ? e->failed : ST_ESHUTDOWN, "engine %s",
+                     e->failed != 0 ? "failed" : "shutting down");
         return;
     }
     rc = check_sampling(e, r);
     if (rc != ST_OK) {
-        send_error(e, r->id, rc, "invalid sampling parameters");
+        answer_error(e, m, rc, "invalid sampling parameters");
+        return;
+    }
+    if (r->n < 1 || r->n > e->cfg.max_num_seqs) {
+        /* Checked before the reserve is sized by it (sched_submit would
+         * refuse it too). */
+        answer_error(e, m, ST_EINVAL, "n = %d is outside 1..max_num_seqs = %d", r->n,
+                     e->cfg.max_num_seqs);
         return;
     }
     if (r->t_arrival_ns == 0) {
         r->t_arrival_ns = now_ns();
     }
-    rc = sched_submit(e->sched, r);
+    rs = reserve_new(m);
+    if (rs == NULL) {
+        REQ_DEBUG(r->id, "refused: out of memory");
+        answer_error(e, m, ST_ENOMEM, "out of memory");
+        return;
+    }
+    rc = sched_submit(e->sched, r, rs);
     if (rc != ST_OK) {
         REQ_DEBUG(r->id, "refused: %s: %s", st_str(rc), sched_last_error(e->sched));
-        send_error(e, r->id, rc, "%s", sched_last_error(e->sched));
+        reserve_free(rs); /* spare still NULL: m stays here */
+        answer_error(e, m, rc, "%s", sched_last_error(e->sched));
+        return;
     }
+    rs->spare = m; /* prompt and bias now belong to the scheduler */
 }
 
 /* Applies a list of inbox messages in order; frees every one. */
@@ -282,7 +368,7 @@ engine_apply(engine_t *e, msg_t *list)
         switch (m->type) {
         case ENG_MSG_SUBMIT:
             apply_submit(e, (eng_msg_submit_t *)m);
-            break;
+            continue; /* ownership passed on */
         case ENG_MSG_CANCEL: {
             eng_msg_cancel_t *c = (eng_msg_cancel_t *)m;
             (void)sched_cancel(e->sched, c->id, c->choice, c->as_stop);
@@ -443,6 +529,9 @@ engine_main(void *arg)
     engine_t *e = arg;
 
     thread_set_role(THREAD_ENGINE);
+    /* Its own fault-injection domain (common/xmalloc.h): deterministic
+     * site counts while the loop allocates for the same request. */
+    xmalloc_set_thread_domain(XMALLOC_DOMAIN_ENGINE);
     e->log_t0 = now_ns();
     while (eng__iterate(e, -1) != ST_ESHUTDOWN) {
     }
@@ -573,6 +662,7 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     sc.n_eos = mc->n_eos;
     memcpy(sc.eos_ids, mc->eos_ids, sizeof(sc.eos_ids));
     sc.n_tenants = c->n_tenants;
+    sc.udata_free = reserve_free;
     memcpy(sc.tenants, c->tenants, sizeof(sc.tenants));
     rc = sched_create(&sc, e->pool, engine_emit, e, &e->sched);
     if (rc != ST_OK) {

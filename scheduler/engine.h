@@ -79,9 +79,30 @@ typedef struct eng_request {
     uint64_t t_arrival_ns; /* now_ns() when the loop thread received it */
 } eng_request_t;
 
-typedef struct eng_msg_submit {
+typedef struct eng_msg_error {
     msg_t hdr;
-    eng_request_t req;
+    uint64_t id;
+    int status; /* ST_EQUEUE -> 429, ST_ETOOLONG -> 400, ... */
+    char message[200];
+} eng_msg_error_t;
+
+/* Out of memory (common/xmalloc.h): the engine allocates per request with
+ * the fallible family. A refused SUBMIT (validation, queue full, no memory
+ * to register it: ST_ENOMEM) is answered with the SUBMIT message itself,
+ * turned into the ERROR (hence the union below), so a refusal never
+ * allocates. An accepted request gets its FINISHED messages allocated at
+ * submit and keeps its SUBMIT message as the spare for its ERROR, so
+ * every last word is preallocated; only a DELTA is allocated per token,
+ * and when that fails the request alone ends with ERROR ST_ENOMEM (its
+ * blocks freed) while every other request goes on. */
+typedef struct eng_msg_submit {
+    union {
+        struct {
+            msg_t hdr;
+            eng_request_t req;
+        };
+        struct eng_msg_error as_error; /* room to answer in place */
+    };
 } eng_msg_submit_t;
 
 typedef struct eng_msg_cancel {
@@ -113,12 +134,6 @@ typedef struct eng_msg_finished {
                                 * last DELTA token), else -1 */
 } eng_msg_finished_t;
 
-typedef struct eng_msg_error {
-    msg_t hdr;
-    uint64_t id;
-    int status; /* ST_EQUEUE -> 429, ST_ETOOLONG -> 400, ... */
-    char message[200];
-} eng_msg_error_t;
 
 #define ENG_MAX_TENANTS 64
 

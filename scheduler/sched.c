@@ -85,6 +85,8 @@ struct sched_req {
     int admitted;          /* left the waiting queue once (charged) */
     int32_t cached_tokens; /* prompt tokens hit at first admission */
     sched_seq_t *seqs;     /* [r.n] */
+    void *udata;           /* the submitter's, freed with cfg.udata_free */
+    int failed;            /* a TOKEN event failed in this commit: ERROR at its end */
 };
 
 typedef struct sched_tenant {
@@ -126,6 +128,7 @@ struct sched {
     uint32_t n_swapped;
     uint32_t n_waiting;
     uint64_t arrival_no;
+    uint32_t n_failed; /* requests marked failed in this commit */
     uint64_t admit_no;
     uint64_t next_bm_id;
     uint64_t step_no;
@@ -282,7 +285,7 @@ seq_detach(sched_t *s, sched_seq_t *q)
 }
 
 static void
-req_free(sched_req_t *rq)
+req_free(sched_t *s, sched_req_t *rq)
 {
     if (rq == NULL) {
         return;
@@ -293,6 +296,9 @@ req_free(sched_req_t *rq)
     free(rq->seqs);
     free(rq->r.prompt);
     free((void *)rq->r.sampling.bias);
+    if (rq->udata != NULL && s->cfg.udata_free != NULL) {
+        s->cfg.udata_free(rq->udata);
+    }
     free(rq);
 }
 
@@ -302,7 +308,7 @@ reap_dead(sched_t *s)
     while (!list_empty(&s->dead)) {
         list_node_t *n = s->dead.next;
         list_remove(n);
-        req_free(LIST_ENTRY(n, sched_req_t, node));
+        req_free(s, LIST_ENTRY(n, sched_req_t, node));
     }
 }
 
@@ -335,9 +341,10 @@ emit_finished(sched_t *s, sched_seq_t *q, eng_finish_t reason, int32_t stop_toke
         .completion_tokens = q->n_generated,
         .cached_tokens = q->req->cached_tokens,
         .t_arrival_ns = q->req->r.t_arrival_ns,
+        .udata = q->req->udata,
     };
 
-    s->emit(s->emit_arg, &ev);
+    (void)s->emit(s->emit_arg, &ev);
 }
 
 /* Marks a choice finished, emits FINISHED and frees what it holds. Choice
@@ -472,7 +479,7 @@ sched_destroy(sched_t *s)
             seq_detach(s, &rq->seqs[k]);
         }
         list_remove(&rq->node);
-        req_free(rq);
+        req_free(s, rq);
     }
     reap_dead(s);
     free(s->b_tokens);
@@ -527,13 +534,43 @@ sched_last_error(const sched_t *s)
     return s->err;
 }
 
+/* The request record, its sequences and their token buffers, or NULL
+ * (nothing left allocated) when an allocation fails. */
+static sched_req_t *
+req_alloc(int32_t n, int32_t cap)
+{
+    sched_req_t *rq = xcalloc_try(1, sizeof(*rq));
+
+    if (rq == NULL) {
+        return NULL;
+    }
+    rq->seqs = xcalloc_try((size_t)n, sizeof(*rq->seqs));
+    if (rq->seqs == NULL) {
+        free(rq);
+        return NULL;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        rq->seqs[k].tokens = xmalloc_try((size_t)cap * sizeof(int32_t));
+        if (rq->seqs[k].tokens == NULL) {
+            for (int32_t j = 0; j < k; j++) {
+                free(rq->seqs[j].tokens);
+            }
+            free(rq->seqs);
+            free(rq);
+            return NULL;
+        }
+    }
+    return rq;
+}
+
 int
-sched_submit(sched_t *s, eng_request_t *req)
+sched_submit(sched_t *s, eng_request_t *req, void *udata)
 {
     sched_tenant_t *t;
     sched_req_t *rq;
     uint32_t bs = s->block_size;
     uint32_t need;
+    int32_t cap;
 
     ASSERT_THREAD(ENGINE);
     if (req->tenant >= (uint32_t)s->cfg.n_tenants) {
@@ -606,20 +643,26 @@ sched_submit(sched_t *s, eng_request_t *req)
                                "a kv policy needs the cpu or cuda backend");
         }
     }
-    rq = xcalloc(1, sizeof(*rq));
+    /* 64-bit sum: max_tokens may be as large as INT32_MAX. */
+    cap = (int64_t)req->n_prompt + req->max_tokens < s->cfg.max_model_len
+              ? req->n_prompt + req->max_tokens
+              : s->cfg.max_model_len;
+    /* Everything is allocated before anything changes, so a failure
+     * leaves the scheduler exactly as it was. */
+    rq = req_alloc(req->n, cap);
+    if (rq == NULL) {
+        return submit_fail(s, ST_ENOMEM, "out of memory");
+    }
     rq->r = *req;
+    rq->udata = udata;
+    rq->cap = cap;
     rq->kv_sink = window > 0 ? sink : 0;
     rq->kv_window = window > 0 ? window : 0;
     req->prompt = NULL;
     req->sampling.bias = NULL;
     rq->arrival = ++s->arrival_no;
-    /* 64-bit sum: max_tokens may be as large as INT32_MAX. */
-    rq->cap = (int64_t)req->n_prompt + req->max_tokens < s->cfg.max_model_len
-                  ? req->n_prompt + req->max_tokens
-                  : s->cfg.max_model_len;
     rq->n_live = req->n;
     rq->fork_pending = req->n > 1;
-    rq->seqs = xcalloc((size_t)req->n, sizeof(*rq->seqs));
     for (int32_t k = 0; k < req->n; k++) {
         sched_seq_t *q = &rq->seqs[k];
         list_init(&q->node);
@@ -627,7 +670,6 @@ sched_submit(sched_t *s, eng_request_t *req)
         q->choice = k;
         q->bm_id = s->next_bm_id++;
         q->state = SEQ_UNBORN;
-        q->tokens = xmalloc((size_t)rq->cap * sizeof(int32_t));
         memcpy(q->tokens, rq->r.prompt, (size_t)req->n_prompt * sizeof(int32_t));
         q->n_tokens = req->n_prompt;
         smp_rng_seed(&q->rng, req->has_seed ? req->seed + (uint64_t)k : smp_rng_next(&s->seed_rng));
@@ -676,10 +718,11 @@ sched_abort_all(sched_t *s, int status)
             .choice = -1,
             .status = status,
             .t_arrival_ns = rq->r.t_arrival_ns,
+            .udata = rq->udata,
         };
         rq->n_live = 0;
         req_retire(s, rq);
-        s->emit(s->emit_arg, &ev);
+        (void)s->emit(s->emit_arg, &ev);
     }
     reap_dead(s);
 }
@@ -1230,6 +1273,7 @@ commit_token(sched_t *s, sched_seq_t *q, const smp_result_t *res)
         .choice = q->choice,
         .tok = res,
         .t_arrival_ns = rq->r.t_arrival_ns,
+        .udata = rq->udata,
     };
 
     CHECK(q->state == SEQ_RUNNING && q->n_computed == q->n_tokens && q->n_tokens < rq->cap);
@@ -1239,7 +1283,13 @@ commit_token(sched_t *s, sched_seq_t *q, const smp_result_t *res)
     s->generation_tokens++;
     t->vtc += 1.0 / t->cfg.weight;
     t->tpm_budget -= 1.0;
-    s->emit(s->emit_arg, &ev);
+    if (s->emit(s->emit_arg, &ev) != ST_OK) {
+        /* The token could not be reported: the request ends with ERROR at
+         * the end of this commit, and nothing else is said about it. */
+        rq->failed = 1;
+        s->n_failed++;
+        return;
+    }
 
     /* EOS and stop ids do not stop a choice before min_tokens (the mask
      * keeps a real sampler from producing them). */
@@ -1286,6 +1336,37 @@ evict_window(sched_t *s, sched_seq_t *q)
     q->n_evicted += e * bs;
 }
 
+/* Ends with ERROR ST_ENOMEM every request whose TOKEN event failed in
+ * this commit (still live: commit_token returns before any finish check
+ * when the event fails, and skips the request's later samples). The
+ * ERROR stands in for the FINISHED of its open choices. */
+static void
+fail_marked(sched_t *s)
+{
+    list_node_t *it = s->reqs.next;
+
+    while (it != &s->reqs && s->n_failed > 0) {
+        sched_req_t *rq = LIST_ENTRY(it, sched_req_t, node);
+        it = it->next;
+        if (rq->failed) {
+            sched_event_t ev = {
+                .kind = SCHED_EV_ERROR,
+                .id = rq->r.id,
+                .choice = -1,
+                .status = ST_ENOMEM,
+                .t_arrival_ns = rq->r.t_arrival_ns,
+                .udata = rq->udata,
+            };
+            REQ_DEBUG(rq->r.id, "out of memory for a token message: request ends");
+            rq->n_live = 0;
+            req_retire(s, rq);
+            (void)s->emit(s->emit_arg, &ev);
+            s->n_failed--;
+        }
+    }
+    s->n_failed = 0;
+}
+
 void
 sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
 {
@@ -1321,9 +1402,12 @@ sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
     }
     for (int32_t i = 0; i < plan->n_samples; i++) {
         sched_seq_t *q = plan->samples[i].seq;
-        if (!q->done) {
+        if (!q->done && !q->req->failed) {
             commit_token(s, q, &results[i]);
         }
+    }
+    if (s->n_failed > 0) {
+        fail_marked(s);
     }
     reap_dead(s);
 }

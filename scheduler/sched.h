@@ -87,10 +87,17 @@ typedef struct sched_event {
     int32_t cached_tokens;     /* FINISHED */
     int status;                /* ERROR */
     uint64_t t_arrival_ns;     /* as submitted */
+    void *udata;               /* as given to sched_submit */
 } sched_event_t;
 
-/* Called synchronously from sched_* functions for every event. */
-typedef void (*sched_emit_cb)(void *arg, const sched_event_t *ev);
+/* Called synchronously from sched_* functions for every event. Returns
+ * ST_OK, or for a TOKEN event ST_ENOMEM when it could not report the token
+ * (its message could not be allocated): the scheduler then ends that
+ * request alone with an ERROR event carrying ST_ENOMEM (no further events
+ * for it, its blocks freed) at the end of the same sched_commit. FINISHED
+ * and ERROR events must not fail (their return is ignored): the caller
+ * preallocates what they need per request (udata). */
+typedef int (*sched_emit_cb)(void *arg, const sched_event_t *ev);
 
 typedef struct sched_config {
     int32_t max_num_seqs;           /* >= 1 */
@@ -110,6 +117,9 @@ typedef struct sched_config {
     /* Default attention-sink policy (eng_request_t.kv_sink / kv_window). */
     int32_t kv_sink, kv_window;
     int kv_policy_ok; /* the backend re-rotates KV (cpu, any tensor-parallel size) */
+    /* Frees a request's udata when the scheduler frees the request (after
+     * its last event, or in sched_destroy); NULL: udata is not owned. */
+    void (*udata_free)(void *udata);
 } sched_config_t;
 
 /* One logits row to sample for one sequence (choice). */
@@ -172,11 +182,16 @@ int sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit,
 void sched_destroy(sched_t *s);
 
 /* Queues a request. Takes ownership of req->prompt and
- * req->sampling.bias on ST_OK (the fields are set to NULL); on error they
- * stay with the caller. Errors: ST_EINVAL (bad fields, unknown tenant,
- * duplicate id), ST_ETOOLONG (prompt does not fit the context or the KV
- * pool), ST_EQUEUE (the tenant's waiting queue is full). */
-int sched_submit(sched_t *s, eng_request_t *req);
+ * req->sampling.bias on ST_OK (the fields are set to NULL), and of udata
+ * (passed back in every event of the request, freed with
+ * cfg.udata_free); on error all three stay with the caller and nothing
+ * changed (no block, no queue entry, no counter, no random stream drawn).
+ * Allocates the request record, its sequences and their token buffers
+ * (prompt + max_tokens, capped at the context) with the fallible family.
+ * Errors: ST_EINVAL (bad fields, unknown tenant, duplicate id),
+ * ST_ETOOLONG (prompt does not fit the context or the KV pool), ST_EQUEUE
+ * (the tenant's waiting queue is full), ST_ENOMEM. */
+int sched_submit(sched_t *s, eng_request_t *req, void *udata);
 /* One line on why the last sched_submit failed; borrowed until the next
  * submit. */
 const char *sched_last_error(const sched_t *s);
@@ -216,7 +231,10 @@ void sched_sample_mask(const sched_t *s, const sched_plan_t *plan, int32_t i, fl
 /* Consumes the step: advances computed lengths, forks n > 1 requests whose
  * prompt completed, appends results[i] (one per plan sample) and emits
  * TOKEN events, then FINISHED for every choice that hit EOS, a stop token,
- * max_tokens or the context length (its blocks are freed here). */
+ * max_tokens or the context length (its blocks are freed here). A request
+ * whose TOKEN event failed (see sched_emit_cb) gets no more events in this
+ * call but one ERROR ST_ENOMEM at its end, and is freed. Allocates
+ * nothing. */
 void sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results);
 
 void sched_get_stats(const sched_t *s, sched_stats_t *out);

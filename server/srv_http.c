@@ -1735,33 +1735,43 @@ queue_oom_norecord(srv_t *s, struct MHD_Connection *mc, const char *url)
 }
 
 /* Test hooks, answered only when KVSERVE_TEST_HOOKS=1 (s->test_hooks):
- *   GET  /debug/allocs            {"count":C,"pending":P}: fallible
- *        allocations made so far by the process, calls left before an
- *        armed failure fires (0: none armed);
- *   POST /debug/fail-alloc?after=N  arms the failure of the N-th following
- *        fallible allocation (0 disarms); answers {"armed":N}.
+ *   GET  /debug/allocs            {"count":C,"pending":P,"engine_count":EC,
+ *        "engine_pending":EP}: fallible allocations made so far by the
+ *        loop side (the default domain of common/xmalloc.h) and by the
+ *        engine thread, calls left before an armed failure fires (0: none);
+ *   POST /debug/fail-alloc?after=N[&domain=engine]  arms the failure of the
+ *        N-th following fallible allocation of the default domain, or of
+ *        the engine thread (0 disarms); answers {"armed":N}.
  * After reading or arming they allocate nothing through xmalloc_try (the
  * body is copied by MHD), so the count moves only with other requests. */
 static enum MHD_Result
 do_debug(srv_req_t *r, const char *url, const char *method)
 {
-    char body[128];
+    char body[192];
     struct MHD_Response *resp;
     enum MHD_Result ret;
     int status = 200;
 
     if (strcmp(url, "/debug/allocs") == 0 && strcmp(method, "GET") == 0) {
-        snprintf(body, sizeof(body), "{\"count\":%lu,\"pending\":%ld}", xmalloc_try_count(),
-                 xmalloc_fail_pending());
+        snprintf(body, sizeof(body),
+                 "{\"count\":%lu,\"pending\":%ld,\"engine_count\":%lu,\"engine_pending\":%ld}",
+                 xmalloc_try_count(), xmalloc_fail_pending(),
+                 xmalloc_try_count_in(XMALLOC_DOMAIN_ENGINE),
+                 xmalloc_fail_pending_in(XMALLOC_DOMAIN_ENGINE));
     } else if (strcmp(url, "/debug/fail-alloc") == 0 && strcmp(method, "POST") == 0) {
         const char *a = MHD_lookup_connection_value(r->mc, MHD_GET_ARGUMENT_KIND, "after");
+        const char *d = MHD_lookup_connection_value(r->mc, MHD_GET_ARGUMENT_KIND, "domain");
         char *end = NULL;
         long n = a != NULL ? strtol(a, &end, 10) : -1;
-        if (a == NULL || *end != '\0' || n < 0) {
+        if (a == NULL || *end != '\0' || n < 0 ||
+            (d != NULL && strcmp(d, "engine") != 0 && strcmp(d, "loop") != 0)) {
             status = 400;
-            snprintf(body, sizeof(body), "{\"error\":\"after=N (N >= 0) is required\"}");
+            snprintf(body, sizeof(body),
+                     "{\"error\":\"after=N (N >= 0) is required; domain=loop|engine\"}");
         } else {
-            xmalloc_fail_after(n);
+            xmalloc_fail_after_in(d != NULL && strcmp(d, "engine") == 0 ? XMALLOC_DOMAIN_ENGINE
+                                                                         : XMALLOC_DOMAIN_DEFAULT,
+                                  n);
             snprintf(body, sizeof(body), "{\"armed\":%ld}", n);
         }
     } else {

@@ -9,21 +9,30 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 
-static void
+static int
 on_event(void *arg, const sched_event_t *ev)
 {
     fake_env_t *env = arg;
 
     ck_assert_uint_lt(ev->id, FAKE_MAX_REQ);
+    ck_assert_msg(env->err_status[ev->id] == 0, "event after ERROR for %llu",
+                  (unsigned long long)ev->id);
     if (ev->kind == SCHED_EV_ERROR) {
+        ck_assert_int_ne(ev->status, 0);
+        env->err_status[ev->id] = ev->status;
         env->n_errors++;
-        return;
+        return ST_OK;
     }
     ck_assert_int_lt(ev->choice, FAKE_MAX_CHOICES);
     fake_out_t *o = &env->out[ev->id][ev->choice];
     ck_assert_msg(!o->finished, "event after FINISHED for %llu/%d", (unsigned long long)ev->id,
                   ev->choice);
     if (ev->kind == SCHED_EV_TOKEN) {
+        if (env->fail_token_id == ev->id && env->fail_token_choice == ev->choice &&
+            env->fail_token_at == o->n_tokens) {
+            env->fail_token_id = 0;
+            return ST_ENOMEM; /* as if its message could not be allocated */
+        }
         ck_assert_int_lt(o->n_tokens, FAKE_MAX_OUT);
         if (o->n_tokens == 0) {
             o->first_token_step = env->step;
@@ -38,6 +47,7 @@ on_event(void *arg, const sched_event_t *ev)
         o->finish_step = env->step;
         ck_assert_int_eq(ev->completion_tokens, o->n_tokens);
     }
+    return ST_OK;
 }
 
 fake_cfg_t
@@ -147,7 +157,7 @@ fake_req_fill(eng_request_t *r, uint64_t id, uint32_t tenant, int32_t n_prompt, 
 int
 fake_submit_req(fake_env_t *env, eng_request_t *r)
 {
-    int rc = sched_submit(env->sched, r);
+    int rc = sched_submit(env->sched, r, NULL);
     if (rc != ST_OK) {
         free(r->prompt);
         r->prompt = NULL;

@@ -52,6 +52,11 @@ typedef struct fake_env {
     int32_t script_tok[FAKE_MAX_REQ];
     fake_out_t out[FAKE_MAX_REQ][FAKE_MAX_CHOICES];
     int n_errors;
+    int err_status[FAKE_MAX_REQ]; /* status of the ERROR event per id, 0: none */
+    /* The TOKEN event of (fail_token_id, fail_token_choice) at generated
+     * index fail_token_at fails (ST_ENOMEM), once; id 0: off. */
+    uint64_t fail_token_id;
+    int32_t fail_token_choice, fail_token_at;
     int64_t step;
     uint64_t max_rows_seen;
     /* per-step observers */

@@ -13,8 +13,17 @@
 //    stream whose headers were already out, an error event then [DONE]),
 //    and that the next identical request succeeds with the same text.
 //    Arming one past the last site leaves the request untouched (the
-//    count is exact). At the end no KV block is in use, no request is in
-//    flight, the 5xx counters match and the daemon exits 0.
+//    count is exact). The loop thread and the engine thread count in
+//    separate domains (common/xmalloc.h: their calls for one request
+//    interleave differently from run to run, each domain's own order is
+//    fixed), so the sites are enumerated per domain: the loop's (parse,
+//    tokenize, records, bodies, SSE chunks) and the engine's
+//    (?domain=engine: the reserve and the scheduler's records at submit,
+//    a DELTA per token). At the end no KV block is in use, no request is
+//    in flight, the 5xx counters match and the daemon exits 0.
+//  * The same for prompts with combining characters under a tokenizer that
+//    normalizes to NFC (model/tok_nfc.c), on a copy of the default model
+//    whose tokenizer.json adds the NFC normalizer.
 //  * KVSERVE_FAIL_ALLOC_AFTER=N arms the same failure from the start.
 //  * A forward failure is the server's fault: 500, never 4xx.
 //  * SIGTERM with 24 requests accepted, most of them queued: all complete.
@@ -35,8 +44,9 @@ async function allocs(base) {
   return JSON.parse(text);
 }
 
-async function armFailure(base, n) {
-  const res = await fetch(`${base}/debug/fail-alloc?after=${n}`, { method: 'POST' });
+async function armFailure(base, n, domain = 'loop') {
+  const res = await fetch(`${base}/debug/fail-alloc?after=${n}&domain=${domain}`,
+    { method: 'POST' });
   const text = await res.text();
   assert.equal(res.status, 200, text);
 }
@@ -69,6 +79,7 @@ const KINDS = [
     name: 'completion, two prompts, logit_bias', route: '/v1/completions', ep: '/v1/completions',
     body: { model: MODEL_NAME, prompt: prompt2, max_tokens: 4, temperature: 0, logit_bias: { 5: 1 } },
     floor: 60,
+    engineFloor: 12, // per prompt: reserve + FINISHED, record, sequences, tokens, DELTAs
     result: (r) => r.json.choices.map((c) => c.text),
   },
   {
@@ -78,6 +89,7 @@ const KINDS = [
       messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Who is Emma?' }],
     },
     floor: 50,
+    engineFloor: 6,
     result: (r) => r.json.choices.map((c) => c.message.content),
   },
   {
@@ -87,6 +99,7 @@ const KINDS = [
       stream: true, stream_options: { include_usage: true }, logprobs: 1,
     },
     floor: 40,
+    engineFloor: 6,
     result: (r) => {
       assert.ok(r.done, 'stream ended with [DONE]');
       assert.ok(r.events.every((e) => e.error === undefined), JSON.stringify(r.events.at(-1)));
@@ -98,12 +111,14 @@ const KINDS = [
     name: '/tokenize (prompt)', route: '/tokenize', ep: '/tokenize',
     body: { model: MODEL_NAME, prompt: 'Emma Woodhouse, handsome, clever, and rich' },
     floor: 15,
+    engineFloor: 0,
     result: (r) => r.json.tokens,
   },
   {
     name: '/tokenize (messages)', route: '/tokenize', ep: '/tokenize',
     body: { model: MODEL_NAME, messages: [{ role: 'user', content: 'Who is Emma?' }] },
     floor: 20,
+    engineFloor: 0,
     result: (r) => r.json.tokens,
   },
 ];
@@ -113,71 +128,109 @@ function checkOk(kind, r) {
   return kind.result(r);
 }
 
-test('an allocation failure at each request-path site fails that request only', async () => {
-  const srv = await startServer([], { env: { KVSERVE_TEST_HOOKS: '1' } });
+// Fails every site of one domain in turn (see the file comment); returns
+// how many failures were a plain 503 and how many an in-stream error.
+async function failEachSite(srv, kind, ref, domain, sites) {
+  const pendingKey = domain === 'engine' ? 'engine_pending' : 'pending';
+  let plain = 0;
+  let events = 0;
+  for (let n = 1; n <= sites; n++) {
+    await armFailure(srv.base, n, domain);
+    const r = await send(srv.base, kind);
+    const left = await allocs(srv.base);
+    assert.equal(left[pendingKey], 0,
+      `${kind.name}, ${domain} site ${n}/${sites}: the failure did not fire inside the request`);
+    if (r.status === 503) {
+      validate('ErrorResponse', r.json);
+      assert.match(r.json.error.message, OOM, r.text);
+      assert.equal(r.json.error.type, 'service_unavailable_error');
+      plain++;
+    } else {
+      // Only a stream whose headers were out may fail in-band.
+      assert.ok(kind.stream && r.status === 200,
+        `${kind.name}, ${domain} site ${n}/${sites}: ${r.status} ${r.text ?? ''}`);
+      assert.ok(r.done, `${kind.name}, ${domain} site ${n}: no [DONE]`);
+      const last = r.events.at(-1);
+      assert.ok(last && last.error,
+        `${kind.name}, ${domain} site ${n}: last event ${JSON.stringify(last)}`);
+      assert.match(last.error.message, OOM);
+      r.events.slice(0, -1).forEach((e) => validate('CreateCompletionStreamResponse', e));
+      events++;
+    }
+    const again = await send(srv.base, kind);
+    assert.deepEqual(checkOk(kind, again), ref, `${kind.name}, after ${domain} site ${n}`);
+  }
+  return { plain, events };
+}
+
+// Counts, then fails, every loop and engine site of each kind; returns the
+// report lines and the 5xx answers per endpoint.
+async function enumerateKinds(srv, kinds) {
   const report = [];
   const expect5xx = {};
+  for (const kind of kinds) {
+    const t0 = Date.now();
+    // Reference and warm-up (first-use allocations are not per request).
+    const ref = checkOk(kind, await send(srv.base, kind));
+    // Counting run: what one /debug/allocs costs, then one more request
+    // (a non-streamed answer or [DONE] comes after the engine's last word,
+    // so its engine allocations are all counted).
+    const c0 = await allocs(srv.base);
+    const c1 = await allocs(srv.base);
+    assert.deepEqual(checkOk(kind, await send(srv.base, kind)), ref);
+    const c2 = await allocs(srv.base);
+    const sites = c2.count - c1.count - (c1.count - c0.count);
+    const engineSites = c2.engine_count - c1.engine_count;
+    assert.equal(c1.engine_count, c0.engine_count, '/debug/allocs allocated on the engine');
+    assert.ok(sites >= kind.floor,
+      `${kind.name}: only ${sites} fallible allocations (floor ${kind.floor}): ` +
+      'did the request path go back to aborting allocations?');
+    assert.ok(engineSites >= kind.engineFloor,
+      `${kind.name}: only ${engineSites} fallible engine allocations ` +
+      `(floor ${kind.engineFloor}): did the engine go back to aborting allocations?`);
+    const loop = await failEachSite(srv, kind, ref, 'loop', sites);
+    const eng = await failEachSite(srv, kind, ref, 'engine', engineSites);
+    const plain = loop.plain + eng.plain;
+    expect5xx[kind.ep] = (expect5xx[kind.ep] ?? 0) + plain;
+    // One past the last site: the request is untouched and the failure
+    // lands on the next allocation, the record of the next request.
+    await armFailure(srv.base, sites + 1);
+    assert.deepEqual(checkOk(kind, await send(srv.base, kind)), ref,
+      `${kind.name}: more than ${sites} sites`);
+    const res = await fetch(`${srv.base}/debug/allocs`);
+    assert.equal(res.status, 503, `${kind.name}: fewer than ${sites} sites`);
+    await res.arrayBuffer();
+    assert.equal((await allocs(srv.base)).pending, 0);
+    // The same on the engine: one call left over, then disarmed.
+    await armFailure(srv.base, engineSites + 1, 'engine');
+    assert.deepEqual(checkOk(kind, await send(srv.base, kind)), ref,
+      `${kind.name}: more than ${engineSites} engine sites`);
+    assert.equal((await allocs(srv.base)).engine_pending, 1,
+      `${kind.name}: fewer than ${engineSites} engine sites`);
+    await armFailure(srv.base, 0, 'engine');
+    report.push(`${kind.name}: ${sites} loop + ${engineSites} engine sites (${plain} plain 503, ` +
+      `${loop.events + eng.events} in-stream), ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+  }
+  return { report, expect5xx };
+}
+
+async function checkEnd(srv, expect5xx) {
+  await waitKvEmpty(srv.base);
+  const m = await getMetrics(srv.base);
+  assert.equal(metricValue(m, 'kvserve:requests_in_flight'), 0);
+  for (const [route, n] of Object.entries(expect5xx)) {
+    assert.equal(metricValue(m, 'kvserve:http_requests_total', `route="${route}",code="5xx"`) ?? 0,
+      n, `5xx count of ${route}`);
+  }
+}
+
+test('an allocation failure at each request-path site fails that request only', async () => {
+  const srv = await startServer([], { env: { KVSERVE_TEST_HOOKS: '1' } });
+  let report = [];
   try {
-    for (const kind of KINDS) {
-      const t0 = Date.now();
-      // Reference and warm-up (first-use allocations are not per request).
-      const ref = checkOk(kind, await send(srv.base, kind));
-      // Counting run: what one /debug/allocs costs, then one more request.
-      const c0 = await allocs(srv.base);
-      const c1 = await allocs(srv.base);
-      assert.deepEqual(checkOk(kind, await send(srv.base, kind)), ref);
-      const c2 = await allocs(srv.base);
-      const sites = c2.count - c1.count - (c1.count - c0.count);
-      assert.ok(sites >= kind.floor,
-        `${kind.name}: only ${sites} fallible allocations (floor ${kind.floor}): ` +
-        'did the request path go back to aborting allocations?');
-      let plain = 0;
-      let events = 0;
-      for (let n = 1; n <= sites; n++) {
-        await armFailure(srv.base, n);
-        const r = await send(srv.base, kind);
-        const left = await allocs(srv.base);
-        assert.equal(left.pending, 0,
-          `${kind.name}, site ${n}/${sites}: the failure did not fire inside the request`);
-        if (r.status === 503) {
-          validate('ErrorResponse', r.json);
-          assert.match(r.json.error.message, OOM, r.text);
-          assert.equal(r.json.error.type, 'service_unavailable_error');
-          plain++;
-        } else {
-          // Only a stream whose headers were out may fail in-band.
-          assert.ok(kind.stream && r.status === 200,
-            `${kind.name}, site ${n}/${sites}: ${r.status} ${r.text ?? ''}`);
-          assert.ok(r.done, `${kind.name}, site ${n}: no [DONE]`);
-          const last = r.events.at(-1);
-          assert.ok(last && last.error, `${kind.name}, site ${n}: last event ${JSON.stringify(last)}`);
-          assert.match(last.error.message, OOM);
-          r.events.slice(0, -1).forEach((e) => validate('CreateCompletionStreamResponse', e));
-          events++;
-        }
-        const again = await send(srv.base, kind);
-        assert.deepEqual(checkOk(kind, again), ref, `${kind.name}, after site ${n}`);
-      }
-      expect5xx[kind.ep] = (expect5xx[kind.ep] ?? 0) + plain;
-      // One past the last site: the request is untouched and the failure
-      // lands on the next allocation, the record of the next request.
-      await armFailure(srv.base, sites + 1);
-      assert.deepEqual(checkOk(kind, await send(srv.base, kind)), ref,
-        `${kind.name}: more than ${sites} sites`);
-      const res = await fetch(`${srv.base}/debug/allocs`);
-      assert.equal(res.status, 503, `${kind.name}: fewer than ${sites} sites`);
-      await res.arrayBuffer();
-      assert.equal((await allocs(srv.base)).pending, 0);
-      report.push(`${kind.name}: ${sites} sites (${plain} plain 503, ${events} in-stream), ` +
-        `${((Date.now() - t0) / 1000).toFixed(1)} s`);
-    }
-    await waitKvEmpty(srv.base);
-    const m = await getMetrics(srv.base);
-    assert.equal(metricValue(m, 'kvserve:requests_in_flight'), 0);
-    for (const [route, n] of Object.entries(expect5xx)) {
-      assert.equal(metricValue(m, 'kvserve:http_requests_total', `route="${route}",code="5xx"`) ?? 0,
-        n, `5xx count of ${route}`);
-    }
+    const r = await enumerateKinds(srv, KINDS);
+    report = r.report;
+    await checkEnd(srv, r.expect5xx);
   } finally {
     const st = await srv.stop();
     assert.equal(st.code, 0, `exit ${st.code ?? st.sig}\n${srv.logs.slice(-30).join('\n')}`);
