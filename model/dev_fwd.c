@@ -269,6 +269,7 @@ mdl_dev_rank_kv_bytes(const mdl_dev_rank_t *rk)
     if (rk->kq.fmt != 0) {
         b += (size_t)dev_kq_slots(&rk->m->cfg, &rk->rc, rk->rc.num_blocks) *
              dev_kq_slot_bytes(&rk->m->cfg, rk->rc.block_size, rk->sh.n_kv);
+        b += sizeof(int32_t) * (size_t)rk->rc.num_blocks; /* pending SHIFT per block */
     }
     return b;
 }

@@ -155,7 +155,7 @@ int mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, c
                       const mdl_runtime_config_t *rc, int32_t rank, kn_dt_t dt);
 /* Bytes of the KV pool (device) that mdl_dev_rank_alloc_kv() will take:
  * blocks (with their scales) and, for fp8 / int8 / int4, the residual
- * slots of blocks being filled. */
+ * slots of blocks being filled and the blocks' pending shifts (int32). */
 size_t mdl_dev_rank_kv_bytes(const mdl_dev_rank_t *rk);
 /* The KV pool (device) and swap tier (pinned host). */
 int mdl_dev_rank_alloc_kv(mdl_dev_rank_t *rk);

@@ -917,13 +917,83 @@ END_TEST
 
 /* ---- attention sinks + rolling window (KV_OP_SHIFT) ------------------------------- */
 
+/* One-token prefills of 16 other sequences (blocks from the pool, given
+ * back with DROP): with 14 residual slots the stream's partial tail,
+ * written least recently, is flushed into codes. */
+static void
+stream_fillers(side_t *ref, side_t *got, cmp_t *c, int32_t *free_blk, int32_t *n_free)
+{
+    kv_op_t drops[16];
+
+    for (int32_t f = 0; f < 16; f++) {
+        int32_t blk = free_blk[--*n_free], tok = 3 + f, pos = 0, slot = blk * BS;
+        int32_t qs[2] = {0, 1}, ctx = 1, row = 0, bt[MAXB] = {blk};
+        mdl_batch_t b = {.n_tokens = 1,
+                         .tokens = &tok,
+                         .positions = &pos,
+                         .slot_mapping = &slot,
+                         .n_seqs = 1,
+                         .query_start = qs,
+                         .context_len = &ctx,
+                         .block_tables = bt,
+                         .max_blocks = MAXB,
+                         .logits_rows = &row,
+                         .n_logits = 1};
+        float *lr = xmalloc(sizeof(float) * (size_t)c->vocab);
+
+        memcpy(lr, side_forward(ref, &b), sizeof(float) * (size_t)c->vocab);
+        compare(c, lr, side_forward(got, &b), 1);
+        free(lr);
+        drops[f] = (kv_op_t){KV_OP_DROP, blk, blk};
+    }
+    both_kv(ref, got, drops, 16);
+    for (int32_t f = 15; f >= 0; f--) {
+        free_blk[(*n_free)++] = drops[f].src;
+    }
+}
+
+/* The whole sequence swapped out and back in to other blocks, then block
+ * 1 copied (copy-on-write) to a fresh one: pending shifts and the tail's
+ * slot move with the blocks. Old blocks are dropped and go back. */
+static void
+stream_move(side_t *ref, side_t *got, int32_t *table, int32_t n_blocks, int32_t *free_blk,
+            int32_t *n_free)
+{
+    kv_op_t ops[4 * MAXB + 2];
+    int32_t n = 0, old[MAXB];
+
+    for (int32_t i = 0; i < n_blocks; i++) {
+        old[i] = table[i];
+        ops[n++] = (kv_op_t){KV_OP_SWAP_OUT, table[i], i};
+        ops[n++] = (kv_op_t){KV_OP_DROP, table[i], table[i]};
+    }
+    for (int32_t i = 0; i < n_blocks; i++) {
+        table[i] = free_blk[--*n_free];
+        ops[n++] = (kv_op_t){KV_OP_SWAP_IN, i, table[i]};
+        ops[n++] = (kv_op_t){KV_OP_DROP_SWAP, i, i};
+    }
+    for (int32_t i = 0; i < n_blocks; i++) {
+        free_blk[(*n_free)++] = old[i];
+    }
+    old[0] = table[1];
+    table[1] = free_blk[--*n_free];
+    ops[n++] = (kv_op_t){KV_OP_COPY, old[0], table[1]};
+    ops[n++] = (kv_op_t){KV_OP_DROP, old[0], old[0]};
+    free_blk[(*n_free)++] = old[0];
+    both_kv(ref, got, ops, n);
+}
+
 /* One sequence streamed 5x past sink + window (sink 1 block, window 4
  * blocks) in steps of 1 to 7 tokens, with the evictions and SHIFT ops of
  * mdl_kv_policy_evict() run on both sides: kept blocks (full ones, and
  * the partial tail with its residual slot) are re-rotated again and again,
  * quantized blocks through their pending shift (attention rotates the
- * query), 16-bit ones in place. The emulated rank at T = tp against the
- * CPU backend with the same KV dtype; every step's last row compared. */
+ * query), 16-bit ones in place. Midway the tail is flushed into codes by
+ * other sequences' writes, shifted while it has no slot and written again
+ * (its dequantized rows take the shift); later the sequence is swapped out
+ * and in and a block copied (shifts carried). The emulated rank at T = tp
+ * against the CPU backend with the same KV dtype; every step's last row
+ * compared. */
 static double
 stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
 {
@@ -938,8 +1008,12 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
     int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)total);
     int64_t evicted = 0, shifts = 0;
 
+    int32_t flushed = -1, filled = -1, moved = 0;
+
     rc.kv_dtype = kv;
     rct.kv_dtype = kv;
+    rc.max_num_batched_tokens = rct.max_num_batched_tokens = 8; /* 14 residual slots */
+    rc.max_num_seqs = rct.max_num_seqs = 2;
     ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create(m, &rct, KN_DT_F16);
     rs = 0x5171ULL + (uint64_t)kv;
@@ -963,6 +1037,16 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
         shifts += n_ops;
         if (n_ops > 0) {
             both_kv(&ref, &got, ops, n_ops);
+        }
+        if (flushed >= 0) { /* the flushed tail: codes, and now a pending shift */
+            const mdl_dev_kq_tier_t *t = &got.dev->fw[0].kqt[0];
+
+            if (t->n_blocks > 0) {
+                ck_assert(t->slot_of[flushed] < 0 && t->qv[flushed]);
+                ck_assert_int_gt(t->shift[flushed], 0);
+            }
+            ck_assert_int_eq(table[n_blocks - 1], flushed);
+            flushed = -1;
         }
         while (n_blocks * BS < kv_len + n) {
             ck_assert_int_gt(n_free, 0);
@@ -996,7 +1080,17 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
         free(lr);
         kv_len += n;
         fed += n;
+        if (filled < 0 && k >= 15 && kv_len - pol.sink - pol.window >= BS && kv_len % BS != 0) {
+            /* The next step evicts and shifts the partial tail (checked). */
+            stream_fillers(&ref, &got, &c, free_blk, &n_free);
+            flushed = filled = table[n_blocks - 1];
+        }
+        if (k == 30) {
+            stream_move(&ref, &got, table, n_blocks, free_blk, &n_free);
+            moved = 1;
+        }
     }
+    ck_assert(moved && filled >= 0);
     ck_assert_int_ge(evicted, 16); /* the script really streams */
     ck_assert_int_ge(shifts, 40);
     if (kv >= MDL_KV_FP8_E4M3 && kv <= MDL_KV_INT4) { /* some shifts stay pending */

@@ -305,6 +305,43 @@ test_kq_quant(void)
     }
 }
 
+/* KV_OP_SHIFT: the rotate kernel on f32 rows (a residual slot's keys,
+ * 2 layers, 3 of 16 rows) against the CPU's kn_kvq_rotate_rows; the
+ * device's double cos / sin may differ from libm's in the last bit, so
+ * NMSE, not bits. */
+static void
+test_kv_rotate(void)
+{
+    const int32_t n_kv = 2, bs = 16, hd = 64, n_rows = 3, n_layers = 2;
+    const size_t head_stride = (size_t)bs * hd, layer_stride = n_kv * head_stride;
+    const size_t n = layer_stride * n_layers;
+    float inv[32], *x = xmalloc(sizeof(float) * n), *ref = xmalloc(sizeof(float) * n);
+
+    for (int32_t i = 0; i < hd / 2; i++) {
+        inv[i] = (float)(pow(10000.0, -2.0 * i / hd) / 2.0);
+    }
+    for (size_t i = 0; i < n; i++) {
+        x[i] = ref[i] = rnd_f(3.0f);
+    }
+    for (int32_t l = 0; l < n_layers; l++) {
+        for (int32_t h = 0; h < n_kv; h++) {
+            kvq_ref_rotate_rows(ref + l * layer_stride + h * head_stride, n_rows, hd, inv, 4099);
+        }
+    }
+    float *xd = dev_copy(x, sizeof(float) * n), *invd = dev_copy(inv, sizeof(inv));
+    kn_kv_rotate_args_t a = {xd, NULL, invd, layer_stride, head_stride, n_rows, hd, 4099,
+                             KN_DT_F16};
+
+    CU(kn_cuda_kv_rotate(0, &a, n_kv, n_layers));
+    CU(cudaMemcpy(x, xd, sizeof(float) * n, cudaMemcpyDeviceToHost));
+    EXPECT(nmse(x, ref, n) < 1e-12, "kv_rotate: NMSE %g against the CPU rotation",
+           nmse(x, ref, n));
+    cudaFree(xd);
+    cudaFree(invd);
+    free(x);
+    free(ref);
+}
+
 /* ---- end to end ------------------------------------------------------------------ */
 
 #define E2E_STEPS 24
@@ -478,6 +515,7 @@ main(void)
     test_kernels(KN_DT_BF16);
     test_kernels(KN_DT_F16);
     test_kq_quant();
+    test_kv_rotate();
     if (dir == NULL || mdl_model_load(dir, &m, err, sizeof(err)) != ST_OK) {
         fprintf(stderr, "model: %s\n", dir == NULL ? "KVSERVE_TEST_MODEL unset" : err);
         return 1;
