@@ -133,7 +133,11 @@ drain(void)
         }
         case ENG_MSG_ERROR: {
             eng_msg_error_t *e = (eng_msg_error_t *)m;
+            ck_assert_int_eq(errors[e->id], 0); /* one ERROR, nothing after it */
             errors[e->id] = e->status;
+            if (e->status == ST_ENOMEM) {
+                ck_assert_str_eq(e->message, "out of memory");
+            }
             break;
         }
         default:
@@ -575,6 +579,86 @@ START_TEST(test_cancel_mid_generation_frees_blocks)
 }
 END_TEST
 
+/* ---- out of memory -------------------------------------------------- */
+
+/* Request 1 (greedy) runs two steps, then request 2 (n = 2, seeded,
+ * temperature 1) arrives; fail > 0 arms the fail-th fallible call from
+ * request 2's submit on (on this thread, which drives the engine: one
+ * deterministic order). Returns the fallible calls made from there. */
+static unsigned long
+oom_engine_run(long fail)
+{
+    sub_t s2 = {.id = 2,
+                .n_prompt = 10,
+                .pseed = 4,
+                .max_tokens = 6,
+                .n = 2,
+                .temperature = 1.0f,
+                .seed = 99,
+                .has_seed = 1};
+    unsigned long n0;
+
+    submit_simple(1, 0, 12, 3, 8);
+    iterate();
+    iterate();
+    n0 = xmalloc_try_count();
+    xmalloc_fail_after(fail);
+    submit(&s2);
+    run_idle();
+    return xmalloc_try_count() - n0;
+}
+
+/* Every engine allocation from a submit on (the reserve, the FINISHED
+ * messages, the scheduler's record, sequences and token buffers, each
+ * DELTA of either request) fails in turn: the request it belongs to ends
+ * with one ERROR "out of memory" (a refusal at submit, or midway with its
+ * blocks freed), the other request is the reference's, the tokens the
+ * failed one did get are the reference's, and no block stays in use. */
+START_TEST(test_oom_each_engine_site)
+{
+    eng_config_t c = cfg_default();
+    res_t ref[3][MAX_CH];
+    unsigned long sites;
+
+    start(&c);
+    sites = oom_engine_run(0);
+    memcpy(ref, res, sizeof(ref));
+    finish();
+    ck_assert(ref[1][0].finished && ref[2][0].finished && ref[2][1].finished);
+    /* 2 + 1 + 2 + 2 at submit, 12 DELTAs of request 2, some of request 1. */
+    ck_assert_uint_ge(sites, 19);
+    for (unsigned long f = 1; f <= sites + 1; f++) {
+        int failed = 0;
+
+        start(&c);
+        /* A failed request allocates nothing more: fewer calls then. */
+        unsigned long got = oom_engine_run((long)f);
+        ck_assert_uint_le(got, sites);
+        ck_assert_uint_ge(got, f <= sites ? f : sites);
+        ck_assert_int_eq(xmalloc_fail_pending(), f <= sites ? 0 : 1);
+        xmalloc_fail_after(0);
+        for (uint64_t id = 1; id <= 2; id++) {
+            int n = id == 2 ? 2 : 1;
+            if (errors[id] == 0) {
+                for (int k = 0; k < n; k++) {
+                    res_eq(&ref[id][k], &res[id][k], "untouched request", (int)id);
+                }
+                continue;
+            }
+            ck_assert_int_eq(errors[id], ST_ENOMEM);
+            failed++;
+            for (int k = 0; k < n; k++) {
+                ck_assert_int_le(res[id][k].n, ref[id][k].n);
+                ck_assert(memcmp(res[id][k].tok, ref[id][k].tok,
+                                 (size_t)res[id][k].n * sizeof(int32_t)) == 0);
+            }
+        }
+        ck_assert_int_eq(failed, f <= sites ? 1 : 0);
+        finish();
+    }
+}
+END_TEST
+
 /* ---- tenants ----------------------------------------------------------- */
 
 START_TEST(test_fair_share_1_3_real)
@@ -801,6 +885,7 @@ scheduler_engine_suite(void)
     tcase_add_test(tc, test_chunked_equals_unchunked);
     tcase_add_test(tc, test_n2_seeded_reproducible);
     tcase_add_test(tc, test_cancel_mid_generation_frees_blocks);
+    tcase_add_test(tc, test_oom_each_engine_site);
     tcase_add_test(tc, test_fair_share_1_3_real);
     tcase_add_test(tc, test_flooding_tenant_bounded_ttft);
     tcase_add_test(tc, test_queue_full_is_error);

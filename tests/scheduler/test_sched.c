@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "common/xmalloc.h"
 #include "fake_model.h"
 
 static fake_env_t env;
@@ -847,6 +848,174 @@ START_TEST(test_abort_all)
 }
 END_TEST
 
+/* ---- out of memory ------------------------------------------------------- */
+
+/* The out-of-memory workload: request 1 (n = 1) runs for a few steps, then
+ * request 2 (n = 3, unseeded: its streams come from the scheduler's seed
+ * generator) and request 3 (n = 1, unseeded) arrive; every choice samples
+ * from its own random stream. With fail_submit > 0 the fail_submit-th
+ * fallible allocation of request 2's first submit fails (it must be
+ * ST_ENOMEM and change nothing) and the request is submitted again. */
+#define OOM_REQS 3
+static fake_out_t oom_ref[OOM_REQS + 1][FAKE_MAX_CHOICES];
+/* A TOKEN event to fail in the next oom_workload (id 0: none). */
+static uint64_t oom_workload_armed_id;
+static int32_t oom_workload_armed_choice, oom_workload_armed_at;
+
+static void
+oom_workload(int fail_submit)
+{
+    fake_cfg_t c = fake_cfg_default();
+    eng_request_t r;
+    sched_stats_t before, after;
+    bm_stats_t bs_before, bs_after;
+
+    c.num_blocks = 24; /* tight enough to preempt */
+    fake_env_init(&env, &c);
+    env.sample_random = 1;
+    env.fail_token_id = oom_workload_armed_id;
+    env.fail_token_choice = oom_workload_armed_choice;
+    env.fail_token_at = oom_workload_armed_at;
+    ck_assert_int_eq(fake_submit(&env, 1, 0, 9, 1, 30), ST_OK);
+    for (int i = 0; i < 3; i++) {
+        fake_step(&env, NULL);
+    }
+    fake_req_fill(&r, 2, 0, 10, 2, 24);
+    r.n = 3;
+    if (fail_submit > 0) {
+        unsigned long n0 = xmalloc_try_count();
+        int rc;
+
+        sched_get_stats(env.sched, &before);
+        bm_pool_stats(env.pool, &bs_before);
+        xmalloc_fail_after(fail_submit);
+        rc = sched_submit(env.sched, &r, NULL);
+        ck_assert_int_eq(xmalloc_fail_pending(), 0); /* it fired inside */
+        ck_assert_int_eq(rc, ST_ENOMEM);
+        ck_assert_str_eq(sched_last_error(env.sched), "out of memory");
+        ck_assert_uint_le(xmalloc_try_count() - n0, (unsigned long)fail_submit);
+        ck_assert_ptr_nonnull(r.prompt); /* still the caller's */
+        sched_check(env.sched);
+        bm_pool_check(env.pool);
+        sched_get_stats(env.sched, &after);
+        bm_pool_stats(env.pool, &bs_after);
+        ck_assert_int_eq(memcmp(&before, &after, sizeof(before)), 0);
+        ck_assert_uint_eq(bs_before.dev_used, bs_after.dev_used);
+    }
+    ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+    ck_assert_int_eq(fake_submit(&env, 3, 0, 7, 3, 20), ST_OK);
+    fake_run(&env, 1000);
+}
+
+static void
+oom_save_reference(void)
+{
+    oom_workload(0);
+    ck_assert_int_eq(env.n_errors, 0);
+    for (int id = 1; id <= OOM_REQS; id++) {
+        memcpy(oom_ref[id], env.out[id], sizeof(oom_ref[id]));
+    }
+    fake_env_fini(&env);
+}
+
+/* Every allocation site of sched_submit (record, sequences, one token
+ * buffer per choice: 2 + n) fails in turn: ST_ENOMEM, queues, counters,
+ * random streams and blocks unchanged, and the run that follows is the
+ * run without the failure. One past the last site, submit succeeds. */
+START_TEST(test_oom_submit_each_site)
+{
+    int sites = 2 + 3;
+    eng_request_t r;
+    unsigned long n0;
+
+    oom_save_reference();
+    for (int f = 1; f <= sites; f++) {
+        oom_workload(f);
+        ck_assert_int_eq(env.n_errors, 0);
+        for (int id = 1; id <= OOM_REQS; id++) {
+            int n = id == 2 ? 3 : 1;
+            for (int k = 0; k < n; k++) {
+                out_eq(&oom_ref[id][k], &env.out[id][k]);
+            }
+        }
+        fake_env_fini(&env);
+    }
+    /* The count is exact: sites + 1 leaves submit alone. */
+    {
+        fake_cfg_t c = fake_cfg_default();
+        fake_env_init(&env, &c);
+        fake_req_fill(&r, 1, 0, 10, 2, 4);
+        r.n = 3;
+        n0 = xmalloc_try_count();
+        xmalloc_fail_after(sites + 1);
+        ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
+        ck_assert_int_eq(xmalloc_fail_pending(), 1);
+        xmalloc_fail_after(0);
+        ck_assert_uint_eq(xmalloc_try_count() - n0, (unsigned long)sites);
+        fake_run(&env, 100);
+        fake_env_fini(&env);
+    }
+}
+END_TEST
+
+/* A TOKEN event that cannot be reported (its message cannot be
+ * allocated) ends that request alone: one ERROR ST_ENOMEM, nothing after
+ * it, its blocks freed (fake_env_fini), the tokens before the failure
+ * are the reference's, and every other request is the reference's. Cases:
+ * the first token of a single choice, a forked choice's first token (the
+ * step of the fork), a later token of a forked choice, and the last token
+ * (the one that would have finished it). */
+START_TEST(test_oom_token_event_ends_request_only)
+{
+    static const struct {
+        uint64_t id;
+        int32_t choice, at;
+    } cases[] = {
+        {1, 0, 0}, {1, 0, 17}, {2, 0, 0}, {2, 2, 0}, {2, 1, 9}, {2, 2, 23}, {3, 0, 19},
+    };
+
+    oom_save_reference();
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint64_t fid = cases[i].id;
+        int32_t fk = cases[i].choice, at = cases[i].at;
+
+        /* The armed failure lives in env, which the workload resets. */
+        oom_workload_armed_id = fid;
+        oom_workload_armed_choice = fk;
+        oom_workload_armed_at = at;
+        oom_workload(0);
+        oom_workload_armed_id = 0;
+        ck_assert_int_eq(env.n_errors, 1);
+        ck_assert_int_eq(env.err_status[fid], ST_ENOMEM);
+        ck_assert_uint_eq(env.fail_token_id, 0); /* it fired */
+        for (int id = 1; id <= OOM_REQS; id++) {
+            int n = id == 2 ? 3 : 1;
+            for (int k = 0; k < n; k++) {
+                const fake_out_t *o = &env.out[id][k];
+                if ((uint64_t)id != fid) {
+                    out_eq(&oom_ref[id][k], o);
+                    continue;
+                }
+                /* The failed request: the failed choice stops before its
+                 * token without FINISHED; a sibling finished before the
+                 * failure is the reference's, any other is a prefix. */
+                if (k == fk) {
+                    ck_assert(!o->finished);
+                    ck_assert_int_eq(o->n_tokens, at);
+                } else if (o->finished) {
+                    out_eq(&oom_ref[id][k], o);
+                }
+                ck_assert_int_le(o->n_tokens, oom_ref[id][k].n_tokens);
+                ck_assert_int_eq(memcmp(o->tokens, oom_ref[id][k].tokens,
+                                        (size_t)o->n_tokens * sizeof(int32_t)),
+                                 0);
+            }
+        }
+        fake_env_fini(&env);
+    }
+}
+END_TEST
+
 /* ---- randomized ---------------------------------------------------------- */
 
 static uint64_t rnd_state;
@@ -1095,6 +1264,11 @@ scheduler_sched_suite(void)
     tcase_add_test(tc, test_priority_within_tenant);
     tcase_add_test(tc, test_sliding_window_bounded);
     tcase_add_test(tc, test_kv_policy_rolling_window);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("oom");
+    tcase_add_test(tc, test_oom_submit_each_site);
+    tcase_add_test(tc, test_oom_token_event_ends_request_only);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("random");
