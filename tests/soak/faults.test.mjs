@@ -31,6 +31,9 @@
 //    event and [DONE] (never a torn response) and the daemon exits.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import {
   MODEL_NAME, getMetrics, metricValue, postJson, readSse, startServer, validate, waitKvEmpty,
 } from '../integration/lib.mjs';
@@ -233,6 +236,85 @@ test('an allocation failure at each request-path site fails that request only', 
     await checkEnd(srv, r.expect5xx);
   } finally {
     const st = await srv.stop();
+    assert.equal(st.code, 0, `exit ${st.code ?? st.sig}\n${srv.logs.slice(-30).join('\n')}`);
+  }
+  console.log(report.join('\n'));
+});
+
+// A copy of the default model (files linked) whose tokenizer normalizes
+// to NFC first, as Qwen2-style tokenizer.json files do.
+function nfcModel() {
+  const src = process.env.KVSERVE_MODEL;
+  assert.ok(src, 'KVSERVE_MODEL is not set');
+  // Same base name: the served model name comes from it.
+  const dir = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'kvserve-nfc-')), path.basename(src));
+  fs.mkdirSync(dir);
+  for (const f of fs.readdirSync(src)) {
+    if (f !== 'tokenizer.json') {
+      fs.symlinkSync(path.join(src, f), path.join(dir, f));
+    }
+  }
+  const tok = JSON.parse(fs.readFileSync(path.join(src, 'tokenizer.json'), 'utf8'));
+  const norm = tok.normalizer;
+  tok.normalizer = {
+    type: 'Sequence',
+    normalizers: [{ type: 'NFC' }, ...(norm?.type === 'Sequence' ? norm.normalizers : [norm])],
+  };
+  fs.writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(tok));
+  return dir;
+}
+
+// Combining acute accents (U+0301) that NFC composes: the prompt goes
+// through model/tok_nfc.c, whose allocations fail like any other.
+const DECOMPOSED = 'Emma Woodhouse, handsome, cafe\u0301 and ble\u0301 clever';
+const PRECOMPOSED = 'Emma Woodhouse, handsome, caf\u00e9 and bl\u00e9 clever';
+const NFC_KINDS = [
+  {
+    name: '/tokenize (combining characters)', route: '/tokenize', ep: '/tokenize',
+    body: { model: MODEL_NAME, prompt: DECOMPOSED },
+    floor: 15,
+    engineFloor: 0,
+    result: (r) => r.json.tokens,
+  },
+  {
+    name: 'completion (combining characters)', route: '/v1/completions', ep: '/v1/completions',
+    body: { model: MODEL_NAME, prompt: DECOMPOSED, max_tokens: 4, temperature: 0 },
+    floor: 30,
+    engineFloor: 6,
+    result: (r) => r.json.choices.map((c) => c.text),
+  },
+];
+
+test('NFC of a prompt with combining characters fails cleanly at each site', async () => {
+  const dir = nfcModel();
+  const saved = process.env.KVSERVE_MODEL;
+  process.env.KVSERVE_MODEL = dir;
+  let srv;
+  try {
+    srv = await startServer([], { env: { KVSERVE_TEST_HOOKS: '1' } });
+  } finally {
+    process.env.KVSERVE_MODEL = saved;
+  }
+  let report = [];
+  try {
+    // NFC is on: the decomposed prompt tokenizes as the precomposed one,
+    // and costs the normalizer's allocations on top.
+    const pre = { ...NFC_KINDS[0], body: { model: MODEL_NAME, prompt: PRECOMPOSED } };
+    const refPre = checkOk(pre, await send(srv.base, pre));
+    assert.deepEqual(checkOk(NFC_KINDS[0], await send(srv.base, NFC_KINDS[0])), refPre);
+    const a0 = await allocs(srv.base);
+    checkOk(pre, await send(srv.base, pre));
+    const a1 = await allocs(srv.base);
+    checkOk(NFC_KINDS[0], await send(srv.base, NFC_KINDS[0]));
+    const a2 = await allocs(srv.base);
+    assert.ok(a2.count - a1.count >= a1.count - a0.count + 4,
+      `NFC sites missing: ${a1.count - a0.count} precomposed, ${a2.count - a1.count} decomposed`);
+    const r = await enumerateKinds(srv, NFC_KINDS);
+    report = r.report;
+    await checkEnd(srv, r.expect5xx);
+  } finally {
+    const st = await srv.stop();
+    fs.rmSync(path.dirname(dir), { recursive: true, force: true });
     assert.equal(st.code, 0, `exit ${st.code ?? st.sig}\n${srv.logs.slice(-30).join('\n')}`);
   }
   console.log(report.join('\n'));
