@@ -1108,6 +1108,8 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
     return c.worst;
 }
 
+/* One run per loop index (each its own timeout); the sanitizer run
+ * (KVSERVE_TEST_SCALE < 1) keeps f16 and int4 at T = 1. */
 START_TEST(test_devemu_kv_policy)
 {
     static const struct {
@@ -1118,19 +1120,23 @@ START_TEST(test_devemu_kv_policy)
     } runs[] = {{MDL_KV_F16, "f16", 2e-6, 1},
                 {MDL_KV_INT4, "int4", 2e-4, 1},
                 {MDL_KV_INT8, "int8", 2e-5, 1},
-                {MDL_KV_INT4, "int4", 2e-4, 2}};
+                {MDL_KV_INT4, "int4", 2e-4, 2},
+                {MDL_KV_F16, "f16", 2e-6, 2}};
+    const char *scale = getenv("KVSERVE_TEST_SCALE");
     synth_t s;
 
-    for (size_t k = 0; k < sizeof(runs) / sizeof(runs[0]); k++) {
-        synth_init(&s, 8, 2, 1);
-        s.m.cfg.rope_scaling = MDL_ROPE_LINEAR; /* the shift uses the scaled frequencies */
-        s.m.cfg.rope_factor = 2.0f;
-        printf("synthetic 8/2 heads, %s KV, T=%d, sink 8 + window 32 streamed 200 tokens: "
-               "emulated vs cpu NMSE %.3g\n",
-               runs[k].name, runs[k].tp, stream_script(&s.m, runs[k].kv, runs[k].tp, runs[k].bound));
-        free(s.m.layers);
-        free(s.buf);
+    if (_i >= 2 && scale != NULL && atof(scale) < 1.0) {
+        printf("kv policy run %d skipped at KVSERVE_TEST_SCALE=%s\n", _i, scale);
+        return;
     }
+    synth_init(&s, 8, 2, 1);
+    s.m.cfg.rope_scaling = MDL_ROPE_LINEAR; /* the shift uses the scaled frequencies */
+    s.m.cfg.rope_factor = 2.0f;
+    printf("synthetic 8/2 heads, %s KV, T=%d, sink 8 + window 32 streamed 200 tokens: "
+           "emulated vs cpu NMSE %.3g\n",
+           runs[_i].name, runs[_i].tp, stream_script(&s.m, runs[_i].kv, runs[_i].tp, runs[_i].bound));
+    free(s.m.layers);
+    free(s.buf);
 }
 END_TEST
 
@@ -1153,7 +1159,7 @@ cuda_devemu_suite(void)
     TCase *tp = tcase_create("kv_policy");
 
     tcase_set_timeout(tp, 240);
-    tcase_add_test(tp, test_devemu_kv_policy);
+    tcase_add_loop_test(tp, test_devemu_kv_policy, 0, 5);
     suite_add_tcase(s, tp);
     return s;
 }
