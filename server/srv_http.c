@@ -545,9 +545,10 @@ parse_small_body(srv_req_t *r, srv_error_t *err)
     }
     model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (cJSON_IsString(model) && strcmp(model->valuestring, r->s->model_name) != 0) {
-        cJSON_Delete(root);
+        /* The message quotes the name: format it before the tree goes. */
         srv_err_set(err, 404, "model", "The model '%.100s' does not exist", model->valuestring);
         err->code = "model_not_found";
+        cJSON_Delete(root);
         return NULL;
     }
     return root;
