@@ -1326,11 +1326,11 @@ typedef struct kn_kq_attn_args {
 } kn_kq_attn_args_t;
 
 /* Shared floats: q, q', acc (group x hd), p (group x tile), m, l, alpha,
- * qz, pz (group each). */
+ * qz, pz (group each), cos / sin of a block's shift (hd / 2 each). */
 static inline size_t
 kn_kq_attn_smem_floats(int32_t group, int32_t head_dim)
 {
-    return (size_t)group * (3 * (size_t)head_dim + KN_ATTN_TILE + 5);
+    return (size_t)group * (3 * (size_t)head_dim + KN_ATTN_TILE + 5) + (size_t)head_dim;
 }
 
 KN_DEV void
@@ -1351,6 +1351,8 @@ kn_kq_attention_body(const kn_thr_t *t, float *smem, const kn_kq_attn_args_t *qa
     float *al_s = l_s + group;
     float *qz_s = al_s + group;
     float *pz_s = qz_s + group;
+    float *cs_s = pz_s + group; /* [hd / 2] */
+    float *sn_s = cs_s + hd / 2;
     int32_t s = 0, lo, hi, own_slot = qa->own_slot[tok];
 
     {
@@ -1404,6 +1406,12 @@ kn_kq_attention_body(const kn_thr_t *t, float *smem, const kn_kq_attn_args_t *qa
         n_keys = n_keys < KN_ATTN_TILE ? n_keys : KN_ATTN_TILE;
         n_keys = n_keys < hi - j0 + 1 ? n_keys : hi - j0 + 1;
 
+        if (shift != 0) { /* uniform over the thread block */
+            for (int32_t i = t->tid; i < hd / 2; i += t->nthr) {
+                kn_rot_cs(qa->inv_freq, i, -shift, &cs_s[i], &sn_s[i]);
+            }
+            KN_SYNC(t);
+        }
         /* Fold the block's key scales (and zero points) into the query. */
         for (int32_t gg = warp; gg < group; gg += n_warps) {
             float zs = 0.0f;
@@ -1414,9 +1422,8 @@ kn_kq_attention_body(const kn_thr_t *t, float *smem, const kn_kq_attn_args_t *qa
                 if (shift != 0) { /* R(shift) q, pair (i, i + hd/2) */
                     const int32_t half = hd / 2, k = i < half ? i : i - half;
                     const float *qg = q_s + (size_t)gg * hd;
-                    float c, sn;
+                    float c = cs_s[k], sn = sn_s[k];
 
-                    kn_rot_cs(qa->inv_freq, k, -shift, &c, &sn);
                     qv = i < half ? KN_FSUB_RN(KN_FMUL_RN(qv, c), KN_FMUL_RN(qg[i + half], sn))
                                   : KN_FADD_RN(KN_FMUL_RN(qv, c), KN_FMUL_RN(qg[i - half], sn));
                 }
