@@ -1132,9 +1132,11 @@ START_TEST(test_devemu_kv_policy)
     synth_init(&s, 8, 2, 1);
     s.m.cfg.rope_scaling = MDL_ROPE_LINEAR; /* the shift uses the scaled frequencies */
     s.m.cfg.rope_factor = 2.0f;
+    double worst = stream_script(&s.m, runs[_i].kv, runs[_i].tp, runs[_i].bound);
+
     printf("synthetic 8/2 heads, %s KV, T=%d, sink 8 + window 32 streamed 200 tokens: "
            "emulated vs cpu NMSE %.3g\n",
-           runs[_i].name, runs[_i].tp, stream_script(&s.m, runs[_i].kv, runs[_i].tp, runs[_i].bound));
+           runs[_i].name, runs[_i].tp, worst);
     free(s.m.layers);
     free(s.buf);
 }
