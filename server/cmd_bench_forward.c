@@ -11,6 +11,12 @@
  * (STREAM "copy" convention: read + write bytes per second). Decode is
  * also given per CPU-second of the process, a figure a busy host disturbs
  * less than wall-clock time.
+ *
+ * --kv-cache-dtype picks the KV format (the compressed ones read fewer KV
+ * bytes per decode step; the roofline counts the format's bytes per token,
+ * scales included). Decode rounds after the first rewrite positions
+ * P .. P + D - 1, so with a compressed format they re-take residual slots
+ * for blocks the previous round quantized, as a flushed slot would.
  */
 #define LOG_MODULE "bench"
 
@@ -37,13 +43,14 @@ static void
 bf_usage(FILE *f)
 {
     fprintf(f, "usage: kvserve bench-forward [--model PATH] [--prompt-len P] [--decode D]\n"
-               "                             [--batch B] [--threads N]\n"
+               "                             [--batch B] [--threads N] [--kv-cache-dtype X]\n"
                "\n"
                "  --model PATH     Hugging Face directory or .gguf (default " BF_DEFAULT_MODEL ")\n"
                "  --prompt-len P   prompt tokens per sequence (default 128)\n"
                "  --decode D       decode steps (default 64)\n"
                "  --batch B        the larger batch (default 16; batch 1 always runs)\n"
                "  --threads N      CPU threads (default: every core)\n"
+               "  --kv-cache-dtype X  f32 f16 bf16 fp8_e4m3 int8 int4 (default f32)\n"
                "  --help           this text\n");
 }
 
@@ -104,8 +111,8 @@ typedef struct bf_run {
 } bf_run_t;
 
 static int
-bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threads, double bw,
-       bf_run_t *r, char *err, size_t errlen)
+bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threads,
+       mdl_kv_dtype_t kvdt, double bw, bf_run_t *r, char *err, size_t errlen)
 {
     const mdl_config_t *c = mdl_model_config(m);
     int32_t total = plen + dec, mb = (total + BF_BLOCK - 1) / BF_BLOCK;
@@ -117,6 +124,7 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
         .max_num_batched_tokens = T,
         .max_num_seqs = batch,
         .max_blocks_per_seq = mb,
+        .kv_dtype = kvdt,
     };
     mdl_runtime_t *rt = NULL;
     int32_t *tok = calloc((size_t)T, sizeof(int32_t)), *pos = calloc((size_t)T, sizeof(int32_t));
@@ -183,10 +191,10 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
         qs[s + 1] = s + 1;
         rows[s] = s;
     }
-    size_t kv_per_tok = mdl_kv_block_bytes(c, 1, MDL_KV_F32);
+    double kv_per_tok = (double)mdl_kv_block_bytes(c, BF_BLOCK, kvdt) / BF_BLOCK;
 
     for (int32_t k = 0; k < dec; k++) {
-        kv_bytes += (double)batch * (double)(plen + k + 1) * (double)kv_per_tok;
+        kv_bytes += (double)batch * (double)(plen + k + 1) * kv_per_tok;
     }
     /* Each round decodes positions plen .. plen + dec - 1 again (the KV
      * written by the previous round is simply overwritten). */
@@ -241,11 +249,13 @@ cmd_bench_forward(int argc, char **argv)
         {"decode", required_argument, NULL, 'd'},
         {"batch", required_argument, NULL, 'b'},
         {"threads", required_argument, NULL, 't'},
+        {"kv-cache-dtype", required_argument, NULL, 'k'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *model = NULL;
     int32_t plen = 128, dec = 64, batch = 16, threads = 0;
+    mdl_kv_dtype_t kvdt = MDL_KV_F32;
     char defpath[4096], err[512] = "";
     mdl_model_t *m = NULL;
     int c;
@@ -256,7 +266,7 @@ cmd_bench_forward(int argc, char **argv)
         char *end = NULL;
         long v = 0;
 
-        if (c != 'm' && c != 'h' && c != '?') {
+        if (c != 'm' && c != 'k' && c != 'h' && c != '?') {
             v = strtol(optarg, &end, 10);
             if (*end != '\0' || v < (c == 't' ? 0 : 1) || v > 1000000) {
                 fprintf(stderr, "kvserve bench-forward: bad value '%s'\n", optarg);
@@ -279,6 +289,13 @@ cmd_bench_forward(int argc, char **argv)
             break;
         case 't':
             threads = (int32_t)v;
+            break;
+        case 'k':
+            if (mdl_kv_dtype_parse(optarg, &kvdt) != ST_OK || kvdt == MDL_KV_AUTO) {
+                fprintf(stderr, "kvserve bench-forward: bad --kv-cache-dtype '%s'\n", optarg);
+                bf_usage(stderr);
+                return 2;
+            }
             break;
         case 'h':
             bf_usage(stdout);
@@ -325,14 +342,15 @@ cmd_bench_forward(int argc, char **argv)
                "      by memory bandwidth and the roofline fraction can exceed 100%%\n",
                llc >> 20);
     }
-    printf("prompt %d tokens, %d decode steps\n", plen, dec);
+    printf("prompt %d tokens, %d decode steps, KV %s (%.0f bytes/token)\n", plen, dec,
+           mdl_kv_dtype_name(kvdt), (double)mdl_kv_block_bytes(mc, BF_BLOCK, kvdt) / BF_BLOCK);
     printf("%6s %14s %14s %16s %18s\n", "batch", "prefill tok/s", "decode tok/s", "decode/roofline",
            "decode tok/cpu-s");
     int32_t batches[2] = {1, batch};
 
     for (int i = 0; i < (batch == 1 ? 1 : 2); i++) {
         bf_run_t r = {0};
-        int st = bf_run(m, batches[i], plen, dec, threads, bw, &r, err, sizeof(err));
+        int st = bf_run(m, batches[i], plen, dec, threads, kvdt, bw, &r, err, sizeof(err));
 
         if (st != ST_OK) {
             fprintf(stderr, "kvserve bench-forward: batch %d: %s %s\n", batches[i], st_str(st),
