@@ -965,7 +965,9 @@ kn_kvq_write(kn_kvq_store_t *st, int32_t layer, const float *k, const float *v,
     }
 }
 
-/* The attention task, once per ISA (kv_quant_attn.inc). */
+/* The attention task, once per ISA (kv_quant_attn.inc). Clang ignores
+ * "#pragma GCC target": it gets the target through "#pragma clang attribute"
+ * (as kn_simd.c). */
 #define KVQ_SFX(name) name##_generic
 #define KVQ_VW 4 /* f32 lanes per vector */
 #include "kernels/cpu/kv_quant_attn.inc"
@@ -973,22 +975,38 @@ kn_kvq_write(kn_kvq_store_t *st, int32_t layer, const float *k, const float *v,
 #undef KVQ_VW
 
 #if defined(__x86_64__) || defined(__i386__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 #define KVQ_SFX(name) name##_avx2
 #define KVQ_VW 8
 #include "kernels/cpu/kv_quant_attn.inc"
 #undef KVQ_SFX
 #undef KVQ_VW
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,fma")
+#endif
 #define KVQ_SFX(name) name##_avx512
 #define KVQ_VW 16
 #include "kernels/cpu/kv_quant_attn.inc"
 #undef KVQ_SFX
 #undef KVQ_VW
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #define KVQ_HAVE_X86 1
 #else
 #define KVQ_HAVE_X86 0
