@@ -16,6 +16,20 @@
  * anything: it first counts what it needs from the tier's queue, then
  * mutates, and its mutations can no longer fail.
  *
+ * Memory (issue 9: out of memory ends one request, never the engine).
+ * What has a bound known at create is allocated there: the hash tables
+ * (twice each tier's blocks), the swap planning scratch (a sequence holds
+ * at most one tier's usable blocks) and the op queue's usual need (see
+ * ops_prealloc). What grows with a request is allocated with the fallible
+ * family before anything changes, and the call returns ST_ENOMEM with
+ * nothing changed: the sequence record and its tenant entry, the block
+ * table and token array, a block's extra tenant records and the op queue
+ * room a call may use. The sequence map grows with the fallible family
+ * too, and simply keeps its size (longer chains) when it cannot. Calls
+ * that only give blocks back (free, truncate, release, evict) cannot
+ * fail; the few ops they queue past the preallocated room use the
+ * aborting allocator.
+ *
  * Thread: engine thread only.
  */
 #define LOG_MODULE "blockmgr"
@@ -56,14 +70,20 @@ bm__seq_find(const bm_pool_t *pool, uint64_t id)
     return s;
 }
 
+/* Doubles the sequence map. Without memory the map keeps its size: only
+ * its chains get longer, so this never fails a call. */
 static void
 seq_map_grow(bm_pool_t *pool)
 {
     uint32_t old_n = pool->seq_mask + 1;
     bm_seq_t **old = pool->seq_buckets;
+    bm_seq_t **nb = xcalloc_try(2 * (size_t)old_n, sizeof(*pool->seq_buckets));
 
+    if (nb == NULL) {
+        return;
+    }
     pool->seq_mask = 2 * old_n - 1;
-    pool->seq_buckets = xcalloc(2 * (size_t)old_n, sizeof(*pool->seq_buckets));
+    pool->seq_buckets = nb;
     for (uint32_t i = 0; i < old_n; i++) {
         bm_seq_t *s = old[i];
         while (s != NULL) {
@@ -89,46 +109,73 @@ seq_map_remove(bm_pool_t *pool, bm_seq_t *s)
     pool->n_seqs--;
 }
 
-static void
+/* Room for n_blocks table entries and n_toks token ids. ST_ENOMEM leaves
+ * the contents and lengths as they were (a capacity may have grown). */
+static int
 seq_reserve_cap(bm_seq_t *s, uint32_t n_blocks, uint32_t n_toks)
 {
     if (n_blocks > s->cap_blocks) {
         uint32_t cap = s->cap_blocks ? s->cap_blocks : 4;
+        int32_t *p;
         while (cap < n_blocks) {
-            cap *= 2;
+            cap = cap > UINT32_MAX / 2 ? n_blocks : 2 * cap;
         }
-        s->table = xrealloc(s->table, (size_t)cap * sizeof(*s->table));
+        p = xrealloc_try(s->table, (size_t)cap * sizeof(*s->table));
+        if (p == NULL) {
+            return ST_ENOMEM;
+        }
+        s->table = p;
         s->cap_blocks = cap;
     }
     if (n_toks > s->cap_toks) {
         uint32_t cap = s->cap_toks ? s->cap_toks : 64;
+        int32_t *p;
         while (cap < n_toks) {
-            cap *= 2;
+            cap = cap > UINT32_MAX / 2 ? n_toks : 2 * cap;
         }
-        s->toks = xrealloc(s->toks, (size_t)cap * sizeof(*s->toks));
+        p = xrealloc_try(s->toks, (size_t)cap * sizeof(*s->toks));
+        if (p == NULL) {
+            return ST_ENOMEM;
+        }
+        s->toks = p;
         s->cap_toks = cap;
     }
+    return ST_OK;
 }
 
-static int32_t *
-scratch(bm_pool_t *pool, uint32_t n)
+/* Room for n more queued ops. ST_ENOMEM changes nothing. */
+static int
+ops_reserve(bm_pool_t *pool, uint64_t n)
 {
-    if (n > pool->cap_scratch) {
-        uint32_t cap = pool->cap_scratch ? pool->cap_scratch : 64;
-        while (cap < n) {
-            cap *= 2;
-        }
-        pool->scratch = xrealloc(pool->scratch, (size_t)cap * sizeof(*pool->scratch));
-        pool->cap_scratch = cap;
+    uint64_t want = (uint64_t)pool->n_ops + n;
+    uint32_t cap = pool->cap_ops;
+    kv_op_t *p;
+
+    if (want <= cap) {
+        return ST_OK;
     }
-    return pool->scratch;
+    if (want > UINT32_MAX / 2) {
+        return ST_ENOMEM;
+    }
+    while (cap < want) {
+        cap *= 2;
+    }
+    p = xrealloc_try(pool->ops, (size_t)cap * sizeof(*pool->ops));
+    if (p == NULL) {
+        return ST_ENOMEM;
+    }
+    pool->ops = p;
+    pool->cap_ops = cap;
+    return ST_OK;
 }
 
 static void
 op_push(bm_pool_t *pool, kv_op_kind_t kind, uint32_t src, uint32_t dst)
 {
     if (pool->n_ops == pool->cap_ops) {
-        pool->cap_ops = pool->cap_ops ? 2 * pool->cap_ops : 64;
+        /* Only the calls that cannot fail get here (the others reserved
+         * their worst case), past the preallocated room. */
+        pool->cap_ops *= 2;
         pool->ops = xrealloc(pool->ops, (size_t)pool->cap_ops * sizeof(*pool->ops));
     }
     pool->ops[pool->n_ops].kind = kind;
@@ -137,6 +184,8 @@ op_push(bm_pool_t *pool, kv_op_kind_t kind, uint32_t src, uint32_t dst)
     pool->n_ops++;
 }
 
+/* Index of the tenant's entry, added on first use; BM_NONE without
+ * memory (nothing changed). */
 static uint32_t
 tenant_index(bm_pool_t *pool, uint32_t tenant)
 {
@@ -148,8 +197,13 @@ tenant_index(bm_pool_t *pool, uint32_t tenant)
         }
     }
     if (pool->n_tenants == pool->cap_tenants) {
-        pool->cap_tenants = pool->cap_tenants ? 2 * pool->cap_tenants : 4;
-        pool->tenants = xrealloc(pool->tenants, pool->cap_tenants * sizeof(*pool->tenants));
+        uint32_t cap = pool->cap_tenants ? 2 * pool->cap_tenants : 4;
+        bm_tenant_t *p = xrealloc_try(pool->tenants, (size_t)cap * sizeof(*pool->tenants));
+        if (p == NULL) {
+            return BM_NONE;
+        }
+        pool->tenants = p;
+        pool->cap_tenants = cap;
     }
     t = &pool->tenants[pool->n_tenants];
     memset(t, 0, sizeof(*t));
@@ -175,6 +229,33 @@ tenant_find(const bm_pool_t *pool, uint32_t tenant)
 
 /* ------------------------------------------------------ tenant references */
 
+/* Room for one more tenant record on b if tenant has none there yet, so
+ * that a later blk_get() by tenant allocates nothing. ST_ENOMEM changes
+ * nothing. */
+static int
+tref_reserve(bm_block_t *b, uint32_t tenant)
+{
+    bm_tref_t *p;
+    uint32_t cap;
+
+    if (b->tref0.n == 0 || b->tref0.tenant == tenant || b->n_more < b->cap_more) {
+        return ST_OK;
+    }
+    for (uint32_t i = 0; i < b->n_more; i++) {
+        if (b->tref_more[i].tenant == tenant) {
+            return ST_OK;
+        }
+    }
+    cap = b->cap_more ? 2 * b->cap_more : 2;
+    p = xrealloc_try(b->tref_more, (size_t)cap * sizeof(*b->tref_more));
+    if (p == NULL) {
+        return ST_ENOMEM;
+    }
+    b->tref_more = p;
+    b->cap_more = cap;
+    return ST_OK;
+}
+
 static void
 tref_add(bm_pool_t *pool, int tier, bm_block_t *b, uint32_t tenant)
 {
@@ -194,10 +275,9 @@ tref_add(bm_pool_t *pool, int tier, bm_block_t *b, uint32_t tenant)
             return;
         }
     }
-    if (b->n_more == b->cap_more) {
-        b->cap_more = b->cap_more ? 2 * b->cap_more : 2;
-        b->tref_more = xrealloc(b->tref_more, b->cap_more * sizeof(*b->tref_more));
-    }
+    /* Every caller that can bring a second tenant to b reserved the
+     * record with tref_reserve() first. */
+    CHECK(b->n_more < b->cap_more);
     b->tref_more[b->n_more].tenant = tenant;
     b->tref_more[b->n_more].n = 1;
     b->n_more++;
@@ -386,6 +466,17 @@ tier_avail(const bm_pool_t *pool, int tier)
 
 /* ------------------------------------------------------------------ pool */
 
+/* Op queue room at create: a step that swaps every block of both tiers
+ * once each way and drops as many (the engine clears the queue every
+ * step), so a step normally never grows it. */
+static uint32_t
+ops_prealloc(const bm_config_t *cfg)
+{
+    uint64_t n = 2 * ((uint64_t)cfg->num_blocks + cfg->swap_blocks) + 64;
+
+    return n > UINT32_MAX / 4 ? UINT32_MAX / 4 : (uint32_t)n;
+}
+
 static void
 tier_init(bm_tier_t *t, uint32_t n_blocks, uint32_t first)
 {
@@ -426,6 +517,12 @@ bm_pool_create(const bm_config_t *cfg, bm_pool_t **out)
     tier_init(&pool->tier[BM_CPU], cfg->swap_blocks, 0);
     pool->seq_mask = 63;
     pool->seq_buckets = xcalloc(pool->seq_mask + 1, sizeof(*pool->seq_buckets));
+    /* A sequence holds at most every usable block of the tier it lives in
+     * (released entries are not planned), so this scratch never grows. */
+    pool->cap_scratch = cfg->num_blocks > cfg->swap_blocks ? cfg->num_blocks : cfg->swap_blocks;
+    pool->scratch = xcalloc(pool->cap_scratch, sizeof(*pool->scratch));
+    pool->cap_ops = ops_prealloc(cfg);
+    pool->ops = xcalloc(pool->cap_ops, sizeof(*pool->ops));
     pool->md_ctx = EVP_MD_CTX_new();
     pool->md = EVP_MD_fetch(NULL, "SHA256", NULL);
     if (pool->md_ctx == NULL || pool->md == NULL) {
@@ -487,6 +584,9 @@ bm_tenant_set_salt(bm_pool_t *pool, uint32_t tenant, const void *salt, size_t le
         return ST_EINVAL;
     }
     k = tenant_index(pool, tenant); /* may move pool->tenants */
+    if (k == BM_NONE) {
+        return ST_ENOMEM;
+    }
     t = &pool->tenants[k];
     if (len > 0) {
         memcpy(t->salt, salt, len);
@@ -509,9 +609,16 @@ bm_seq_create(bm_pool_t *pool, uint64_t seq, uint32_t tenant)
     if (pool->n_seqs >= pool->seq_mask + 1) {
         seq_map_grow(pool);
     }
-    s = xcalloc(1, sizeof(*s));
+    s = xcalloc_try(1, sizeof(*s));
+    if (s == NULL) {
+        return ST_ENOMEM;
+    }
     s->id = seq;
-    s->tenant = tenant_index(pool, tenant);
+    s->tenant = tenant_index(pool, tenant); /* the last thing that can fail */
+    if (s->tenant == BM_NONE) {
+        free(s);
+        return ST_ENOMEM;
+    }
     k = seq_bucket(pool, seq);
     s->next = pool->seq_buckets[k];
     pool->seq_buckets[k] = s;
@@ -632,6 +739,7 @@ bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_
 {
     bm_seq_t *s = bm__seq_find(pool, seq);
     uint32_t bs = pool->bs;
+    uint32_t need;
 
     if (s == NULL || s->swapped || (n_new > 0 && (tokens == NULL || slots == NULL)) ||
         (uint64_t)s->len + n_new > INT32_MAX) {
@@ -640,11 +748,16 @@ bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_
     if (n_new == 0) {
         return ST_OK;
     }
-    if (reserve_needed(pool, s, n_new) > tier_avail(pool, BM_DEV)) {
+    need = reserve_needed(pool, s, n_new);
+    if (need > tier_avail(pool, BM_DEV)) {
         return ST_EAGAIN;
     }
+    /* Ops: a copy-on-write and a demotion per block taken. */
+    if (seq_reserve_cap(s, div_up(s->len + n_new, bs), s->len + n_new) != ST_OK ||
+        ops_reserve(pool, 2 * (uint64_t)need + 1) != ST_OK) {
+        return ST_ENOMEM;
+    }
     /* From here on nothing fails. */
-    seq_reserve_cap(s, div_up(s->len + n_new, bs), s->len + n_new);
 
     if (s->len % bs != 0) {
         bm_block_t *tail = bm__blk(pool, BM_DEV, (uint32_t)s->table[s->n_blocks - 1]);
@@ -715,10 +828,16 @@ bm_seq_fork(bm_pool_t *pool, uint64_t parent, uint64_t child)
         return ST_EINVAL;
     }
     rc = bm_seq_create(pool, child, pool->tenants[p->tenant].id);
-    CHECK(rc == ST_OK);
+    if (rc != ST_OK) {
+        return rc;
+    }
     c = bm__seq_find(pool, child);
     if (p->len > 0) {
-        seq_reserve_cap(c, p->n_blocks, p->len);
+        if (seq_reserve_cap(c, p->n_blocks, p->len) != ST_OK) {
+            seq_map_remove(pool, c);
+            seq_destroy(c);
+            return ST_ENOMEM;
+        }
         memcpy(c->table, p->table, (size_t)p->n_blocks * sizeof(*c->table));
         memcpy(c->toks, p->toks, (size_t)p->len * sizeof(*c->toks));
     }
@@ -846,13 +965,18 @@ bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint3
         *n_cached = 0;
         return ST_OK;
     }
-    pool->st.prefix_queries += n;
     if (!pool->cfg.prefix_caching || n == 0) {
+        pool->st.prefix_queries += n;
         *n_cached = 0;
         return ST_OK;
     }
     max_blocks = (n - 1) / bs; /* never covers tokens[n - 1] */
-    seq_reserve_cap(s, max_blocks, max_blocks * bs);
+    /* Ops: a promotion and a demotion per block. */
+    if (seq_reserve_cap(s, max_blocks, max_blocks * bs) != ST_OK ||
+        ops_reserve(pool, 2 * (uint64_t)max_blocks) != ST_OK) {
+        return ST_ENOMEM;
+    }
+    pool->st.prefix_queries += n;
     for (i = 0; i < max_blocks; i++) {
         uint8_t h[BM_HASH_LEN];
         bm_block_t *b;
@@ -863,6 +987,9 @@ bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint3
         id = bm__ht_find(dev, h);
         if (id != BM_NONE) {
             b = bm__blk(pool, BM_DEV, id);
+            if (tref_reserve(b, s->tenant) != ST_OK) {
+                break; /* no memory for the tenant record: the run ends as on a miss */
+            }
             blk_get(pool, BM_DEV, b, s->tenant);
         } else {
             bm_block_t *c;
@@ -873,6 +1000,9 @@ bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint3
             /* Promote: pin the CPU block so that a demotion made by the
              * allocation below cannot take it, copy it up, unpin. */
             c = bm__blk(pool, BM_CPU, id);
+            if (tref_reserve(c, s->tenant) != ST_OK) {
+                break;
+            }
             blk_get(pool, BM_CPU, c, s->tenant);
             b = blk_alloc(pool, BM_DEV, s->tenant);
             op_push(pool, KV_OP_SWAP_IN, c->id, b->id);
@@ -975,11 +1105,25 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
     if (need > tier_avail(pool, BM_CPU)) {
         return ST_EAGAIN;
     }
-
-    plan = scratch(pool, s->n_blocks);
-    for (uint32_t i = 0; i < s->n_released; i++) {
-        plan[i] = 0; /* released entries stay 0 on either tier */
+    /* Memory: a SWAP_OUT and a DROP per block, and the tenant records of
+     * the CPU blocks pass 1 will share. */
+    if (ops_reserve(pool, 2 * (uint64_t)(s->n_blocks - s->n_released)) != ST_OK) {
+        return ST_ENOMEM;
     }
+    for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
+        const bm_block_t *b = bm__blk(pool, BM_DEV, (uint32_t)s->table[i]);
+        uint32_t id = b->twin;
+        if (id == BM_NONE && b->hashed && cpu->n_blocks > 0) {
+            id = bm__ht_find(cpu, b->hash);
+        }
+        if (id != BM_NONE && tref_reserve(bm__blk(pool, BM_CPU, id), s->tenant) != ST_OK) {
+            return ST_ENOMEM;
+        }
+    }
+
+    /* plan[i - n_released]; released entries stay 0 on either tier. */
+    CHECK(s->n_blocks - s->n_released <= pool->cap_scratch);
+    plan = pool->scratch;
     /* Pass 1: share what already exists on the CPU tier, before any
      * allocation could evict a cached match. */
     for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
@@ -991,14 +1135,14 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
         if (id != BM_NONE) {
             blk_get(pool, BM_CPU, bm__blk(pool, BM_CPU, id), s->tenant);
         }
-        plan[i] = id == BM_NONE ? -1 : (int32_t)id;
+        plan[i - s->n_released] = id == BM_NONE ? -1 : (int32_t)id;
     }
     /* Pass 2: copy the rest. A block other resident sequences still hold
      * gets a twin link, so their own swap-outs reuse this copy. */
     for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
         bm_block_t *b = bm__blk(pool, BM_DEV, (uint32_t)s->table[i]);
         bm_block_t *c;
-        if (plan[i] >= 0) {
+        if (plan[i - s->n_released] >= 0) {
             continue;
         }
         c = blk_alloc(pool, BM_CPU, s->tenant);
@@ -1014,13 +1158,13 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
         if (b->ref > 1) {
             twin_link(b, c);
         }
-        plan[i] = (int32_t)c->id;
+        plan[i - s->n_released] = (int32_t)c->id;
     }
     /* Pass 3: release the device blocks, last to first. Sole-held hashed
      * blocks stay CACHED on the device until they are needed. */
     for (uint32_t i = s->n_blocks; i-- > s->n_released;) {
         blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[i]), s->tenant);
-        s->table[i] = plan[i];
+        s->table[i] = plan[i - s->n_released];
     }
     s->swapped = 1;
     return ST_OK;
@@ -1039,7 +1183,23 @@ bm_seq_swap_in(bm_pool_t *pool, uint64_t seq)
     if (swap_in_needed(pool, s) > tier_avail(pool, BM_DEV)) {
         return ST_EAGAIN;
     }
-    plan = scratch(pool, s->n_blocks);
+    /* Memory: a SWAP_IN, a demotion and a DROP_SWAP per block, and the
+     * tenant records of the device blocks pass 1 will share. */
+    if (ops_reserve(pool, 3 * (uint64_t)(s->n_blocks - s->n_released)) != ST_OK) {
+        return ST_ENOMEM;
+    }
+    for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
+        const bm_block_t *c = bm__blk(pool, BM_CPU, (uint32_t)s->table[i]);
+        uint32_t id = c->twin;
+        if (id == BM_NONE && c->hashed) {
+            id = bm__ht_find(dev, c->hash);
+        }
+        if (id != BM_NONE && tref_reserve(bm__blk(pool, BM_DEV, id), s->tenant) != ST_OK) {
+            return ST_ENOMEM;
+        }
+    }
+    CHECK(s->n_blocks - s->n_released <= pool->cap_scratch);
+    plan = pool->scratch; /* plan[i - n_released] */
     /* Pass 1: re-share device twins and cached device copies. */
     for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
         const bm_block_t *c = bm__blk(pool, BM_CPU, (uint32_t)s->table[i]);
@@ -1050,14 +1210,14 @@ bm_seq_swap_in(bm_pool_t *pool, uint64_t seq)
         if (id != BM_NONE) {
             blk_get(pool, BM_DEV, bm__blk(pool, BM_DEV, id), s->tenant);
         }
-        plan[i] = id == BM_NONE ? -1 : (int32_t)id;
+        plan[i - s->n_released] = id == BM_NONE ? -1 : (int32_t)id;
     }
     /* Pass 2: copy the rest back. The CPU blocks stay referenced until
      * pass 3, so demotions triggered here cannot overwrite them first. */
     for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
         bm_block_t *c = bm__blk(pool, BM_CPU, (uint32_t)s->table[i]);
         bm_block_t *b;
-        if (plan[i] >= 0) {
+        if (plan[i - s->n_released] >= 0) {
             continue;
         }
         b = blk_alloc(pool, BM_DEV, s->tenant);
@@ -1073,11 +1233,11 @@ bm_seq_swap_in(bm_pool_t *pool, uint64_t seq)
         if (c->ref > 1) {
             twin_link(b, c);
         }
-        plan[i] = (int32_t)b->id;
+        plan[i - s->n_released] = (int32_t)b->id;
     }
     for (uint32_t i = s->n_blocks; i-- > s->n_released;) {
         blk_put(pool, BM_CPU, bm__blk(pool, BM_CPU, (uint32_t)s->table[i]), s->tenant);
-        s->table[i] = plan[i];
+        s->table[i] = plan[i - s->n_released];
     }
     s->swapped = 0;
     return ST_OK;

@@ -61,8 +61,18 @@
  *   lookup hitting it there promotes it back with a SWAP_IN.
  *
  * Errors: ST_EINVAL for bad arguments (unknown sequence, wrong state),
- * ST_EAGAIN when a pool cannot satisfy the request; on ST_EAGAIN nothing
- * changed.
+ * ST_EAGAIN when a pool cannot satisfy the request, ST_ENOMEM when host
+ * memory for the request's bookkeeping cannot be allocated; on ST_EAGAIN
+ * and ST_ENOMEM nothing changed (the same call may succeed later).
+ *
+ * Memory: bm_pool_create() allocates what has a bound (hash tables, swap
+ * planning, the op queue a step usually needs) with the aborting family;
+ * what a request grows (its sequence record, tenant entry, block table,
+ * token array, a block's extra tenant records, op queue room past the
+ * preallocation) uses the fallible family (common/xmalloc.h, counted in
+ * the calling thread's domain). Calls that only give blocks back
+ * (bm_seq_free, bm_seq_truncate, bm_seq_release_front, bm_seq_evict)
+ * never fail for memory.
  *
  * Thread: engine thread only.
  */
@@ -114,11 +124,13 @@ int bm_pool_create(const bm_config_t *cfg, bm_pool_t **out);
 void bm_pool_destroy(bm_pool_t *pool);
 
 /* Prefix-cache salt for a tenant (copied; len <= 64). Tenants with the
- * same salt share cached blocks; the default salt is the tenant id. */
+ * same salt share cached blocks; the default salt is the tenant id.
+ * ST_ENOMEM: the tenant's entry could not be added (nothing changed). */
 int bm_tenant_set_salt(bm_pool_t *pool, uint32_t tenant, const void *salt, size_t len);
 
 /* Registers an empty, resident sequence owned by tenant. ST_EINVAL if seq
- * already exists. */
+ * already exists; ST_ENOMEM (nothing registered) if its record or the
+ * tenant's first entry cannot be allocated. */
 int bm_seq_create(bm_pool_t *pool, uint64_t seq, uint32_t tenant);
 
 /* Extra hash key (copied; len <= 64) mixed into every block hash of an
@@ -131,7 +143,10 @@ int bm_seq_set_extra_key(bm_pool_t *pool, uint64_t seq, const void *key, size_t 
  * match tokens[0..n), never covering tokens[n-1]. Blocks found in the CPU
  * tier are promoted (queued SWAP_IN), which needs free device blocks; the
  * run stops where it cannot. *n_cached = tokens now covered (a multiple of
- * block_size). Counts queries and hits. */
+ * block_size). Counts queries and hits. ST_ENOMEM (nothing changed, not
+ * counted) if the table and token room cannot be allocated; a shared
+ * block whose tenant record cannot be allocated ends the run as a miss
+ * would (ST_OK with fewer tokens). */
 int bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n,
                          uint32_t *n_cached);
 
@@ -153,7 +168,8 @@ int bm_pool_can_admit(const bm_pool_t *pool, uint32_t n_blocks);
  * all-or-nothing. Writes slots[i] = block * block_size + offset for each
  * new token. Copy-on-write of a shared partly filled tail is queued here.
  * Blocks that become full are hashed and enter the prefix cache.
- * ST_EAGAIN: not enough device blocks; nothing changed. */
+ * ST_EAGAIN: not enough device blocks; ST_ENOMEM: the table, token or
+ * op room cannot be allocated; nothing changed on either. */
 int bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_new,
                    int32_t *slots);
 
@@ -163,7 +179,8 @@ int bm_seq_truncate(bm_pool_t *pool, uint64_t seq, uint32_t n);
 
 /* child becomes a new sequence sharing every block of parent (refcounts
  * up), with the same tenant and length. ST_EINVAL if child exists or
- * parent is swapped. */
+ * parent is swapped; ST_ENOMEM (no child, nothing changed) if its record
+ * or table cannot be allocated. */
 int bm_seq_fork(bm_pool_t *pool, uint64_t parent, uint64_t child);
 
 /* Releases the sequence: blocks go back to the LRU queue, full hashed
@@ -196,10 +213,13 @@ uint32_t bm_seq_released(const bm_pool_t *pool, uint64_t seq);
 
 /* Move every block of a resident sequence to the CPU tier (queued
  * SWAP_OUT ops; a block shared by several sequences moves once and stays
- * shared). ST_EAGAIN when the CPU tier lacks room. */
+ * shared). ST_EAGAIN when the CPU tier lacks room; ST_ENOMEM when op
+ * room or a shared block's tenant record cannot be allocated (nothing
+ * changed on either). */
 int bm_seq_swap_out(bm_pool_t *pool, uint64_t seq);
 /* Bring a swapped sequence back (queued SWAP_IN ops). ST_EAGAIN when the
- * device tier lacks room (respecting nothing but free blocks). */
+ * device tier lacks room (respecting nothing but free blocks); ST_ENOMEM
+ * as for bm_seq_swap_out (nothing changed on either). */
 int bm_seq_swap_in(bm_pool_t *pool, uint64_t seq);
 /* Device blocks a swap-in of seq would need. */
 uint32_t bm_seq_swap_in_needed(const bm_pool_t *pool, uint64_t seq);

@@ -86,7 +86,8 @@ struct sched_req {
     int32_t cached_tokens; /* prompt tokens hit at first admission */
     sched_seq_t *seqs;     /* [r.n] */
     void *udata;           /* the submitter's, freed with cfg.udata_free */
-    int failed;            /* a TOKEN event failed in this commit: ERROR at its end */
+    int failed;            /* out of memory (a TOKEN event, a blockmgr record):
+                            * ERROR at the end of this commit */
 };
 
 typedef struct sched_tenant {
@@ -887,17 +888,59 @@ preempt(sched_t *s, sched_seq_t *q)
 
 enum { PLAN_OK, PLAN_PREEMPTED, PLAN_FINISHED };
 
+/* The block manager ran out of host memory for one of rq's sequences
+ * (ST_ENOMEM, nothing changed in the pool): the request ends with ERROR
+ * ST_ENOMEM and nothing else does. Right away when none of its choices
+ * has a row in this step's batch; otherwise it is marked and ends at the
+ * end of sched_commit (fail_marked), after the forward that writes its
+ * reserved KV. Returns whether it ended now. */
+static int
+req_fail_nomem(sched_t *s, sched_req_t *rq)
+{
+    sched_event_t ev = {
+        .kind = SCHED_EV_ERROR,
+        .id = rq->r.id,
+        .choice = -1,
+        .status = ST_ENOMEM,
+        .t_arrival_ns = rq->r.t_arrival_ns,
+        .udata = rq->udata,
+    };
+
+    if (rq->failed) {
+        return 0;
+    }
+    for (int32_t k = 0; k < rq->r.n; k++) {
+        if (rq->seqs[k].step_no == s->step_no) {
+            rq->failed = 1;
+            s->n_failed++;
+            return 0;
+        }
+    }
+    REQ_DEBUG(rq->r.id, "out of memory for its KV bookkeeping: request ends");
+    rq->n_live = 0;
+    req_retire(s, rq);
+    (void)s->emit(s->emit_arg, &ev);
+    return 1;
+}
+
 /* Reserves n_new tokens for running q, preempting others (or q itself)
  * until it fits. */
 static int
 plan_running(sched_t *s, sched_seq_t *q, int32_t n_new)
 {
+    if (q->req->failed) {
+        return PLAN_FINISHED; /* ends at the end of this step's commit */
+    }
     for (;;) {
         int rc = bm_seq_reserve(s->pool, q->bm_id, q->tokens + q->n_computed, (uint32_t)n_new,
                                 s->b_slots + s->n_tok);
         if (rc == ST_OK) {
             plan_add_row(s, q, n_new);
             return PLAN_OK;
+        }
+        if (rc == ST_ENOMEM) {
+            (void)req_fail_nomem(s, q->req);
+            return PLAN_FINISHED;
         }
         CHECK(rc == ST_EAGAIN);
         sched_seq_t *v = pick_victim(s);
@@ -1023,22 +1066,40 @@ plan_admit(sched_t *s)
             break;
         }
 
-        CHECK(bm_seq_create(s->pool, q->bm_id, tid) == ST_OK);
-        if (q->req->kv_window > 0) {
-            /* Its blocks get evicted and re-rotated: never shared. */
-            CHECK(bm_seq_set_nohash(s->pool, q->bm_id) == ST_OK);
+        int rc = bm_seq_create(s->pool, q->bm_id, tid);
+        if (rc == ST_OK) {
+            q->in_pool = 1;
+            q->n_computed = 0;
+            if (q->req->kv_window > 0) {
+                /* Its blocks get evicted and re-rotated: never shared. */
+                CHECK(bm_seq_set_nohash(s->pool, q->bm_id) == ST_OK);
+            }
+            if (s->cfg.prefix_caching) {
+                uint32_t got = 0;
+                rc = bm_seq_lookup_prefix(s->pool, q->bm_id, q->tokens, (uint32_t)q->n_tokens,
+                                          &got);
+                q->n_computed = (int32_t)got;
+            }
         }
-        q->in_pool = 1;
-        q->n_computed = 0;
-        if (s->cfg.prefix_caching) {
-            uint32_t got = 0;
-            CHECK(bm_seq_lookup_prefix(s->pool, q->bm_id, q->tokens, (uint32_t)q->n_tokens, &got) ==
-                  ST_OK);
-            q->n_computed = (int32_t)got;
-        }
-        n_new = min_i32(q->n_tokens - q->n_computed, s->budget_tokens);
-        int rc = bm_seq_reserve(s->pool, q->bm_id, q->tokens + q->n_computed, (uint32_t)n_new,
+        if (rc == ST_OK) {
+            n_new = min_i32(q->n_tokens - q->n_computed, s->budget_tokens);
+            rc = bm_seq_reserve(s->pool, q->bm_id, q->tokens + q->n_computed, (uint32_t)n_new,
                                 s->b_slots + s->n_tok);
+        }
+        if (rc == ST_ENOMEM) {
+            /* Out of host memory for its records: that request ends (or,
+             * with a choice in this batch, is skipped until the commit
+             * ends it). */
+            if (q->in_pool) {
+                bm_seq_free(s->pool, q->bm_id);
+                q->in_pool = 0;
+                q->n_computed = 0;
+            }
+            if (!req_fail_nomem(s, rq)) {
+                t->blocked_step = s->step_no;
+            }
+            continue;
+        }
         if (rc != ST_OK) {
             CHECK(rc == ST_EAGAIN);
             bm_seq_free(s->pool, q->bm_id);
@@ -1234,7 +1295,17 @@ commit_fork(sched_t *s, sched_seq_t *parent)
         if (c->done) {
             continue;
         }
-        CHECK(bm_seq_fork(s->pool, parent->bm_id, c->bm_id) == ST_OK);
+        int rc = bm_seq_fork(s->pool, parent->bm_id, c->bm_id);
+        if (rc != ST_OK) {
+            /* Out of memory for the child's record: the request ends with
+             * ERROR at the end of this commit (fail_marked). */
+            CHECK(rc == ST_ENOMEM);
+            if (!rq->failed) {
+                rq->failed = 1;
+                s->n_failed++;
+            }
+            break;
+        }
         c->in_pool = 1;
         c->n_computed = parent->n_computed;
         c->state = SEQ_RUNNING;
@@ -1338,8 +1409,9 @@ evict_window(sched_t *s, sched_seq_t *q)
 
 /* Ends with ERROR ST_ENOMEM every request whose TOKEN event failed in
  * this commit (still live: commit_token returns before any finish check
- * when the event fails, and skips the request's later samples). The
- * ERROR stands in for the FINISHED of its open choices. */
+ * when the event fails, and skips the request's later samples), or that
+ * the block manager could not serve for memory in this step or its fork.
+ * The ERROR stands in for the FINISHED of its open choices. */
 static void
 fail_marked(sched_t *s)
 {
@@ -1396,7 +1468,7 @@ sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
     }
     for (int32_t r = 0; r < s->n_rows; r++) {
         sched_seq_t *q = s->rows_seq[r];
-        if (q->req->fork_pending && q->n_computed == q->n_tokens) {
+        if (q->req->fork_pending && !q->req->failed && q->n_computed == q->n_tokens) {
             commit_fork(s, q);
         }
     }

@@ -1,11 +1,13 @@
 /* main.c - runs the block manager suites: unit tests of every operation
- * and error path, and the randomized model-based test. */
+ * and error path, the randomized model-based test, and out of memory at
+ * every allocation site. */
 #include <check.h>
 #include <stdlib.h>
 
 Suite *blockmgr_pool_suite(void);
 Suite *blockmgr_swap_suite(void);
 Suite *blockmgr_random_suite(void);
+Suite *blockmgr_oom_suite(void);
 
 int
 main(void)
@@ -15,6 +17,7 @@ main(void)
 
     srunner_add_suite(sr, blockmgr_swap_suite());
     srunner_add_suite(sr, blockmgr_random_suite());
+    srunner_add_suite(sr, blockmgr_oom_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
