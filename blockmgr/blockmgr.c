@@ -22,7 +22,7 @@
  * at most one tier's usable blocks) and the op queue's usual need (see
  * ops_prealloc). What grows with a request is allocated with the fallible
  * family before anything changes, and the call returns ST_ENOMEM with
- * nothing changed: the sequence record and its tenant entry, the block
+ * nothing changed: the sequence record and its tenant's first entry, the block
  * table and token array, a block's extra tenant records and the op queue
  * room a call may use. The sequence map grows with the fallible family
  * too, and simply keeps its size (longer chains) when it cannot. Calls
@@ -184,10 +184,11 @@ op_push(bm_pool_t *pool, kv_op_kind_t kind, uint32_t src, uint32_t dst)
     pool->n_ops++;
 }
 
-/* Index of the tenant's entry, added on first use; BM_NONE without
- * memory (nothing changed). */
+/* Index of the tenant's entry, added on first use. fallible: a request's
+ * call (BM_NONE without memory, nothing changed); otherwise configuration
+ * at start-up, which aborts without memory. */
 static uint32_t
-tenant_index(bm_pool_t *pool, uint32_t tenant)
+tenant_index(bm_pool_t *pool, uint32_t tenant, int fallible)
 {
     bm_tenant_t *t;
 
@@ -198,7 +199,9 @@ tenant_index(bm_pool_t *pool, uint32_t tenant)
     }
     if (pool->n_tenants == pool->cap_tenants) {
         uint32_t cap = pool->cap_tenants ? 2 * pool->cap_tenants : 4;
-        bm_tenant_t *p = xrealloc_try(pool->tenants, (size_t)cap * sizeof(*pool->tenants));
+        bm_tenant_t *p = fallible
+                             ? xrealloc_try(pool->tenants, (size_t)cap * sizeof(*pool->tenants))
+                             : xrealloc(pool->tenants, (size_t)cap * sizeof(*pool->tenants));
         if (p == NULL) {
             return BM_NONE;
         }
@@ -583,10 +586,7 @@ bm_tenant_set_salt(bm_pool_t *pool, uint32_t tenant, const void *salt, size_t le
     if (len > BM_KEY_MAX || (len > 0 && salt == NULL)) {
         return ST_EINVAL;
     }
-    k = tenant_index(pool, tenant); /* may move pool->tenants */
-    if (k == BM_NONE) {
-        return ST_ENOMEM;
-    }
+    k = tenant_index(pool, tenant, 0); /* may move pool->tenants */
     t = &pool->tenants[k];
     if (len > 0) {
         memcpy(t->salt, salt, len);
@@ -614,7 +614,7 @@ bm_seq_create(bm_pool_t *pool, uint64_t seq, uint32_t tenant)
         return ST_ENOMEM;
     }
     s->id = seq;
-    s->tenant = tenant_index(pool, tenant); /* the last thing that can fail */
+    s->tenant = tenant_index(pool, tenant, 1); /* the last thing that can fail */
     if (s->tenant == BM_NONE) {
         free(s);
         return ST_ENOMEM;

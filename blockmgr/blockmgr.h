@@ -125,7 +125,7 @@ void bm_pool_destroy(bm_pool_t *pool);
 
 /* Prefix-cache salt for a tenant (copied; len <= 64). Tenants with the
  * same salt share cached blocks; the default salt is the tenant id.
- * ST_ENOMEM: the tenant's entry could not be added (nothing changed). */
+ * Configuration (start-up): aborts without memory. */
 int bm_tenant_set_salt(bm_pool_t *pool, uint32_t tenant, const void *salt, size_t len);
 
 /* Registers an empty, resident sequence owned by tenant. ST_EINVAL if seq

@@ -6,7 +6,7 @@
  * same call must then succeed. Sites: sequence record and tenant entry,
  * block table and token array (reserve, lookup, fork), a shared block's
  * extra tenant record (swap out / in; a lookup stops its run there), op
- * queue growth past the preallocation (reserve), the tenant of a salt.
+ * queue growth past the preallocation (reserve).
  * The sequence map failing to grow keeps its size and the call succeeds. */
 #include <check.h>
 #include <stdlib.h>
@@ -120,7 +120,7 @@ seq_with(uint64_t seq, uint32_t tenant, uint32_t n, int32_t base)
 }
 
 /* Scenarios: build a fresh pool, then the call under test. */
-enum { SC_CREATE, SC_RESERVE, SC_LOOKUP, SC_FORK, SC_SWAP_OUT, SC_SWAP_IN, SC_SALT, SC_N };
+enum { SC_CREATE, SC_RESERVE, SC_LOOKUP, SC_FORK, SC_SWAP_OUT, SC_SWAP_IN, SC_N };
 
 static void
 build(int sc)
@@ -197,8 +197,6 @@ call(int sc)
         return bm_seq_swap_out(pool, 2);
     case SC_SWAP_IN:
         return bm_seq_swap_in(pool, 2);
-    case SC_SALT:
-        return bm_tenant_set_salt(pool, 3, "x", 1);
     }
     return ST_EINVAL;
 }
@@ -237,7 +235,7 @@ START_TEST(test_each_site_fails_cleanly)
 {
     static const int min_sites[SC_N] = {
         [SC_CREATE] = 2, [SC_RESERVE] = 2, [SC_LOOKUP] = 2, [SC_FORK] = 3,
-        [SC_SWAP_OUT] = 2, [SC_SWAP_IN] = 2, [SC_SALT] = 1,
+        [SC_SWAP_OUT] = 2, [SC_SWAP_IN] = 2,
     };
 
     for (int sc = 0; sc < SC_N; sc++) {

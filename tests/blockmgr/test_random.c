@@ -23,7 +23,9 @@
  *
  * Pools are small (tens of blocks) so that exhaustion, eviction, demotion
  * and EAGAIN paths are hit constantly; every EAGAIN is checked to change
- * nothing and to be justified by the *_needed() figures.
+ * nothing and to be justified by the *_needed() figures. Every 5th
+ * reserve first fails its first host allocation, if it makes one: that
+ * must be ST_ENOMEM changing nothing, and the reserve is then redone.
  */
 #include <check.h>
 #include <stdio.h>
@@ -32,6 +34,7 @@
 
 #include "blockmgr/blockmgr.h"
 #include "common/status.h"
+#include "common/xmalloc.h"
 
 /* Assertions for the hot loop. Check's ck_assert_* report every passing
  * check through a pipe in fork mode, which costs a syscall each; these
@@ -86,6 +89,7 @@ typedef struct rt {
     int32_t tmpl[4][64];
     /* what happened, to make sure the run exercised every path */
     uint64_t n_ok[16], n_eagain[16];
+    uint64_t n_enomem; /* reserves failed on purpose for memory (every 5th) */
 } rt_t;
 
 enum { OP_ADMIT, OP_DECODE, OP_FREE, OP_FORK, OP_TRUNC, OP_SWOUT, OP_SWIN, OP_RESET, OP_COUNT };
@@ -164,6 +168,8 @@ expect_unchanged(rt_t *r, const mseq_t *m, const snap_t *a)
     REQ_CMP(a->swapped, ==, b.swapped);
 }
 
+static unsigned long n_reserves;
+
 /* Reserve toks for m; on success record the forward's writes. */
 static int
 do_reserve(rt_t *r, mseq_t *m, const int32_t *toks, uint32_t n)
@@ -175,7 +181,23 @@ do_reserve(rt_t *r, mseq_t *m, const int32_t *toks, uint32_t n)
     int rc;
 
     take_snap(r, m, &sn);
-    rc = bm_seq_reserve(r->pool, m->id, toks, n, slots);
+    /* Every 5th reserve runs out of host memory at its first fallible
+     * allocation (if it makes one): ST_ENOMEM, nothing changed, and the
+     * same reserve then goes on as without the failure. */
+    if (++n_reserves % 5 == 0) {
+        xmalloc_fail_after(1);
+        rc = bm_seq_reserve(r->pool, m->id, toks, n, slots);
+        if (xmalloc_fail_pending() == 0) {
+            REQ_CMP(rc, ==, ST_ENOMEM);
+            expect_unchanged(r, m, &sn);
+            bm_pool_check(r->pool);
+            r->n_enomem++;
+            rc = bm_seq_reserve(r->pool, m->id, toks, n, slots);
+        }
+        xmalloc_fail_after(0);
+    } else {
+        rc = bm_seq_reserve(r->pool, m->id, toks, n, slots);
+    }
     if (rc == ST_EAGAIN) {
         REQ_CMP(need, >, avail);
         expect_unchanged(r, m, &sn);
@@ -563,6 +585,7 @@ run_seed(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefix)
     /* The run must have exercised the interesting paths. */
     REQ_CMP(r->n_ok[OP_FORK], >, 100);
     REQ_CMP(r->n_eagain[OP_DECODE], >, 0);
+    REQ_CMP(r->n_enomem, >, 0);
     if (bs > 1) {
         REQ_CMP(st.n_copies, >, 0);
     }

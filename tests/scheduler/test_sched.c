@@ -861,6 +861,9 @@ static fake_out_t oom_ref[OOM_REQS + 1][FAKE_MAX_CHOICES];
 /* A TOKEN event to fail in the next oom_workload (id 0: none). */
 static uint64_t oom_workload_armed_id;
 static int32_t oom_workload_armed_choice, oom_workload_armed_at;
+/* The n-th fallible allocation of the run after the submits fails (the
+ * block manager's: the scheduler allocates only in sched_submit); 0 off. */
+static long oom_workload_fail_run;
 
 static void
 oom_workload(int fail_submit)
@@ -904,6 +907,7 @@ oom_workload(int fail_submit)
     }
     ck_assert_int_eq(fake_submit_req(&env, &r), ST_OK);
     ck_assert_int_eq(fake_submit(&env, 3, 0, 7, 3, 20), ST_OK);
+    xmalloc_fail_after(oom_workload_fail_run);
     fake_run(&env, 1000);
 }
 
@@ -1013,6 +1017,63 @@ START_TEST(test_oom_token_event_ends_request_only)
         }
         fake_env_fini(&env);
     }
+}
+END_TEST
+
+/* The block manager out of host memory while the scheduler plans or
+ * forks (issue 9): each fallible allocation of the run in turn fails (a
+ * sequence record at admission, its block table or tokens at admission,
+ * at a reserve while running, a child's record or table at the fork).
+ * Exactly one request ends, with one ERROR ST_ENOMEM; its finished
+ * choices are the reference's and the others a prefix of it; every other
+ * request is the reference's; the pool ends empty (fake_env_fini). */
+START_TEST(test_oom_blockmgr_ends_request_only)
+{
+    int sites = 0;
+
+    oom_save_reference();
+    for (long f = 1;; f++) {
+        uint64_t fid = 0;
+
+        oom_workload_fail_run = f;
+        oom_workload(0);
+        oom_workload_fail_run = 0;
+        if (xmalloc_fail_pending() != 0) {
+            /* Fewer than f allocations: the run is the reference. */
+            xmalloc_fail_after(0);
+            ck_assert_int_eq(env.n_errors, 0);
+            fake_env_fini(&env);
+            break;
+        }
+        sites++;
+        ck_assert_int_eq(env.n_errors, 1);
+        for (int id = 1; id <= OOM_REQS; id++) {
+            if (env.err_status[id] != 0) {
+                ck_assert_int_eq(env.err_status[id], ST_ENOMEM);
+                fid = (uint64_t)id;
+            }
+        }
+        ck_assert_uint_ne(fid, 0);
+        sched_check(env.sched);
+        bm_pool_check(env.pool);
+        for (int id = 1; id <= OOM_REQS; id++) {
+            int n = id == 2 ? 3 : 1;
+            for (int k = 0; k < n; k++) {
+                const fake_out_t *o = &env.out[id][k];
+                if ((uint64_t)id != fid || o->finished) {
+                    out_eq(&oom_ref[id][k], o);
+                    continue;
+                }
+                ck_assert_int_le(o->n_tokens, oom_ref[id][k].n_tokens);
+                ck_assert_int_eq(memcmp(o->tokens, oom_ref[id][k].tokens,
+                                        (size_t)o->n_tokens * sizeof(int32_t)),
+                                 0);
+            }
+        }
+        fake_env_fini(&env);
+    }
+    /* Admission (record, table, tokens) and the fork at least. */
+    ck_assert_int_ge(sites, 4);
 }
 END_TEST
 
@@ -1269,6 +1330,7 @@ scheduler_sched_suite(void)
     tc = tcase_create("oom");
     tcase_add_test(tc, test_oom_submit_each_site);
     tcase_add_test(tc, test_oom_token_event_ends_request_only);
+    tcase_add_test(tc, test_oom_blockmgr_ends_request_only);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("random");
