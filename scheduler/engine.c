@@ -155,7 +155,9 @@ reserve_free(void *udata)
     for (int32_t k = 0; k < rs->n; k++) {
         free(rs->fin[k]);
     }
-    eng_msg_free(&rs->spare->hdr);
+    if (rs->spare != NULL) {
+        eng_msg_free(&rs->spare->hdr);
+    }
     free(rs);
 }
 
