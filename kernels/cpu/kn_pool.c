@@ -205,15 +205,9 @@ kn__pool_run(int team, int n_chunks, kn_chunk_fn fn, void *arg)
         return;
     }
 
-    /* Open the region: close the claim word under the new generation
-     * first (a straggler still in kn_pool_work of the previous region
-     * would otherwise check its stale claim against the new n_chunks, run
-     * a chunk of this region and count it in done before done is reset:
-     * done then overshoots n_chunks and the wait below never ends), then
-     * the fields, then open the claim word, then wake. */
+    /* Open the region: fields first, then the claim word, then wake. */
     uint32_t g = atomic_load(&kn_pool.gen) + 1;
 
-    atomic_store(&kn_pool.next, ((uint64_t)g << 32) | UINT32_MAX);
     kn_pool.fn = fn;
     kn_pool.arg = arg;
     atomic_store(&kn_pool.n_chunks, (uint32_t)n_chunks);
