@@ -51,6 +51,32 @@ chan_send(chan_t *ch, msg_t *m)
     }
 }
 
+void
+chan_send_list(chan_t *ch, msg_t *head)
+{
+    msg_t **tail;
+    int was_empty;
+
+    if (head == NULL) {
+        return;
+    }
+    for (tail = &head; *tail != NULL; tail = &(*tail)->next) {
+    }
+    pthread_mutex_lock(&ch->mu);
+    was_empty = (ch->head == NULL);
+    *ch->tail = head;
+    ch->tail = tail;
+    if (was_empty && ch->wake == chan_wake_cond) {
+        pthread_cond_signal(&ch->cond);
+        pthread_mutex_unlock(&ch->mu);
+        return;
+    }
+    pthread_mutex_unlock(&ch->mu);
+    if (was_empty) {
+        ch->wake(ch, ch->wake_arg);
+    }
+}
+
 static msg_t *
 detach_locked(chan_t *ch)
 {

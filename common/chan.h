@@ -39,6 +39,9 @@ void chan_init(chan_t *ch, chan_wake_cb wake, void *wake_arg);
 void chan_fini(chan_t *ch);
 /* Takes ownership of m. */
 void chan_send(chan_t *ch, msg_t *m);
+/* Takes ownership of the NULL-terminated list head (linked through next)
+ * and queues it in order, in one step: a receiver sees all of it or none. */
+void chan_send_list(chan_t *ch, msg_t *head);
 /* Detaches every queued message in FIFO order; NULL when empty. */
 msg_t *chan_take_all(chan_t *ch);
 /* Like chan_take_all but blocks until at least one message is queued or

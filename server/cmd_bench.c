@@ -314,11 +314,15 @@ cmd_bench(int argc, char **argv)
         subs[r] = m;
     }
 
+    /* One list, queued in one step: the engine must not start on the first
+     * requests while the rest are still being sent (a descheduled main
+     * thread would otherwise turn "all at once" into a staggered start). */
     t0 = now_ns();
     for (long r = 0; r < n_prompts; r++) {
         subs[r]->req.t_arrival_ns = t0;
-        chan_send(engine_inbox(eng), &subs[r]->hdr);
+        subs[r]->hdr.next = r + 1 < n_prompts ? &subs[r + 1]->hdr : NULL;
     }
+    chan_send_list(engine_inbox(eng), &subs[0]->hdr);
     free(subs);
 
     while (n_done + n_err < n_prompts) {

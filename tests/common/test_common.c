@@ -80,6 +80,44 @@ START_TEST(test_chan_wakes_only_on_empty_to_nonempty)
 }
 END_TEST
 
+START_TEST(test_chan_send_list_is_one_step)
+{
+    chan_t ch;
+    num_msg_t a, b, c, d;
+    msg_t *m;
+    int v = 0;
+
+    wakes = 0;
+    chan_init(&ch, count_wake, NULL);
+    a.value = 0;
+    b.value = 1;
+    c.value = 2;
+    d.value = 3;
+    chan_send(&ch, &a.hdr);
+    b.hdr.next = &c.hdr;
+    c.hdr.next = &d.hdr;
+    d.hdr.next = NULL;
+    chan_send_list(&ch, &b.hdr);
+    chan_send_list(&ch, NULL);
+    ck_assert_int_eq(wakes, 1); /* not empty before the list */
+    for (m = chan_take_all(&ch); m != NULL; m = m->next) {
+        ck_assert_int_eq(((num_msg_t *)m)->value, v++);
+    }
+    ck_assert_int_eq(v, 4);
+    /* Into an empty channel: one wake, and the tail is the list's last. */
+    chan_send_list(&ch, &b.hdr);
+    ck_assert_int_eq(wakes, 2);
+    chan_send(&ch, &a.hdr);
+    v = 0;
+    for (m = chan_take_all(&ch); m != NULL; m = m->next) {
+        ck_assert_int_eq(((num_msg_t *)m)->value, (v + 1) % 4);
+        v++;
+    }
+    ck_assert_int_eq(v, 4);
+    chan_fini(&ch);
+}
+END_TEST
+
 typedef struct item {
     list_node_t node;
     int v;
@@ -169,6 +207,7 @@ main(void)
 
     tcase_add_test(tc, test_chan_fifo_across_threads);
     tcase_add_test(tc, test_chan_wakes_only_on_empty_to_nonempty);
+    tcase_add_test(tc, test_chan_send_list_is_one_step);
     tcase_add_test(tc, test_list_order_and_remove);
     tcase_add_test(tc, test_utf8_validation);
     tcase_add_test(tc, test_sha256_and_ct_equal);
