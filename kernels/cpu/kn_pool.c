@@ -38,6 +38,16 @@
 
 #include "kernels/cpu/kn_int.h"
 
+/* A test build (tests/kernels/test_kn_pool.c includes this file) defines
+ * these to widen race windows: after a worker reads the claim word, and
+ * between the steps of opening a region. Empty in the product. */
+#ifndef KN_POOL_TEST_POINT_CLAIM
+#define KN_POOL_TEST_POINT_CLAIM() ((void)0)
+#endif
+#ifndef KN_POOL_TEST_POINT_OPEN
+#define KN_POOL_TEST_POINT_OPEN() ((void)0)
+#endif
+
 #define KN_POOL_MAX 64
 #define KN_SPIN_WORKER 20000  /* pause iterations before a worker sleeps */
 #define KN_SPIN_MASTER 200000 /* before the caller sleeps on claimed chunks */
@@ -91,6 +101,7 @@ kn_pool_work(uint32_t g)
         }
         uint32_t c = (uint32_t)v;
 
+        KN_POOL_TEST_POINT_CLAIM();
         if (c >= atomic_load_explicit(&kn_pool.n_chunks, memory_order_relaxed)) {
             break;
         }
@@ -205,13 +216,24 @@ kn__pool_run(int team, int n_chunks, kn_chunk_fn fn, void *arg)
         return;
     }
 
-    /* Open the region: fields first, then the claim word, then wake. */
+    /* Open the region. First close the claim word under the new
+     * generation: a straggler of the previous region may still hold a
+     * claim word it read long ago (all chunks taken) and would otherwise
+     * compare it with the NEW n_chunks, win its compare-and-swap against
+     * the old word, run a chunk of this region and count it in done: done
+     * then overshoots n_chunks and the wait below never ends (seen as a
+     * hung soak run; tests/kernels/test_kn_pool.c forces it). Then the
+     * fields, then open the claim word, then wake. */
     uint32_t g = atomic_load(&kn_pool.gen) + 1;
 
+    atomic_store(&kn_pool.next, ((uint64_t)g << 32) | UINT32_MAX);
+    KN_POOL_TEST_POINT_OPEN();
     kn_pool.fn = fn;
     kn_pool.arg = arg;
     atomic_store(&kn_pool.n_chunks, (uint32_t)n_chunks);
+    KN_POOL_TEST_POINT_OPEN();
     atomic_store(&kn_pool.done, 0);
+    KN_POOL_TEST_POINT_OPEN();
     atomic_store(&kn_pool.next, (uint64_t)g << 32);
     atomic_store(&kn_pool.gen, g);
     if (atomic_load(&kn_pool.sleepers) > 0) {
