@@ -109,6 +109,17 @@ on_hup(uv_poll_t *h, int status, int events)
         r->s->metrics.disconnects++;
         REQ_INFO(r->id, "client disconnected, cancelling");
         srv_http_client_gone(r);
+        /* libmicrohttpd 0.9.75 (Debian 12) leaves a connection whose
+         * content reader ended it with an error in the CLOSED state
+         * without moving it to its cleanup list; with the peer gone no
+         * further event comes, so its socket stays open until every
+         * older connection in the default-timeout list has gone (seconds,
+         * up to the idle timeout), counting against the per-IP limit.
+         * Connections with their own timeout are visited on every
+         * MHD_run(): a 1 s timeout gets this one closed on the next run. */
+        if (r->mc != NULL) {
+            MHD_set_connection_option(r->mc, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
+        }
     }
     /* Resuming lets MHD notice the dead socket and complete the request. */
     srv_loop_resume(r);

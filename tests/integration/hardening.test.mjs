@@ -1,6 +1,7 @@
 // hardening.test.mjs - slow and hostile clients: slowloris heads are cut off
 // after the idle timeout while others are served, the per-IP connection limit
-// holds, a client that does not read its stream is cut off at the SSE buffer
+// holds, a stream whose client leaves frees its connection at once (even
+// behind an older idle one), a client that does not read its stream is cut off at the SSE buffer
 // cap with an error event, and a drain that times out ends open streams with
 // an error event and [DONE] (never a torn response); requests on kept-alive
 // connections during a drain get 503.
@@ -89,6 +90,67 @@ test('the per-IP connection limit holds', async () => {
     }
     await sleep(200);
     assert.equal((await fetch(`${srv.base}/health`)).status, 200);
+  } finally {
+    assert.equal((await srv.stop()).code, 0);
+  }
+});
+
+// Opens a stream on a raw socket and destroys the socket after its first
+// SSE event; resolves once destroyed (rejects if the server refuses).
+function dropStreamAfterFirstEvent(port) {
+  return new Promise((resolve, reject) => {
+    const body = JSON.stringify({
+      model: MODEL_NAME, prompt: 'It is a truth', max_tokens: 200, ignore_eos: true, stream: true,
+    });
+    const sock = net.connect(port, '127.0.0.1');
+    let got = '';
+    sock.on('error', () => {});
+    sock.on('connect', () => sock.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\n'
+      + 'Content-Type: application/json\r\n'
+      + `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`));
+    sock.on('data', (d) => {
+      got += d;
+      if (got.includes('data: ')) {
+        sock.destroy();
+        resolve();
+      }
+    });
+    sock.on('close', () => reject(new Error(`closed before the first event: ${got}`)));
+  });
+}
+
+async function openConnections(base) {
+  return metricValue(await getMetrics(base), 'kvserve:open_connections');
+}
+
+// libmicrohttpd 0.9.75 does not move a connection its content reader ended
+// to its cleanup list; with the peer gone nothing wakes it again, so behind
+// an older idle kept-alive connection the dead socket stayed open until that
+// one closed (up to the idle timeout), and enough of them filled the per-IP
+// limit (the soak test saw new connections refused). The server now gives a
+// gone client's connection its own short timeout.
+test('a stream whose client leaves frees its connection behind an older idle one', async () => {
+  const srv = await startServer(['--max-connections-per-ip', '4']);
+  try {
+    const idle = net.connect(srv.port, '127.0.0.1');
+    idle.on('error', () => {});
+    await new Promise((r) => idle.on('connect', r));
+    const first = new Promise((r) => idle.once('data', r));
+    idle.write('GET /health HTTP/1.1\r\nHost: x\r\n\r\n');
+    assert.match(String(await first), /200 OK/);
+    for (let i = 0; i < 6; i++) {
+      await dropStreamAfterFirstEvent(srv.port);
+      // The idle socket and this check's own kept-alive one remain.
+      let open = Infinity;
+      const deadline = Date.now() + 15000;
+      while (Date.now() < deadline && (open = await openConnections(srv.base)) > 2) {
+        await sleep(50);
+      }
+      assert.ok(open <= 2, `drop ${i}: ${open} connections still open`);
+    }
+    assert.equal(idle.destroyed, false);
+    idle.destroy();
+    await waitKvEmpty(srv.base, 10000);
   } finally {
     assert.equal((await srv.stop()).code, 0);
   }

@@ -157,7 +157,14 @@ async function malformed(srv, stats) {
       ['POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n{', false],
       ['GET /v1/models HTTP/9.9\r\n\r\n', true],
     ]);
-    const { status } = parseRaw(await rawRequest(srv.port, raw, { idleMs: 300 }));
+    // A server that answers before reading a whole body (the 413) and then
+    // closes leaves unread bytes in its socket: the kernel sends a reset,
+    // which can reach us before the answer does. That is a closed socket.
+    const text = await rawRequest(srv.port, raw, { idleMs: 300 }).catch((e) => {
+      if (e.code === 'ECONNRESET') return '';
+      throw e;
+    });
+    const { status } = parseRaw(text);
     assert.ok(status === 0 || status < 500 || (ok505 && status === 505),
       `malformed raw request answered ${status}`);
     stats.malformed++;
