@@ -708,22 +708,30 @@ sched_cancel(sched_t *s, uint64_t id, int32_t choice, int as_stop)
     return found ? ST_OK : ST_ENOENT;
 }
 
+/* Ends rq at once with one ERROR event of status (standing in for the
+ * FINISHED of its open choices): retires it, then emits. */
+static void
+req_end_error(sched_t *s, sched_req_t *rq, int status)
+{
+    sched_event_t ev = {
+        .kind = SCHED_EV_ERROR,
+        .id = rq->r.id,
+        .choice = -1,
+        .status = status,
+        .t_arrival_ns = rq->r.t_arrival_ns,
+        .udata = rq->udata,
+    };
+
+    rq->n_live = 0;
+    req_retire(s, rq);
+    (void)s->emit(s->emit_arg, &ev);
+}
+
 void
 sched_abort_all(sched_t *s, int status)
 {
     while (!list_empty(&s->reqs)) {
-        sched_req_t *rq = LIST_ENTRY(s->reqs.next, sched_req_t, node);
-        sched_event_t ev = {
-            .kind = SCHED_EV_ERROR,
-            .id = rq->r.id,
-            .choice = -1,
-            .status = status,
-            .t_arrival_ns = rq->r.t_arrival_ns,
-            .udata = rq->udata,
-        };
-        rq->n_live = 0;
-        req_retire(s, rq);
-        (void)s->emit(s->emit_arg, &ev);
+        req_end_error(s, LIST_ENTRY(s->reqs.next, sched_req_t, node), status);
     }
     reap_dead(s);
 }
@@ -897,15 +905,6 @@ enum { PLAN_OK, PLAN_PREEMPTED, PLAN_FINISHED };
 static int
 req_fail_nomem(sched_t *s, sched_req_t *rq)
 {
-    sched_event_t ev = {
-        .kind = SCHED_EV_ERROR,
-        .id = rq->r.id,
-        .choice = -1,
-        .status = ST_ENOMEM,
-        .t_arrival_ns = rq->r.t_arrival_ns,
-        .udata = rq->udata,
-    };
-
     if (rq->failed) {
         return 0;
     }
@@ -917,9 +916,7 @@ req_fail_nomem(sched_t *s, sched_req_t *rq)
         }
     }
     REQ_DEBUG(rq->r.id, "out of memory for its KV bookkeeping: request ends");
-    rq->n_live = 0;
-    req_retire(s, rq);
-    (void)s->emit(s->emit_arg, &ev);
+    req_end_error(s, rq, ST_ENOMEM);
     return 1;
 }
 
@@ -1421,18 +1418,8 @@ fail_marked(sched_t *s)
         sched_req_t *rq = LIST_ENTRY(it, sched_req_t, node);
         it = it->next;
         if (rq->failed) {
-            sched_event_t ev = {
-                .kind = SCHED_EV_ERROR,
-                .id = rq->r.id,
-                .choice = -1,
-                .status = ST_ENOMEM,
-                .t_arrival_ns = rq->r.t_arrival_ns,
-                .udata = rq->udata,
-            };
             REQ_DEBUG(rq->r.id, "out of memory for a token message: request ends");
-            rq->n_live = 0;
-            req_retire(s, rq);
-            (void)s->emit(s->emit_arg, &ev);
+            req_end_error(s, rq, ST_ENOMEM);
             s->n_failed--;
         }
     }
