@@ -505,6 +505,45 @@ kn_attn_smem_floats(int32_t group, int32_t head_dim)
     return (size_t)group * (2 * (size_t)head_dim + KN_ATTN_TILE + 3);
 }
 
+/* The start both attention bodies share: finds the sequence of token tok
+ * (the last s with query_start[s] <= tok; returned), its key range
+ * [*lo, *hi] (hi the context index of tok, lo from the sliding window),
+ * loads the group's pre-scaled queries of heads h0 .. h0 + group - 1 into
+ * q_s and zeroes acc, m_s = -inf, l_s = 0. The caller syncs after it. */
+KN_DEV int32_t
+kn_attn_begin(const kn_thr_t *t, const kn_attn_cuda_args_t *a, int32_t tok, int32_t h0,
+              float *q_s, float *acc, float *m_s, float *l_s, int32_t *lo, int32_t *hi)
+{
+    const int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    int32_t a0 = 0, a1 = a->n_seqs - 1;
+
+    while (a0 < a1) {
+        int32_t mid = (a0 + a1 + 1) / 2;
+
+        if (a->query_start[mid] <= tok) {
+            a0 = mid;
+        } else {
+            a1 = mid - 1;
+        }
+    }
+    *hi = a->context_len[a0] - (a->query_start[a0 + 1] - tok);
+    *lo = 0;
+    if (a->sliding_window > 0 && *hi - a->sliding_window + 1 > 0) {
+        *lo = *hi - a->sliding_window + 1;
+    }
+    for (int32_t j = t->tid; j < group * hd; j += t->nthr) {
+        int32_t g = j / hd, d = j % hd;
+
+        q_s[j] = a->q[(size_t)tok * a->q_stride + (size_t)(h0 + g) * hd + d] * a->scale;
+        acc[j] = 0.0f;
+    }
+    for (int32_t g = t->tid; g < group; g += t->nthr) {
+        m_s[g] = -INFINITY;
+        l_s[g] = 0.0f;
+    }
+    return a0;
+}
+
 KN_DEV void
 kn_attention_body(const kn_thr_t *t, float *smem, const kn_attn_cuda_args_t *a)
 {
@@ -519,37 +558,7 @@ kn_attention_body(const kn_thr_t *t, float *smem, const kn_attn_cuda_args_t *a)
     float *al_s = l_s + group;                     /* [group] */
     int32_t s = 0, lo, hi;
 
-    /* The sequence of this token: the last s with query_start[s] <= tok. */
-    {
-        int32_t a0 = 0, a1 = a->n_seqs - 1;
-
-        while (a0 < a1) {
-            int32_t mid = (a0 + a1 + 1) / 2;
-
-            if (a->query_start[mid] <= tok) {
-                a0 = mid;
-            } else {
-                a1 = mid - 1;
-            }
-        }
-        s = a0;
-    }
-    hi = a->context_len[s] - (a->query_start[s + 1] - tok); /* ctx index of tok */
-    lo = 0;
-    if (a->sliding_window > 0 && hi - a->sliding_window + 1 > 0) {
-        lo = hi - a->sliding_window + 1;
-    }
-
-    for (int32_t j = t->tid; j < group * hd; j += t->nthr) {
-        int32_t g = j / hd, d = j % hd;
-
-        q_s[j] = a->q[(size_t)tok * a->q_stride + (size_t)(h0 + g) * hd + d] * a->scale;
-        acc[j] = 0.0f;
-    }
-    for (int32_t g = t->tid; g < group; g += t->nthr) {
-        m_s[g] = -INFINITY;
-        l_s[g] = 0.0f;
-    }
+    s = kn_attn_begin(t, a, tok, h0, q_s, acc, m_s, l_s, &lo, &hi);
     KN_SYNC(t);
 
     const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
@@ -1355,35 +1364,7 @@ kn_kq_attention_body(const kn_thr_t *t, float *smem, const kn_kq_attn_args_t *qa
     float *sn_s = cs_s + hd / 2;
     int32_t s = 0, lo, hi, own_slot = qa->own_slot[tok];
 
-    {
-        int32_t a0 = 0, a1 = a->n_seqs - 1;
-
-        while (a0 < a1) {
-            int32_t mid = (a0 + a1 + 1) / 2;
-
-            if (a->query_start[mid] <= tok) {
-                a0 = mid;
-            } else {
-                a1 = mid - 1;
-            }
-        }
-        s = a0;
-    }
-    hi = a->context_len[s] - (a->query_start[s + 1] - tok);
-    lo = 0;
-    if (a->sliding_window > 0 && hi - a->sliding_window + 1 > 0) {
-        lo = hi - a->sliding_window + 1;
-    }
-    for (int32_t j = t->tid; j < group * hd; j += t->nthr) {
-        int32_t gg = j / hd, d = j % hd;
-
-        q_s[j] = a->q[(size_t)tok * a->q_stride + (size_t)(h0 + gg) * hd + d] * a->scale;
-        acc[j] = 0.0f;
-    }
-    for (int32_t gg = t->tid; gg < group; gg += t->nthr) {
-        m_s[gg] = -INFINITY;
-        l_s[gg] = 0.0f;
-    }
+    s = kn_attn_begin(t, a, tok, h0, q_s, acc, m_s, l_s, &lo, &hi);
     KN_SYNC(t);
 
     const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
