@@ -187,14 +187,18 @@ test('a client that does not read is cut off at the SSE buffer cap', async () =>
     assert.ok(res.done, JSON.stringify(res));
     assert.ok(srv.logs.some((l) => /does not read the stream fast enough/.test(l)));
     await waitKvEmpty(srv.base);
-    // A normal reader of a stream is not affected.
+    // A stream larger than the cap (100 events, about 18 KB on the wire)
+    // whose reader reads is not cut: the cap bounds what is buffered, not
+    // what is sent. (Small enough for the socket buffers, so a reader
+    // descheduled on a loaded machine cannot make it a slow client.)
     const r = await fetch(`${srv.base}/v1/completions`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ ...body, n: 1 }),
+      body: JSON.stringify({ ...body, n: 1, logprobs: undefined, max_tokens: 100 }),
     });
     const { events, done } = await readSse(r);
     assert.ok(done);
     assert.equal(events.filter((e) => e.error).length, 0);
+    assert.ok(JSON.stringify(events).length > 8192, 'the stream is larger than the cap');
   } finally {
     assert.equal((await srv.stop()).code, 0);
   }
