@@ -32,23 +32,8 @@ chan_fini(chan_t *ch)
 void
 chan_send(chan_t *ch, msg_t *m)
 {
-    int was_empty;
-
     m->next = NULL;
-    pthread_mutex_lock(&ch->mu);
-    was_empty = (ch->head == NULL);
-    *ch->tail = m;
-    ch->tail = &m->next;
-    if (was_empty && ch->wake == chan_wake_cond) {
-        /* Signal under the lock so a waiter cannot miss it. */
-        pthread_cond_signal(&ch->cond);
-        pthread_mutex_unlock(&ch->mu);
-        return;
-    }
-    pthread_mutex_unlock(&ch->mu);
-    if (was_empty) {
-        ch->wake(ch, ch->wake_arg);
-    }
+    chan_send_list(ch, m);
 }
 
 void
@@ -67,6 +52,7 @@ chan_send_list(chan_t *ch, msg_t *head)
     *ch->tail = head;
     ch->tail = tail;
     if (was_empty && ch->wake == chan_wake_cond) {
+        /* Signal under the lock so a waiter cannot miss it. */
         pthread_cond_signal(&ch->cond);
         pthread_mutex_unlock(&ch->mu);
         return;
