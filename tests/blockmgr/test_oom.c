@@ -119,6 +119,20 @@ seq_with(uint64_t seq, uint32_t tenant, uint32_t n, int32_t base)
     ck_assert_int_eq(bm_seq_reserve(pool, seq, toks, n, slots), ST_OK);
 }
 
+/* Creates seq for tenant and looks up the prefix of n tokens from base:
+ * expects got tokens found in the cache. */
+static void
+seq_lookup(uint64_t seq, uint32_t tenant, uint32_t n, int32_t base, uint32_t expect)
+{
+    int32_t toks[64];
+    uint32_t got;
+
+    ck_assert_int_eq(bm_seq_create(pool, seq, tenant), ST_OK);
+    fill(toks, n, base);
+    ck_assert_int_eq(bm_seq_lookup_prefix(pool, seq, toks, n, &got), ST_OK);
+    ck_assert_uint_eq(got, expect);
+}
+
 /* Scenarios: build a fresh pool, then the call under test. */
 enum { SC_CREATE, SC_RESERVE, SC_LOOKUP, SC_FORK, SC_SWAP_OUT, SC_SWAP_IN, SC_N };
 
@@ -138,14 +152,7 @@ build(int sc)
         /* Seq 2 (tenant 2) shares seq 1's full blocks; seq 1 swaps out
          * first, so seq 2 re-shares its CPU twins: a second tenant on
          * them. */
-        ck_assert_int_eq(bm_seq_create(pool, 2, 2), ST_OK);
-        {
-            int32_t toks[10];
-            uint32_t got;
-            fill(toks, 10, 100);
-            ck_assert_int_eq(bm_seq_lookup_prefix(pool, 2, toks, 10, &got), ST_OK);
-            ck_assert_uint_eq(got, 8);
-        }
+        seq_lookup(2, 2, 10, 100, 8);
         ck_assert_int_eq(bm_seq_swap_out(pool, 1), ST_OK);
         break;
     case SC_SWAP_IN:
@@ -154,14 +161,7 @@ build(int sc)
          * tenant on them. */
         seq_with(2, 2, 10, 300);
         ck_assert_int_eq(bm_seq_swap_out(pool, 2), ST_OK);
-        ck_assert_int_eq(bm_seq_create(pool, 3, 1), ST_OK);
-        {
-            int32_t toks[10];
-            uint32_t got;
-            fill(toks, 10, 300);
-            ck_assert_int_eq(bm_seq_lookup_prefix(pool, 3, toks, 10, &got), ST_OK);
-            ck_assert_uint_eq(got, 8);
-        }
+        seq_lookup(3, 1, 10, 300, 8);
         break;
     case SC_LOOKUP:
         ck_assert_int_eq(bm_seq_create(pool, 2, 1), ST_OK);
