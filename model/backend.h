@@ -39,9 +39,8 @@ typedef struct mdl_backend {
     int kv_shift_ops;
 } mdl_backend_t;
 
+/* model/forward_cpu.c, at any tp_size (model/tp.h). */
 extern const mdl_backend_t mdl_backend_cpu;
-/* model/forward_tp.c: the cpu backend with tp_size > 1 (model/tp.h). */
-extern const mdl_backend_t mdl_backend_cpu_tp;
 /* model/backend_cuda.c, built with -Dcuda=enabled (KVSERVE_HAVE_CUDA). */
 extern const mdl_backend_t mdl_backend_cuda;
 /* model/backend_cuda.c: mdl_device_memory() for "cuda" (cudaMemGetInfo). */

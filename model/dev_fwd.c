@@ -189,19 +189,8 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
     /* RoPE frequencies: the CPU table. */
     {
         float inv[KN_ATTN_MAX_HEAD_DIM / 2];
-        kn_rope_params_t rp = {
-            .head_dim = hd,
-            .theta = c->rope_theta > 0.0f ? c->rope_theta : 10000.0f,
-            .scaling = c->rope_scaling == MDL_ROPE_LINEAR   ? KN_ROPE_LINEAR
-                       : c->rope_scaling == MDL_ROPE_LLAMA3 ? KN_ROPE_LLAMA3
-                                                            : KN_ROPE_NONE,
-            .factor = c->rope_factor,
-            .low_freq_factor = c->rope_low_freq_factor,
-            .high_freq_factor = c->rope_high_freq_factor,
-            .orig_max_pos = c->rope_orig_max_pos,
-        };
 
-        kn_cpu_rope_inv_freq(&rp, inv);
+        mdl_rope_inv_freq(c, inv);
         if ((st = dev_alloc(rk, &rk->inv_freq, sizeof(float) * (size_t)(hd / 2))) != ST_OK ||
             (st = ops->upload(ctx, rk->inv_freq, inv, sizeof(float) * (size_t)(hd / 2))) != ST_OK) {
             return st;

@@ -1,26 +1,44 @@
-/* forward_cpu.c - the CPU backend: KV pool, swap tier and the Llama
- * forward pass over a flattened varlen batch (DESIGN.md sections 3, 4, 6).
+/* forward_cpu.c - the CPU backend: the one Llama layer of the CPU, at any
+ * tensor-parallel size T >= 1 (DESIGN.md sections 3, 4, 6; model/tp.h).
  *
  * DESIGN. One step runs every new token of every sequence through each
  * layer together, so each weight matrix is read once per step whatever
- * the mix of prefill chunks and decodes (GEMMs over all n_tokens rows):
+ * the mix of prefill chunks and decodes (GEMMs over all n_tokens rows).
+ * Rank r of T holds its shard of the heads and of the FFN (model/tp.h);
+ * at T = 1 the shard is the whole model and rank 0 is the engine thread:
  *
- *   x = embed(tokens)                                   (T, dim)
+ *   x = embed(tokens)                                   (T, dim), every rank
  *   per layer:
- *     h = rmsnorm(x);  q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)
- *     rope(q, k);  K/V cache[slot_mapping[t]] = k[t], v[t]   (write first)
- *     a = paged_attention(q, cache, block_tables)        (T, n_heads*hd)
- *     x += a Wo^T                                        (fused: GEMM beta 1)
- *     h = rmsnorm(x);  x += (silu(h Wg^T) * h Wu^T) Wd^T
+ *     h = rmsnorm(x)
+ *     q, k, v = h Wq_r^T (+bq), h Wk_r^T (+bk), h Wv_r^T (+bv)   its heads
+ *     rope(q, k);  K/V cache_r[slot_mapping[t]] = k[t], v[t]  (write first)
+ *     a = paged_attention(q, cache_r, block_tables)      (T, n_q * hd)
+ *     x += sum over ranks of a Wo_r^T                    (row-parallel)
+ *     h = rmsnorm(x);  g = silu(h Wg_r^T) * h Wu_r^T      (T, n_f)
+ *     x += sum over ranks of g Wd_r^T
  *   (the last layer past its K/V write runs only on the logits rows)
- *   logits = rmsnorm(x[logits_rows]) lm_head^T           (n_logits, vocab)
+ *   rank 0: logits = rmsnorm(x[logits_rows]) lm_head^T   (n_logits, vocab)
  *
- * KV pool (device tier here is host memory): model/host_kv.h, f32 regions
- * [num_blocks][n_kv_heads][block_size][head_dim] per layer and kind, or
- * the compressed store of kernels/cpu/kv_quant.h for the other dtypes.
- * Both tiers are anonymous mmaps (zero pages, committed on first write).
- * Activations are sized for max_num_batched_tokens rows and logits for
- * max_num_seqs rows at creation; forward() allocates nothing.
+ * "x += sum over ranks" is one GEMM accumulating into x at T = 1 (fused
+ * residual add); at T > 1 each rank's partial product is summed by the
+ * shared-memory all-reduce (kernels/comm.h), whose result is bitwise the
+ * same on every rank, so the replicated parts stay in step. Column-parallel
+ * shards point into the model's weights (their rows are contiguous);
+ * row-parallel shards (wo, w_down) are the model's own at T = 1 and column
+ * copies made once at creation at T > 1.
+ *
+ * KV pool (the device tier is host memory): each rank owns a
+ * model/host_kv.h store of its KV heads, f32 regions
+ * [num_blocks][n_kv][block_size][head_dim] per layer and kind, or the
+ * compressed KIVI store of kernels/cpu/kv_quant.h for the other dtypes (a
+ * quantization group never spans KV heads, so rank r keeps its heads'
+ * codes, scales and residual slots). kv_ops run on every rank's slice of a
+ * block. Both tiers are anonymous mmaps (zero pages, committed on first
+ * write). Activations are sized for max_num_batched_tokens rows and logits
+ * for max_num_seqs rows at creation; forward() allocates nothing.
+ *
+ * Thread: the engine thread; at T > 1 ranks 1 .. T-1 run on the rank
+ * threads of kn_ranks_run() while the engine thread runs rank 0.
  */
 #define LOG_MODULE "cpu"
 
@@ -32,37 +50,61 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
+#include "kernels/comm.h"
 #include "kernels/cpu/kn_cpu.h"
 #include "model/backend.h"
 #include "model/host_kv.h"
 #include "model/model_int.h"
+#include "model/tp.h"
+
+/* One rank's view of one layer's weights. */
+typedef struct cpu_layer {
+    const float *wq, *wk, *wv;  /* rows of the model's weights */
+    const float *bq, *bk, *bv;  /* or NULL */
+    const float *wo;            /* [dim][n_q * hd] */
+    const float *w_gate, *w_up; /* rows [f0, f0 + n_f) */
+    const float *w_down;        /* [dim][n_f] */
+    float *own_wo, *own_down;   /* column copies at T > 1, else NULL */
+} cpu_layer_t;
+
+typedef struct cpu_rank {
+    mdl_tp_shard_t sh;
+    cpu_layer_t *layers; /* [n_layers] */
+    host_kv_t kv;        /* this rank's KV heads, both tiers */
+    /* Scratch, rows = max_num_batched_tokens (T). */
+    float *x, *h;         /* (T, dim) residual stream, normed */
+    float *q, *att;       /* (T, n_q * hd) */
+    float *k, *v;         /* (T, n_kv * hd) */
+    float *gate, *up;     /* (T, n_f) */
+    float *part;          /* (T, dim) row-parallel partial product (T > 1) */
+    float *cos_t, *sin_t; /* (T, hd / 2) */
+    /* The last layer's sub-batch, rows = max_num_seqs (S). */
+    float *hrows;   /* (S, dim) residual rows that need logits */
+    float *sub_h;   /* (S, dim) their normed rows */
+    float *sub_q;   /* (S, n_q * hd) */
+    float *sub_att; /* (S, n_q * hd) */
+    void *scratch;  /* the one allocation behind every scratch pointer */
+} cpu_rank_t;
 
 typedef struct cpu_state {
     const mdl_model_t *m;
     mdl_config_t c;
     mdl_runtime_config_t rc;
-    host_kv_t kv; /* pool and swap tier of every KV head (model/host_kv.h) */
-    /* Scratch, rows = max_num_batched_tokens (T). */
-    float *x;         /* (T, dim) residual stream */
-    float *h;         /* (T, dim) normed */
-    float *q;         /* (T, n_heads * hd) */
-    float *k;         /* (T, n_kv * hd) */
-    float *v;         /* (T, n_kv * hd) */
-    float *att;       /* (T, n_heads * hd) */
-    float *gate;      /* (T, ffn) */
-    float *up;        /* (T, ffn) */
-    float *cos_t;     /* (T, hd / 2) */
-    float *sin_t;     /* (T, hd / 2) */
-    float *inv_freq;  /* (hd / 2) */
-    float *hrows;     /* (max_num_seqs, dim) residual rows that need logits */
-    float *sub_h;     /* (max_num_seqs, dim) their normed rows, last layer */
-    float *sub_q;     /* (max_num_seqs, n_heads * hd) */
-    float *sub_att;   /* (max_num_seqs, n_heads * hd) */
-    int32_t *sub_qs;  /* (max_num_seqs + 1) the last layer's sub-batch */
-    int32_t *sub_ctx; /* (max_num_seqs) */
-    int32_t *sub_bt;  /* (max_num_seqs, max_blocks_per_seq) */
-    float *logits;    /* (max_num_seqs, vocab) */
-    void *scratch;    /* the one allocation behind every scratch pointer */
+    int32_t tp;
+    cpu_rank_t *ranks;   /* [tp] */
+    kn_comm_t *comm;     /* T > 1 */
+    kn_ranks_t *threads; /* T > 1 */
+    float *inv_freq;     /* (hd / 2) */
+    float *logits;       /* (S, vocab), rank 0 */
+    /* The last layer's sub-batch, the same on every rank (cpu_sub_batch). */
+    int32_t *sub_qs;  /* (S + 1) */
+    int32_t *sub_ctx; /* (S) */
+    int32_t *sub_bt;  /* (S, max_blocks_per_seq) */
+    /* The current call, read by every rank. */
+    const mdl_batch_t *b;
+    int sub; /* the last layer runs on the logits rows only */
+    const kv_op_t *ops;
+    int32_t n_ops;
 } cpu_state_t;
 
 static void
@@ -73,12 +115,130 @@ cpu_destroy(void *state)
     if (s == NULL) {
         return;
     }
-    host_kv_destroy(&s->kv);
-    free(s->scratch);
+    kn_ranks_destroy(s->threads);
+    kn_comm_destroy(s->comm);
+    for (int32_t r = 0; s->ranks != NULL && r < s->tp; r++) {
+        cpu_rank_t *rk = &s->ranks[r];
+
+        for (int32_t l = 0; rk->layers != NULL && l < s->c.n_layers; l++) {
+            free(rk->layers[l].own_wo);
+            free(rk->layers[l].own_down);
+        }
+        free(rk->layers);
+        host_kv_destroy(&rk->kv);
+        free(rk->scratch);
+    }
+    free(s->ranks);
+    free(s->inv_freq);
+    free(s->logits);
     free(s->sub_qs);
     free(s->sub_ctx);
     free(s->sub_bt);
     free(s);
+}
+
+/* Columns [c0, c0 + n) of a row-major (rows, cols) matrix, copied. */
+static float *
+cpu_cols(const float *w, int32_t rows, int32_t cols, int32_t c0, int32_t n)
+{
+    float *out = xmalloc(sizeof(float) * (size_t)rows * (size_t)n);
+
+    for (int32_t i = 0; i < rows; i++) {
+        memcpy(out + (size_t)i * n, w + (size_t)i * cols + c0, sizeof(float) * (size_t)n);
+    }
+    return out;
+}
+
+/* Rank r's weight shards, KV store and scratch. */
+static int
+cpu_rank_init(cpu_state_t *s, int32_t r, char *err, size_t errlen)
+{
+    const mdl_config_t *c = &s->c;
+    const mdl_model_t *m = s->m;
+    cpu_rank_t *rk = &s->ranks[r];
+    int32_t hd = c->head_dim, qd = c->n_heads * hd;
+    size_t T = (size_t)s->rc.max_num_batched_tokens, S = (size_t)s->rc.max_num_seqs;
+    int st = mdl_tp_shard(c, s->tp, r, &rk->sh, err, errlen);
+
+    if (st != ST_OK) {
+        return st;
+    }
+    const mdl_tp_shard_t *sh = &rk->sh;
+
+    rk->layers = xcalloc((size_t)c->n_layers, sizeof(*rk->layers));
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const mdl_layer_t *L = &m->layers[l];
+        cpu_layer_t *cl = &rk->layers[l];
+        size_t qoff = (size_t)sh->q0 * hd, kvoff = (size_t)sh->kv0 * hd;
+
+        cl->wq = L->wq + qoff * c->dim;
+        cl->wk = L->wk + kvoff * c->dim;
+        cl->wv = L->wv + kvoff * c->dim;
+        cl->bq = L->bq != NULL ? L->bq + qoff : NULL;
+        cl->bk = L->bk != NULL ? L->bk + kvoff : NULL;
+        cl->bv = L->bv != NULL ? L->bv + kvoff : NULL;
+        cl->w_gate = L->w_gate + (size_t)sh->f0 * c->dim;
+        cl->w_up = L->w_up + (size_t)sh->f0 * c->dim;
+        if (s->tp == 1) {
+            cl->wo = L->wo;
+            cl->w_down = L->w_down;
+        } else {
+            cl->own_wo = cpu_cols(L->wo, c->dim, qd, sh->q0 * hd, sh->n_q * hd);
+            cl->own_down = cpu_cols(L->w_down, c->dim, c->ffn_dim, sh->f0, sh->n_f);
+            cl->wo = cl->own_wo;
+            cl->w_down = cl->own_down;
+        }
+    }
+
+    char why[256];
+
+    st = host_kv_create(&rk->kv, c, sh->n_kv, &s->rc, why, sizeof(why));
+    if (st != ST_OK) {
+        if (s->tp == 1) {
+            snprintf(err, errlen, "%s", why);
+        } else {
+            snprintf(err, errlen, "rank %d: %s", r, why);
+        }
+        return st;
+    }
+
+    /* Carve every scratch buffer out of one 64-byte aligned block. */
+    size_t lq = (size_t)sh->n_q * hd, lkv = (size_t)sh->n_kv * hd, half = (size_t)hd / 2;
+    size_t part = s->tp > 1 ? T * c->dim : 0;
+    size_t sizes[] = {
+        T * c->dim, T * c->dim, T * lq,     T * lq,     T * lkv, T * lkv, T * sh->n_f,
+        T * sh->n_f, part,      T * half,   T * half,   S * c->dim, S * c->dim, S * lq,
+        S * lq,
+    };
+    float **ptrs[] = {
+        &rk->x,  &rk->h,    &rk->q,     &rk->att,   &rk->k,     &rk->v,     &rk->gate,
+        &rk->up, &rk->part, &rk->cos_t, &rk->sin_t, &rk->hrows, &rk->sub_h, &rk->sub_q,
+        &rk->sub_att,
+    };
+    size_t total = 0;
+
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        total += (sizes[i] + 15) & ~(size_t)15;
+    }
+    if (posix_memalign(&rk->scratch, 64, total * sizeof(float)) != 0) {
+        rk->scratch = NULL;
+        if (s->tp == 1) {
+            snprintf(err, errlen, "cannot allocate %zu MiB of activations",
+                     (total * sizeof(float)) >> 20);
+        } else {
+            snprintf(err, errlen, "rank %d: cannot allocate %zu MiB of activations", r,
+                     (total * sizeof(float)) >> 20);
+        }
+        return ST_ENOMEM;
+    }
+    memset(rk->scratch, 0, total * sizeof(float));
+    float *p = rk->scratch;
+
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        *ptrs[i] = p;
+        p += (sizes[i] + 15) & ~(size_t)15;
+    }
+    return ST_OK;
 }
 
 static int
@@ -86,83 +246,71 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
            size_t errlen)
 {
     const mdl_config_t *c = &m->cfg;
-    size_t T = (size_t)rc->max_num_batched_tokens, S = (size_t)rc->max_num_seqs;
-    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t half = (size_t)c->head_dim / 2;
+    size_t S = (size_t)rc->max_num_seqs;
     cpu_state_t *s;
-    int rc_st;
+    mdl_tp_shard_t sh;
+    int st;
 
     if (c->head_dim > KN_ATTN_MAX_HEAD_DIM) {
         snprintf(err, errlen, "head_dim %d exceeds %d", c->head_dim, KN_ATTN_MAX_HEAD_DIM);
         return ST_EUNSUPPORTED;
+    }
+    st = mdl_tp_shard(c, rc->tp_size, 0, &sh, err, errlen);
+    if (st != ST_OK) {
+        return st;
     }
 
     s = xcalloc(1, sizeof(*s));
     s->m = m;
     s->c = *c;
     s->rc = *rc;
-    rc_st = host_kv_create(&s->kv, c, c->n_kv_heads, rc, err, errlen);
-    if (rc_st != ST_OK) {
-        goto fail;
+    s->tp = rc->tp_size;
+    s->ranks = xcalloc((size_t)s->tp, sizeof(*s->ranks));
+    for (int32_t r = 0; r < s->tp; r++) {
+        st = cpu_rank_init(s, r, err, errlen);
+        if (st != ST_OK) {
+            goto fail;
+        }
     }
-
-    /* Carve every scratch buffer out of one 64-byte aligned block. */
-    size_t sizes[] = {
-        T * c->dim,        T * c->dim,     T * qd,   T * kvd,  T * kvd, T * qd,
-        T * c->ffn_dim,    T * c->ffn_dim, T * half, T * half, half,    S * c->dim,
-        S * c->vocab_size, S * c->dim,     S * qd,   S * qd,
-    };
-    float **ptrs[] = {
-        &s->x,      &s->h,     &s->q,     &s->k,       &s->v,        &s->att,
-        &s->gate,   &s->up,    &s->cos_t, &s->sin_t,   &s->inv_freq, &s->hrows,
-        &s->logits, &s->sub_h, &s->sub_q, &s->sub_att,
-    };
-    size_t total = 0;
-
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        total += (sizes[i] + 15) & ~(size_t)15;
-    }
-    if (posix_memalign(&s->scratch, 64, total * sizeof(float)) != 0) {
-        s->scratch = NULL;
-        snprintf(err, errlen, "cannot allocate %zu MiB of activations",
-                 (total * sizeof(float)) >> 20);
-        rc_st = ST_ENOMEM;
-        goto fail;
-    }
-    memset(s->scratch, 0, total * sizeof(float));
+    s->inv_freq = xmalloc(sizeof(float) * (size_t)(c->head_dim / 2));
+    s->logits = xmalloc(sizeof(float) * S * (size_t)c->vocab_size);
     s->sub_qs = xcalloc(S + 1, sizeof(int32_t));
     s->sub_ctx = xcalloc(S, sizeof(int32_t));
     s->sub_bt = xcalloc(S * (size_t)rc->max_blocks_per_seq, sizeof(int32_t));
-    float *p = s->scratch;
 
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        *ptrs[i] = p;
-        p += (sizes[i] + 15) & ~(size_t)15;
+    mdl_rope_inv_freq(c, s->inv_freq);
+    for (int32_t r = 0; r < s->tp; r++) {
+        host_kv_set_rope(&s->ranks[r].kv, s->inv_freq);
     }
-
-    kn_rope_params_t rp = {
-        .head_dim = c->head_dim,
-        .theta = c->rope_theta > 0.0f ? c->rope_theta : 10000.0f,
-        .scaling = c->rope_scaling == MDL_ROPE_LINEAR   ? KN_ROPE_LINEAR
-                   : c->rope_scaling == MDL_ROPE_LLAMA3 ? KN_ROPE_LLAMA3
-                                                        : KN_ROPE_NONE,
-        .factor = c->rope_factor,
-        .low_freq_factor = c->rope_low_freq_factor,
-        .high_freq_factor = c->rope_high_freq_factor,
-        .orig_max_pos = c->rope_orig_max_pos,
-    };
-    kn_cpu_rope_inv_freq(&rp, s->inv_freq);
-    host_kv_set_rope(&s->kv, s->inv_freq);
     kn_cpu_init(rc->n_threads);
-    LOG_DEBUG("cpu backend: %s kernels, %d threads, KV pool %zu MiB, scratch %zu MiB",
-              kn_isa_name(kn_cpu_isa()), kn_cpu_threads(), s->kv.kv_len >> 20,
-              (total * sizeof(float)) >> 20);
+    if (s->tp > 1) {
+        st = kn_comm_create(s->tp, &s->comm);
+        if (st == ST_OK) {
+            st = kn_ranks_create(s->tp, &s->threads);
+        }
+        if (st != ST_OK) {
+            snprintf(err, errlen, "cannot start %d rank threads: %s", s->tp, st_str(st));
+            goto fail;
+        }
+    }
+    LOG_DEBUG("cpu backend: %s kernels, %d threads, tensor parallel %d (%d query heads, %d KV "
+              "heads, FFN %d per rank), KV cache %s, %zu MiB per rank",
+              kn_isa_name(kn_cpu_isa()), kn_cpu_threads(), s->tp, sh.n_q, sh.n_kv, sh.n_f,
+              mdl_kv_dtype_name(rc->kv_dtype), s->ranks[0].kv.kv_len >> 20);
     *state = s;
     return ST_OK;
 
 fail:
     cpu_destroy(s);
-    return rc_st;
+    return st;
+}
+
+static int
+cpu_rank_kv_ops(void *arg, int r)
+{
+    cpu_state_t *s = arg;
+
+    return host_kv_ops(&s->ranks[r].kv, s->ops, s->n_ops);
 }
 
 static int
@@ -170,36 +318,65 @@ cpu_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
 {
     cpu_state_t *s = state;
 
-    return host_kv_ops(&s->kv, ops, n_ops);
+    if (s->tp == 1) {
+        return host_kv_ops(&s->ranks[0].kv, ops, n_ops);
+    }
+    s->ops = ops;
+    s->n_ops = n_ops;
+    return kn_ranks_run(s->threads, cpu_rank_kv_ops, s);
 }
 
-/* The rest of the last layer for the n_logits rows that need logits, after
- * every row's K/V is in the cache. Each such row becomes a one-token
- * sequence of a sub-batch with its own sequence's block table:
+/* x (n, dim) += sum over the ranks of in (n, d_in) w^T, w a row-parallel
+ * shard (dim, d_in): fused into the GEMM at T = 1, else each rank's
+ * partial product is all-reduced first. */
+static void
+cpu_row_parallel(cpu_state_t *s, cpu_rank_t *rk, int r, const float *in, const float *w,
+                 float *x, int32_t n, int32_t d_in)
+{
+    const int32_t dim = s->c.dim;
+
+    if (s->tp == 1) {
+        kn_cpu_matmul(in, w, NULL, x, n, d_in, dim, 1);
+        return;
+    }
+    kn_cpu_matmul(in, w, NULL, rk->part, n, d_in, dim, 0);
+    kn_comm_allreduce_sum(s->comm, r, rk->part, (size_t)n * dim);
+    kn_cpu_add(x, rk->part, (size_t)n * dim);
+}
+
+/* The MLP block on n rows: x += down(silu(rmsnorm(x) Wg^T) * rmsnorm(x) Wu^T),
+ * with h (n, dim) as the normed rows' scratch. */
+static void
+cpu_mlp(cpu_state_t *s, cpu_rank_t *rk, int r, const mdl_layer_t *L, const cpu_layer_t *cl,
+        float *x, float *h, int32_t n)
+{
+    const mdl_config_t *c = &s->c;
+    const int32_t n_f = rk->sh.n_f;
+
+    kn_cpu_rmsnorm(x, L->ffn_norm, h, n, c->dim, c->norm_eps);
+    kn_cpu_matmul(h, cl->w_gate, NULL, rk->gate, n, c->dim, n_f, 0);
+    kn_cpu_matmul(h, cl->w_up, NULL, rk->up, n, c->dim, n_f, 0);
+    kn_cpu_silu_mul(rk->gate, rk->up, rk->gate, (size_t)n * n_f);
+    cpu_row_parallel(s, rk, r, rk->gate, cl->w_down, x, n, n_f);
+}
+
+/* The last layer's sub-batch, before the ranks run: each row that needs
+ * logits becomes a one-token sequence with its own sequence's block table:
  *
  *   rows  r0 .. r(n-1)  ->  sub_q (n, qd), sub_qs = 0, 1, .., n,
  *                           sub_ctx[i] = context index of r_i + 1
- *
- * Leaves the residual rows in s->hrows. A prefill chunk of T tokens thus
- * skips (T - n) / T of the last layer's attention, output projection and
- * MLP. */
+ */
 static void
-cpu_last_layer(cpu_state_t *s, const mdl_batch_t *b, const mdl_layer_t *L)
+cpu_sub_batch(cpu_state_t *s, const mdl_batch_t *b)
 {
-    const mdl_config_t *c = &s->c;
-    const int32_t dim = c->dim, hd = c->head_dim, qd = c->n_heads * hd, half = hd / 2;
-    const int32_t n = b->n_logits, mb = b->max_blocks;
-    int32_t seq = 0;
+    const int32_t mb = b->max_blocks;
 
-    if (n == 0) {
-        return;
-    }
     s->sub_qs[0] = 0;
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t i = 0; i < b->n_logits; i++) {
         int32_t r = b->logits_rows[i];
+        int32_t seq = 0;
 
         /* logits_rows need not be sorted: find r's sequence. */
-        seq = 0;
         while (b->query_start[seq + 1] <= r) {
             seq++;
         }
@@ -209,113 +386,151 @@ cpu_last_layer(cpu_state_t *s, const mdl_batch_t *b, const mdl_layer_t *L)
         s->sub_ctx[i] = b->context_len[seq] - n_new + (r - b->query_start[seq]) + 1;
         memcpy(s->sub_bt + (size_t)i * mb, b->block_tables + (size_t)seq * mb,
                sizeof(int32_t) * (size_t)mb);
-        memcpy(s->hrows + (size_t)i * dim, s->x + (size_t)r * dim, sizeof(float) * (size_t)dim);
-        memcpy(s->sub_h + (size_t)i * dim, s->h + (size_t)r * dim, sizeof(float) * (size_t)dim);
     }
-    kn_cpu_matmul(s->sub_h, L->wq, L->bq, s->sub_q, n, dim, qd, 0);
-    for (int32_t i = 0; i < n; i++) {
-        int32_t r = b->logits_rows[i];
+}
 
-        kn_cpu_rope(s->sub_q + (size_t)i * qd, 1, c->n_heads, hd, s->cos_t + (size_t)r * half,
-                    s->sin_t + (size_t)r * half);
+/* The rest of the last layer for the n_logits rows that need logits, after
+ * every row's K/V is in the cache (sub-batch from cpu_sub_batch()). Leaves
+ * the residual rows in rk->hrows. A prefill chunk of T tokens thus skips
+ * (T - n) / T of the last layer's attention, output projection and MLP. */
+static void
+cpu_last_layer(cpu_state_t *s, cpu_rank_t *rk, int r, const mdl_layer_t *L,
+               const cpu_layer_t *cl)
+{
+    const mdl_batch_t *b = s->b;
+    const mdl_config_t *c = &s->c;
+    const mdl_tp_shard_t *sh = &rk->sh;
+    const int32_t dim = c->dim, hd = c->head_dim, lq = sh->n_q * hd, half = hd / 2;
+    const int32_t n = b->n_logits;
+
+    if (n == 0) {
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t row = b->logits_rows[i];
+
+        memcpy(rk->hrows + (size_t)i * dim, rk->x + (size_t)row * dim,
+               sizeof(float) * (size_t)dim);
+        memcpy(rk->sub_h + (size_t)i * dim, rk->h + (size_t)row * dim,
+               sizeof(float) * (size_t)dim);
+    }
+    kn_cpu_matmul(rk->sub_h, cl->wq, cl->bq, rk->sub_q, n, dim, lq, 0);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t row = b->logits_rows[i];
+
+        kn_cpu_rope(rk->sub_q + (size_t)i * lq, 1, sh->n_q, hd, rk->cos_t + (size_t)row * half,
+                    rk->sin_t + (size_t)row * half);
     }
     kn_attn_args_t aa = {
-        .out = s->sub_att,
-        .q = s->sub_q,
+        .out = rk->sub_att,
+        .q = rk->sub_q,
         .query_start = s->sub_qs,
         .context_len = s->sub_ctx,
         .block_tables = s->sub_bt,
-        .max_blocks = mb,
+        .max_blocks = b->max_blocks,
         .n_seqs = n,
         .n_tok = n,
-        .n_heads = c->n_heads,
-        .n_kv_heads = c->n_kv_heads,
+        .n_heads = sh->n_q,
+        .n_kv_heads = sh->n_kv,
         .head_dim = hd,
         .block_size = s->rc.block_size,
         .sliding_window = c->sliding_window,
         .scale = 1.0f / sqrtf((float)hd),
     };
-    host_kv_attend(&s->kv, c->n_layers - 1, &aa);
-    kn_cpu_matmul(s->sub_att, L->wo, NULL, s->hrows, n, qd, dim, 1);
-
-    kn_cpu_rmsnorm(s->hrows, L->ffn_norm, s->sub_h, n, dim, c->norm_eps);
-    kn_cpu_matmul(s->sub_h, L->w_gate, NULL, s->gate, n, dim, c->ffn_dim, 0);
-    kn_cpu_matmul(s->sub_h, L->w_up, NULL, s->up, n, dim, c->ffn_dim, 0);
-    kn_cpu_silu_mul(s->gate, s->up, s->gate, (size_t)n * c->ffn_dim);
-    kn_cpu_matmul(s->gate, L->w_down, NULL, s->hrows, n, c->ffn_dim, dim, 1);
+    host_kv_attend(&rk->kv, c->n_layers - 1, &aa);
+    cpu_row_parallel(s, rk, r, rk->sub_att, cl->wo, rk->hrows, n, lq);
+    cpu_mlp(s, rk, r, L, cl, rk->hrows, rk->sub_h, n);
 }
 
+/* One rank's share of the step (rank 0 also computes the logits). */
 static int
-cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
+cpu_rank_forward(void *arg, int r)
 {
-    cpu_state_t *s = state;
+    cpu_state_t *s = arg;
+    cpu_rank_t *rk = &s->ranks[r];
+    const mdl_batch_t *b = s->b;
     const mdl_config_t *c = &s->c;
     const mdl_model_t *m = s->m;
+    const mdl_tp_shard_t *sh = &rk->sh;
     const int32_t T = b->n_tokens, dim = c->dim, hd = c->head_dim;
-    const int32_t qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    const int32_t lq = sh->n_q * hd, lkv = sh->n_kv * hd;
     kn_attn_args_t aa = {
-        .out = s->att,
-        .q = s->q,
+        .out = rk->att,
+        .q = rk->q,
         .query_start = b->query_start,
         .context_len = b->context_len,
         .block_tables = b->block_tables,
         .max_blocks = b->max_blocks,
         .n_seqs = b->n_seqs,
         .n_tok = T,
-        .n_heads = c->n_heads,
-        .n_kv_heads = c->n_kv_heads,
+        .n_heads = sh->n_q,
+        .n_kv_heads = sh->n_kv,
         .head_dim = hd,
         .block_size = s->rc.block_size,
         .sliding_window = c->sliding_window,
         .scale = 1.0f / sqrtf((float)hd),
     };
 
-    kn_cpu_embed(m->tok_embd, b->tokens, T, dim, s->x);
-    kn_cpu_rope_table(b->positions, T, s->inv_freq, hd / 2, s->cos_t, s->sin_t);
-
-    /* The last layer only needs K/V for every row; the rest of it runs on
-     * the rows that want logits (cpu_last_layer), unless that is all of them. */
-    int sub = b->n_logits < T;
+    kn_cpu_embed(m->tok_embd, b->tokens, T, dim, rk->x);
+    kn_cpu_rope_table(b->positions, T, s->inv_freq, hd / 2, rk->cos_t, rk->sin_t);
 
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mdl_layer_t *L = &m->layers[l];
-        int last = l == c->n_layers - 1 && sub;
+        const cpu_layer_t *cl = &rk->layers[l];
+        int last = l == c->n_layers - 1 && s->sub;
 
-        kn_cpu_rmsnorm(s->x, L->attn_norm, s->h, T, dim, c->norm_eps);
+        kn_cpu_rmsnorm(rk->x, L->attn_norm, rk->h, T, dim, c->norm_eps);
         if (!last) {
-            kn_cpu_matmul(s->h, L->wq, L->bq, s->q, T, dim, qd, 0);
+            kn_cpu_matmul(rk->h, cl->wq, cl->bq, rk->q, T, dim, lq, 0);
         }
-        kn_cpu_matmul(s->h, L->wk, L->bk, s->k, T, dim, kvd, 0);
-        kn_cpu_matmul(s->h, L->wv, L->bv, s->v, T, dim, kvd, 0);
-        kn_cpu_rope(s->k, T, c->n_kv_heads, hd, s->cos_t, s->sin_t);
+        kn_cpu_matmul(rk->h, cl->wk, cl->bk, rk->k, T, dim, lkv, 0);
+        kn_cpu_matmul(rk->h, cl->wv, cl->bv, rk->v, T, dim, lkv, 0);
+        kn_cpu_rope(rk->k, T, sh->n_kv, hd, rk->cos_t, rk->sin_t);
         /* All new K/V of this layer land before any attention reads. */
-        host_kv_write(&s->kv, l, s->k, s->v, b->slot_mapping, T);
+        host_kv_write(&rk->kv, l, rk->k, rk->v, b->slot_mapping, T);
         if (last) {
-            cpu_last_layer(s, b, L);
+            cpu_last_layer(s, rk, r, L, cl);
             break;
         }
-        kn_cpu_rope(s->q, T, c->n_heads, hd, s->cos_t, s->sin_t);
-        host_kv_attend(&s->kv, l, &aa);
-        kn_cpu_matmul(s->att, L->wo, NULL, s->x, T, qd, dim, 1);
-
-        kn_cpu_rmsnorm(s->x, L->ffn_norm, s->h, T, dim, c->norm_eps);
-        kn_cpu_matmul(s->h, L->w_gate, NULL, s->gate, T, dim, c->ffn_dim, 0);
-        kn_cpu_matmul(s->h, L->w_up, NULL, s->up, T, dim, c->ffn_dim, 0);
-        kn_cpu_silu_mul(s->gate, s->up, s->gate, (size_t)T * c->ffn_dim);
-        kn_cpu_matmul(s->gate, L->w_down, NULL, s->x, T, c->ffn_dim, dim, 1);
+        kn_cpu_rope(rk->q, T, sh->n_q, hd, rk->cos_t, rk->sin_t);
+        host_kv_attend(&rk->kv, l, &aa);
+        cpu_row_parallel(s, rk, r, rk->att, cl->wo, rk->x, T, lq);
+        cpu_mlp(s, rk, r, L, cl, rk->x, rk->h, T);
     }
+    host_kv_end_step(&rk->kv);
 
-    if (!sub) {
+    if (r != 0 || b->n_logits == 0) {
+        return ST_OK;
+    }
+    if (!s->sub) {
         for (int32_t i = 0; i < b->n_logits; i++) {
-            memcpy(s->hrows + (size_t)i * dim, s->x + (size_t)b->logits_rows[i] * dim,
+            memcpy(rk->hrows + (size_t)i * dim, rk->x + (size_t)b->logits_rows[i] * dim,
                    sizeof(float) * (size_t)dim);
         }
     }
-    if (b->n_logits > 0) {
-        kn_cpu_rmsnorm(s->hrows, m->out_norm, s->hrows, b->n_logits, dim, c->norm_eps);
-        kn_cpu_matmul(s->hrows, m->lm_head, NULL, s->logits, b->n_logits, dim, c->vocab_size, 0);
+    kn_cpu_rmsnorm(rk->hrows, m->out_norm, rk->hrows, b->n_logits, dim, c->norm_eps);
+    kn_cpu_matmul(rk->hrows, m->lm_head, NULL, s->logits, b->n_logits, dim, c->vocab_size, 0);
+    return ST_OK;
+}
+
+static int
+cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
+{
+    cpu_state_t *s = state;
+    int rc;
+
+    /* The last layer only needs K/V for every row; the rest of it runs on
+     * the rows that want logits, unless that is all of them. */
+    s->sub = b->n_logits < b->n_tokens;
+    if (s->sub) {
+        cpu_sub_batch(s, b);
     }
-    host_kv_end_step(&s->kv);
+    s->b = b;
+    rc = s->tp == 1 ? cpu_rank_forward(s, 0) : kn_ranks_run(s->threads, cpu_rank_forward, s);
+    s->b = NULL;
+    if (rc != ST_OK) {
+        return rc;
+    }
     *logits = s->logits;
     return ST_OK;
 }

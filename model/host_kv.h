@@ -1,6 +1,6 @@
-/* host_kv.h - the KV pool of a host (CPU) backend, shared by forward_cpu.c
- * (one pool for every KV head) and forward_tp.c (one pool per rank for
- * its KV heads, model/tp.h).
+/* host_kv.h - the KV pool of a host (CPU) backend: forward_cpu.c keeps one
+ * per tensor-parallel rank for its KV heads (model/tp.h; every KV head at
+ * T = 1).
  *
  * A pool holds the device tier (num_blocks) and the swap tier
  * (swap_blocks) for n_kv KV heads, in one of two forms:

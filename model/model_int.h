@@ -47,4 +47,9 @@ struct mdl_model {
     size_t weight_bytes;    /* f32 bytes read per token (all weights) */
 };
 
+/* The RoPE frequencies of c (theta, scaling), the one mapping of the model
+ * config to kernels/cpu's RoPE parameters for every backend.
+ *   inv_freq: (head_dim / 2) out */
+void mdl_rope_inv_freq(const mdl_config_t *c, float *inv_freq);
+
 #endif /* MODEL_MODEL_INT_H */

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
+#include "kernels/cpu/kn_cpu.h"
 #include "model/backend.h"
 #include "model/model_int.h"
 #include "kvserve_config.h"
@@ -76,9 +77,6 @@ mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_ru
     }
     if (c.gpu_memory_utilization <= 0.0f) {
         c.gpu_memory_utilization = 0.9f;
-    }
-    if (c.tp_size > 1 && be == &mdl_backend_cpu) {
-        be = &mdl_backend_cpu_tp; /* model/forward_tp.c; it checks the split */
     }
     if (c.num_blocks < 2 || c.swap_blocks < 0 || c.max_blocks_per_seq <= 0 || c.block_size > 4096) {
         snprintf(err, errlen, "bad KV pool shape: %d blocks of %d tokens, %d swap blocks",
@@ -258,4 +256,22 @@ mdl_forward(mdl_runtime_t *rt, const mdl_batch_t *b, const float **logits)
         return ST_EINVAL;
     }
     return rt->be->forward(rt->state, b, logits);
+}
+
+void
+mdl_rope_inv_freq(const mdl_config_t *c, float *inv_freq)
+{
+    kn_rope_params_t rp = {
+        .head_dim = c->head_dim,
+        .theta = c->rope_theta > 0.0f ? c->rope_theta : 10000.0f,
+        .scaling = c->rope_scaling == MDL_ROPE_LINEAR   ? KN_ROPE_LINEAR
+                   : c->rope_scaling == MDL_ROPE_LLAMA3 ? KN_ROPE_LLAMA3
+                                                        : KN_ROPE_NONE,
+        .factor = c->rope_factor,
+        .low_freq_factor = c->rope_low_freq_factor,
+        .high_freq_factor = c->rope_high_freq_factor,
+        .orig_max_pos = c->rope_orig_max_pos,
+    };
+
+    kn_cpu_rope_inv_freq(&rp, inv_freq);
 }

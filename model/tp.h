@@ -1,5 +1,5 @@
 /* tp.h - how tensor parallelism splits a Llama model over T ranks
- * (DESIGN.md section 6), shared by the CPU (model/forward_tp.c) and CUDA
+ * (DESIGN.md section 6), shared by the CPU (model/forward_cpu.c) and CUDA
  * (model/backend_cuda.c) backends.
  *
  *   column-parallel (rows of the HF [out][in] weight, contiguous):
