@@ -1,4 +1,4 @@
-/* test_tp.c - tensor parallelism on the CPU backend (model/forward_tp.c):
+/* test_tp.c - tensor parallelism on the CPU backend (model/forward_cpu.c at T > 1):
  * the same steps run at T = 1 and at T = 2 (and 4) must give the same
  * logits within 1e-5 relative (max |diff| / max |logit| per step), through
  * chunked prefill, batched decodes, and KV copies and swaps (the KV block
