@@ -43,6 +43,9 @@ kn_detect(void)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma")) {
+        if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16")) {
+            return KN_ISA_AVX512_VNNI;
+        }
         return KN_ISA_AVX512;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
@@ -109,6 +112,7 @@ kn_cpu_set_isa(kn_isa_t isa)
         impl = &kn__impl_avx2;
         break;
     case KN_ISA_AVX512:
+    case KN_ISA_AVX512_VNNI: /* the f32 kernels have no VNNI variant */
         impl = &kn__impl_avx512;
         break;
     default:
@@ -127,6 +131,8 @@ kn_isa_name(kn_isa_t isa)
         return "avx2";
     case KN_ISA_AVX512:
         return "avx512";
+    case KN_ISA_AVX512_VNNI:
+        return "avx512_vnni";
     default:
         return "generic";
     }

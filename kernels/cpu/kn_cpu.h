@@ -35,6 +35,10 @@ typedef enum kn_isa {
     KN_ISA_GENERIC = 0,
     KN_ISA_AVX2,   /* AVX2 + FMA */
     KN_ISA_AVX512, /* AVX-512 F/BW/VL + FMA */
+    /* AVX-512 F/BW/VL + VNNI + BF16 (Cooper Lake, Sapphire Rapids, Zen 4):
+     * the weight kernels (kn_quant.h) use vpdpbusd and vdpbf16ps here; the
+     * f32 kernels run their AVX-512 code. */
+    KN_ISA_AVX512_VNNI,
 } kn_isa_t;
 
 /* Detects the best ISA (once), selects it, sets the thread count used by

@@ -1196,7 +1196,7 @@ kvq_attn_chunk(void *arg, int i, int n_tasks)
 
     (void)n_tasks;
 #if KVQ_HAVE_X86
-    if (kn_cpu_isa() == KN_ISA_AVX512) {
+    if (kn_cpu_isa() >= KN_ISA_AVX512) {
         kvq_attn_task_avx512(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
         return;
     }

@@ -1,0 +1,124 @@
+/* kn_quant.h - weights in their file format (f32, f16, bf16 and ggml's
+ * q8_0, q4_0, q4_K, q5_K, q6_K blocks): dequantization, quantization, and
+ * the matrix products of the forward pass straight from those bytes.
+ *
+ * DESIGN. A weight is {type, data, row_bytes}: rows of blocks exactly as
+ * GGUF stores them (ggml-common.h layouts), so the mmap'd file is the only
+ * copy. Products with a Q weight quantize the activations to 8 bits once
+ * per input (kn_act_t: blocks of 32 with an f32 scale, shared by every
+ * weight reading that input) and run integer dot products: AVX512-VNNI
+ * vpdpbusd, else AVX2 / AVX-512BW vpmaddubsw, else C. Every block is read
+ * through one decoded form, value = a * s + c per element, with s an int8
+ * code, a a scale per 16 elements and c an offset per 16 (non-zero only
+ * for the q4_K / q5_K mins):
+ *
+ *   dot(row, x) = sum over 16-groups h of  dx_h * (a_h * sum_h(s * xq))
+ *                                        + c_h * (dx_h * sum_h(xq))
+ *
+ * where xq, dx are the activation's codes and block scale. BF16 weights
+ * multiply bf16-rounded activations (vdpbf16ps on AVX512-BF16, exact
+ * products in f32 elsewhere); F16 weights are converted to f32 (F16C) and
+ * multiply the f32 activations; F32 weights use kn_cpu_matmul().
+ *
+ * Decode (n_tok = 1) reads each weight byte once and splits rows over the
+ * kernel thread team; batches run a tile of 4 weight rows x 4 tokens per
+ * micro-kernel over 1024-column slices decoded once per slice, so a weight
+ * block is unpacked once per 4 rows x every token of the batch.
+ *
+ * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
+ * be called from any thread; a kn_act_t is used by one caller at a time.
+ */
+#ifndef KERNELS_CPU_KN_QUANT_H
+#define KERNELS_CPU_KN_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kn_wtype {
+    KN_W_F32 = 0,
+    KN_W_F16,
+    KN_W_BF16,
+    KN_W_Q8_0,
+    KN_W_Q4_0,
+    KN_W_Q4_K,
+    KN_W_Q5_K,
+    KN_W_Q6_K,
+    KN_W_NTYPES
+} kn_wtype_t;
+
+/* A weight matrix [rows][cols] (Hugging Face linear layout: rows = d_out,
+ * cols = d_in) in its storage format; row r starts at
+ * (const char *)data + r * row_bytes. */
+typedef struct kn_weight {
+    kn_wtype_t type;
+    const void *data;
+    size_t row_bytes;
+    int32_t rows, cols;
+} kn_weight_t;
+
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"; "?" if unknown. */
+const char *kn_wtype_name(kn_wtype_t t);
+/* Elements per block: 1, 1, 1, 32, 32, 256, 256, 256 (0 if unknown). */
+int32_t kn_wtype_block_elems(kn_wtype_t t);
+/* Bytes per block: 4, 2, 2, 34, 18, 144, 176, 210 (0 if unknown). */
+size_t kn_wtype_block_bytes(kn_wtype_t t);
+/* Bytes of a row of cols elements; 0 when cols % block_elems != 0 or cols < 0. */
+size_t kn_wtype_row_bytes(kn_wtype_t t, int64_t cols);
+
+/* Decodes n elements (n % block_elems == 0) of src into dst. Bit-exact
+ * with ggml's dequantize_row_* for the same block bytes (products
+ * evaluated as ggml writes them, never fused). */
+void kn_dequant_row(kn_wtype_t t, const void *src, float *dst, int64_t n);
+/* Quantizes n floats (n % block_elems == 0) into dst in the type's block
+ * layout with ggml's reference algorithms (no importance matrix): q8_0 /
+ * q4_0 absmax, q4_K / q5_K the make_qkx2 scale and min search, q6_K the
+ * make_qx search; f16 / bf16 round to nearest even; f32 copies. The bytes
+ * are what llama.cpp reads. */
+void kn_quant_row(kn_wtype_t t, const float *src, void *dst, int64_t n);
+
+/* Activations prepared once per input and shared by every weight reading
+ * it. Fields (read-only to callers):
+ *   x           (n_tok, d_in) the f32 input (not copied: keep it alive)
+ *   d_pad       d_in rounded up to 256 (the decode slice)
+ *   q           (n_tok, d_pad) int8 codes, round(x / d) with d = absmax / 127
+ *               per block of 32; zero past d_in
+ *   dl          (n_tok, d_pad / 4) the block scale d of every 4 codes
+ *               (the SIMD lane layout: 8 copies per block)
+ *   s16         (n_tok, d_pad / 16) d * sum(q) per 16 codes (the q4_K /
+ *               q5_K min terms)
+ *   bf          (n_tok, d_pad) x rounded to bf16, zero past d_in
+ *   have_q8, have_bf  which forms are made (lazily, by kn_matmul_w)
+ * buf is caller scratch of kn_act_bytes(n_tok, d_in) bytes, any alignment. */
+typedef struct kn_act {
+    const float *x;
+    int32_t n_tok, d_in, d_pad;
+    int8_t *q;
+    float *dl;
+    float *s16;
+    uint16_t *bf;
+    int have_q8, have_bf;
+} kn_act_t;
+
+size_t kn_act_bytes(int32_t n_tok, int32_t d_in);
+void kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf);
+/* Makes the 8-bit (kn_act_quantize_q8) or bf16 form now; idempotent.
+ * kn_matmul_w() calls them on first use. */
+void kn_act_quantize_q8(kn_act_t *a);
+void kn_act_quantize_bf16(kn_act_t *a);
+
+/* y (n_tok, w->rows) = x W^T (+ bias) (+ y when accumulate); w->cols ==
+ * a->d_in; y must not alias x. F32 calls kn_cpu_matmul(). Allocates
+ * nothing; splits rows over the kernel thread team when large enough. */
+void kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int accumulate);
+/* Scalar reference of the same arithmetic: the same 8-bit activations
+ * (or bf16 activations for BF16), exact integer block dots, then the
+ * same f32 products of scales (a_h * dx, c_h * s16), all accumulated in
+ * double. F16 and F32 accumulate w * x in double. The fast path differs
+ * only by the order and f32 rounding of its sums. Allocates. */
+void kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float *bias,
+                     float *y, int accumulate);
+/* out[t] (n_tok, w->cols) = dequantized row tokens[t] of an embedding
+ * table w (rows = vocab, cols = dim). Ids must be in range. */
+void kn_embed_w(const kn_weight_t *w, const int32_t *tokens, int32_t n_tok, float *out);
+
+#endif /* KERNELS_CPU_KN_QUANT_H */
