@@ -88,6 +88,8 @@ static const opt_t opts[] = {
      "tensor-parallel ranks (GPUs, or CPU thread groups)"},
     {"gpu-memory-utilization", OT_DBL, F(gpu_memory_utilization), 0.01, 1, NULL, "F",
      "fraction of GPU memory kvserve may use"},
+    {"dtype", OT_ENUM, F(dtype), 0, 0, "auto|f32|float32|bf16|bfloat16|f16|float16|half", "T",
+     "weight type (auto: the file's; others convert at load)"},
     {"kv-cache-dtype", OT_ENUM, F(kv_cache_dtype), 0, 0,
      "auto|f32|f16|bf16|fp8_e4m3|int8|int4", "T", "KV cache element type"},
     {"kv-policy", OT_POLICY, F(kv_policy), 0, 0, NULL, "P",
@@ -571,6 +573,7 @@ cfg_defaults(cfg_t *c)
     c->tensor_parallel_size = 1;
     c->gpu_memory_utilization = 0.9;
     strcpy(c->kv_cache_dtype, "auto");
+    strcpy(c->dtype, "auto");
     strcpy(c->kv_policy, "full");
     c->enable_prefix_caching = 1;
     c->log_level = LOG_LEVEL_INFO;

@@ -60,30 +60,47 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_cpu.h"
+#include "kernels/cpu/kn_quant.h"
 #include "model/dev_fwd.h"
 #include "model/model_int.h"
 
-/* Uploads rows [r0, r0 + nr) x columns [c0, c0 + nc) of a host f32
- * (rows, cols) matrix as a 16-bit (nr, nc) device matrix. */
+/* Uploads rows [r0, r0 + nr) x columns [c0, c0 + nc) of a host weight
+ * in its file's type (kernels/cpu/kn_quant.h) as a 16-bit (nr, nc) device
+ * matrix, dequantizing one row at a time on the host: no f32 copy of the
+ * weight is made. */
 static int
-dev_upload(mdl_dev_rank_t *rk, const float *w, int32_t cols, int32_t r0, int32_t nr, int32_t c0,
+dev_upload(mdl_dev_rank_t *rk, const kn_weight_t *w, int32_t r0, int32_t nr, int32_t c0,
            int32_t nc, uint16_t **out)
 {
     size_t n = (size_t)nr * nc;
     uint16_t *tmp = xmalloc(sizeof(uint16_t) * n);
+    float *row = xmalloc(sizeof(float) * (size_t)w->cols);
     int rc;
 
     for (int32_t i = 0; i < nr; i++) {
+        kn_dequant_row(w->type, (const char *)w->data + (size_t)(r0 + i) * w->row_bytes, row,
+                       w->cols);
         for (int32_t j = 0; j < nc; j++) {
-            kn_st16(tmp, (size_t)i * nc + j, w[(size_t)(r0 + i) * cols + c0 + j], rk->dt);
+            kn_st16(tmp, (size_t)i * nc + j, row[c0 + j], rk->dt);
         }
     }
+    free(row);
     rc = rk->ops->alloc(rk->ctx, (void **)out, sizeof(uint16_t) * n);
     if (rc == ST_OK) {
         rc = rk->ops->upload(rk->ctx, *out, tmp, sizeof(uint16_t) * n);
     }
     free(tmp);
     return rc;
+}
+
+/* Elements [c0, c0 + nc) of an f32 vector of n, as dev_upload(). */
+static int
+dev_upload_vec(mdl_dev_rank_t *rk, const float *v, int32_t n, int32_t c0, int32_t nc,
+               uint16_t **out)
+{
+    kn_weight_t w = mdl_weight_f32(v, 1, n);
+
+    return dev_upload(rk, &w, 0, 1, c0, nc, out);
 }
 
 static int
@@ -130,7 +147,7 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
                   const mdl_runtime_config_t *rc, int32_t rank, kn_dt_t dt)
 {
     const mdl_config_t *c = &m->cfg;
-    int32_t hd = c->head_dim, qd = c->n_heads * hd, dim = c->dim;
+    int32_t hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, dim = c->dim;
     size_t T = (size_t)rc->max_num_batched_tokens, S = (size_t)rc->max_num_seqs;
     size_t lq, lkv, h16_cols;
     char err[160];
@@ -158,31 +175,31 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
         mdl_dev_layer_t *D = &rk->layers[l];
         int32_t q0 = sh->q0 * hd, kv0 = sh->kv0 * hd;
 
-        if ((st = dev_upload(rk, L->attn_norm, dim, 0, 1, 0, dim, &D->attn_norm)) != ST_OK ||
-            (st = dev_upload(rk, L->ffn_norm, dim, 0, 1, 0, dim, &D->ffn_norm)) != ST_OK ||
-            (st = dev_upload(rk, L->wq, dim, q0, (int32_t)lq, 0, dim, &D->wq)) != ST_OK ||
-            (st = dev_upload(rk, L->wk, dim, kv0, (int32_t)lkv, 0, dim, &D->wk)) != ST_OK ||
-            (st = dev_upload(rk, L->wv, dim, kv0, (int32_t)lkv, 0, dim, &D->wv)) != ST_OK ||
-            (st = dev_upload(rk, L->wo, qd, 0, dim, q0, (int32_t)lq, &D->wo)) != ST_OK ||
-            (st = dev_upload(rk, L->w_gate, dim, sh->f0, sh->n_f, 0, dim, &D->w_gate)) != ST_OK ||
-            (st = dev_upload(rk, L->w_up, dim, sh->f0, sh->n_f, 0, dim, &D->w_up)) != ST_OK ||
-            (st = dev_upload(rk, L->w_down, c->ffn_dim, 0, dim, sh->f0, sh->n_f, &D->w_down)) !=
+        if ((st = dev_upload_vec(rk, L->attn_norm, dim, 0, dim, &D->attn_norm)) != ST_OK ||
+            (st = dev_upload_vec(rk, L->ffn_norm, dim, 0, dim, &D->ffn_norm)) != ST_OK ||
+            (st = dev_upload(rk, &L->wq, q0, (int32_t)lq, 0, dim, &D->wq)) != ST_OK ||
+            (st = dev_upload(rk, &L->wk, kv0, (int32_t)lkv, 0, dim, &D->wk)) != ST_OK ||
+            (st = dev_upload(rk, &L->wv, kv0, (int32_t)lkv, 0, dim, &D->wv)) != ST_OK ||
+            (st = dev_upload(rk, &L->wo, 0, dim, q0, (int32_t)lq, &D->wo)) != ST_OK ||
+            (st = dev_upload(rk, &L->w_gate, sh->f0, sh->n_f, 0, dim, &D->w_gate)) != ST_OK ||
+            (st = dev_upload(rk, &L->w_up, sh->f0, sh->n_f, 0, dim, &D->w_up)) != ST_OK ||
+            (st = dev_upload(rk, &L->w_down, 0, dim, sh->f0, sh->n_f, &D->w_down)) !=
                 ST_OK) {
             return st;
         }
         if (L->bq != NULL &&
-            ((st = dev_upload(rk, L->bq, 0, 0, 1, q0, (int32_t)lq, &D->bq)) != ST_OK ||
-             (st = dev_upload(rk, L->bk, 0, 0, 1, kv0, (int32_t)lkv, &D->bk)) != ST_OK ||
-             (st = dev_upload(rk, L->bv, 0, 0, 1, kv0, (int32_t)lkv, &D->bv)) != ST_OK)) {
+            ((st = dev_upload_vec(rk, L->bq, qd, q0, (int32_t)lq, &D->bq)) != ST_OK ||
+             (st = dev_upload_vec(rk, L->bk, kvd, kv0, (int32_t)lkv, &D->bk)) != ST_OK ||
+             (st = dev_upload_vec(rk, L->bv, kvd, kv0, (int32_t)lkv, &D->bv)) != ST_OK)) {
             return st;
         }
     }
-    if ((st = dev_upload(rk, m->tok_embd, dim, 0, c->vocab_size, 0, dim, &rk->embd)) != ST_OK ||
-        (st = dev_upload(rk, m->out_norm, dim, 0, 1, 0, dim, &rk->out_norm)) != ST_OK) {
+    if ((st = dev_upload(rk, &m->tok_embd, 0, c->vocab_size, 0, dim, &rk->embd)) != ST_OK ||
+        (st = dev_upload_vec(rk, m->out_norm, dim, 0, dim, &rk->out_norm)) != ST_OK) {
         return st;
     }
     if (rank == 0 &&
-        (st = dev_upload(rk, m->lm_head, dim, 0, c->vocab_size, 0, dim, &rk->lm_head)) != ST_OK) {
+        (st = dev_upload(rk, &m->lm_head, 0, c->vocab_size, 0, dim, &rk->lm_head)) != ST_OK) {
         return st;
     }
 

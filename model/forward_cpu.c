@@ -52,19 +52,21 @@
 #include "common/xmalloc.h"
 #include "kernels/comm.h"
 #include "kernels/cpu/kn_cpu.h"
+#include "kernels/cpu/kn_quant.h"
 #include "model/backend.h"
 #include "model/host_kv.h"
 #include "model/model_int.h"
 #include "model/tp.h"
 
-/* One rank's view of one layer's weights. */
+/* One rank's view of one layer's weights, in their file's types
+ * (kernels/cpu/kn_quant.h). */
 typedef struct cpu_layer {
-    const float *wq, *wk, *wv;  /* rows of the model's weights */
+    kn_weight_t wq, wk, wv;     /* rows of the model's weights */
     const float *bq, *bk, *bv;  /* or NULL */
-    const float *wo;            /* [dim][n_q * hd] */
-    const float *w_gate, *w_up; /* rows [f0, f0 + n_f) */
-    const float *w_down;        /* [dim][n_f] */
-    float *own_wo, *own_down;   /* column copies at T > 1, else NULL */
+    kn_weight_t wo;             /* [dim][n_q * hd] */
+    kn_weight_t w_gate, w_up;   /* rows [f0, f0 + n_f) */
+    kn_weight_t w_down;         /* [dim][n_f] */
+    void *own_wo, *own_down;    /* column copies at T > 1, else NULL */
 } cpu_layer_t;
 
 typedef struct cpu_rank {
@@ -84,6 +86,8 @@ typedef struct cpu_rank {
     float *sub_q;   /* (S, n_q * hd) */
     float *sub_att; /* (S, n_q * hd) */
     void *scratch;  /* the one allocation behind every scratch pointer */
+    kn_act_t act;   /* the input of the weights being applied */
+    void *act_buf;  /* its quantized forms: kn_act_bytes(max(T, S), widest input) */
 } cpu_rank_t;
 
 typedef struct cpu_state {
@@ -127,6 +131,7 @@ cpu_destroy(void *state)
         free(rk->layers);
         host_kv_destroy(&rk->kv);
         free(rk->scratch);
+        free(rk->act_buf);
     }
     free(s->ranks);
     free(s->inv_freq);
@@ -137,16 +142,54 @@ cpu_destroy(void *state)
     free(s);
 }
 
-/* Columns [c0, c0 + n) of a row-major (rows, cols) matrix, copied. */
-static float *
-cpu_cols(const float *w, int32_t rows, int32_t cols, int32_t c0, int32_t n)
+/* Rows [r0, r0 + n) of w: a view into the same bytes. */
+static kn_weight_t
+cpu_rows(const kn_weight_t *w, int32_t r0, int32_t n)
 {
-    float *out = xmalloc(sizeof(float) * (size_t)rows * (size_t)n);
+    kn_weight_t v = *w;
 
-    for (int32_t i = 0; i < rows; i++) {
-        memcpy(out + (size_t)i * n, w + (size_t)i * cols + c0, sizeof(float) * (size_t)n);
+    v.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    v.rows = n;
+    return v;
+}
+
+/* Columns [c0, c0 + n) of w, copied into *own (freed by the caller): the
+ * same type when the slice is made of whole blocks, else dequantized to
+ * f32. */
+static kn_weight_t
+cpu_cols(const kn_weight_t *w, int32_t c0, int32_t n, void **own)
+{
+    int32_t blk = kn_wtype_block_elems(w->type);
+    kn_weight_t v = *w;
+
+    v.cols = n;
+    if (c0 % blk == 0 && n % blk == 0) {
+        size_t off = (size_t)(c0 / blk) * kn_wtype_block_bytes(w->type);
+
+        v.row_bytes = kn_wtype_row_bytes(w->type, n);
+        *own = xmalloc(v.row_bytes * (size_t)w->rows);
+        for (int32_t i = 0; i < w->rows; i++) {
+            memcpy((char *)*own + (size_t)i * v.row_bytes,
+                   (const char *)w->data + (size_t)i * w->row_bytes + off, v.row_bytes);
+        }
+    } else {
+        float *row = xmalloc(sizeof(float) * (size_t)w->cols);
+        float *out = xmalloc(sizeof(float) * (size_t)w->rows * (size_t)n);
+
+        LOG_DEBUG("%s columns [%d, %d) are not whole blocks: the shard is f32",
+                  kn_wtype_name(w->type), c0, c0 + n);
+        for (int32_t i = 0; i < w->rows; i++) {
+            kn_dequant_row(w->type, (const char *)w->data + (size_t)i * w->row_bytes, row,
+                           w->cols);
+            memcpy(out + (size_t)i * n, row + c0, sizeof(float) * (size_t)n);
+        }
+        free(row);
+        *own = out;
+        v.type = KN_W_F32;
+        v.row_bytes = sizeof(float) * (size_t)n;
     }
-    return out;
+    v.data = *own;
+    return v;
 }
 
 /* Rank r's weight shards, KV store and scratch. */
@@ -156,7 +199,7 @@ cpu_rank_init(cpu_state_t *s, int32_t r, char *err, size_t errlen)
     const mdl_config_t *c = &s->c;
     const mdl_model_t *m = s->m;
     cpu_rank_t *rk = &s->ranks[r];
-    int32_t hd = c->head_dim, qd = c->n_heads * hd;
+    int32_t hd = c->head_dim;
     size_t T = (size_t)s->rc.max_num_batched_tokens, S = (size_t)s->rc.max_num_seqs;
     int st = mdl_tp_shard(c, s->tp, r, &rk->sh, err, errlen);
 
@@ -171,22 +214,20 @@ cpu_rank_init(cpu_state_t *s, int32_t r, char *err, size_t errlen)
         cpu_layer_t *cl = &rk->layers[l];
         size_t qoff = (size_t)sh->q0 * hd, kvoff = (size_t)sh->kv0 * hd;
 
-        cl->wq = L->wq + qoff * c->dim;
-        cl->wk = L->wk + kvoff * c->dim;
-        cl->wv = L->wv + kvoff * c->dim;
+        cl->wq = cpu_rows(&L->wq, (int32_t)qoff, sh->n_q * hd);
+        cl->wk = cpu_rows(&L->wk, (int32_t)kvoff, sh->n_kv * hd);
+        cl->wv = cpu_rows(&L->wv, (int32_t)kvoff, sh->n_kv * hd);
         cl->bq = L->bq != NULL ? L->bq + qoff : NULL;
         cl->bk = L->bk != NULL ? L->bk + kvoff : NULL;
         cl->bv = L->bv != NULL ? L->bv + kvoff : NULL;
-        cl->w_gate = L->w_gate + (size_t)sh->f0 * c->dim;
-        cl->w_up = L->w_up + (size_t)sh->f0 * c->dim;
+        cl->w_gate = cpu_rows(&L->w_gate, sh->f0, sh->n_f);
+        cl->w_up = cpu_rows(&L->w_up, sh->f0, sh->n_f);
         if (s->tp == 1) {
             cl->wo = L->wo;
             cl->w_down = L->w_down;
         } else {
-            cl->own_wo = cpu_cols(L->wo, c->dim, qd, sh->q0 * hd, sh->n_q * hd);
-            cl->own_down = cpu_cols(L->w_down, c->dim, c->ffn_dim, sh->f0, sh->n_f);
-            cl->wo = cl->own_wo;
-            cl->w_down = cl->own_down;
+            cl->wo = cpu_cols(&L->wo, sh->q0 * hd, sh->n_q * hd, &cl->own_wo);
+            cl->w_down = cpu_cols(&L->w_down, sh->f0, sh->n_f, &cl->own_down);
         }
     }
 
@@ -238,6 +279,12 @@ cpu_rank_init(cpu_state_t *s, int32_t r, char *err, size_t errlen)
         *ptrs[i] = p;
         p += (sizes[i] + 15) & ~(size_t)15;
     }
+    /* One input is live at a time: h (q, k, v; gate, up), att (wo), gate
+     * (w_down), or the logits rows (lm_head). */
+    size_t widest = (size_t)c->dim > lq ? (size_t)c->dim : lq;
+
+    widest = (size_t)sh->n_f > widest ? (size_t)sh->n_f : widest;
+    rk->act_buf = xmalloc(kn_act_bytes((int32_t)(T > S ? T : S), (int32_t)widest));
     return ST_OK;
 }
 
@@ -326,20 +373,30 @@ cpu_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
     return kn_ranks_run(s->threads, cpu_rank_kv_ops, s);
 }
 
+/* in (n, d_in) becomes the input of the next weights: their products
+ * share its quantized forms (kn_quant.h). */
+static kn_act_t *
+cpu_input(cpu_rank_t *rk, const float *in, int32_t n, int32_t d_in)
+{
+    kn_act_init(&rk->act, in, n, d_in, rk->act_buf);
+    return &rk->act;
+}
+
 /* x (n, dim) += sum over the ranks of in (n, d_in) w^T, w a row-parallel
  * shard (dim, d_in): fused into the GEMM at T = 1, else each rank's
  * partial product is all-reduced first. */
 static void
-cpu_row_parallel(cpu_state_t *s, cpu_rank_t *rk, int r, const float *in, const float *w,
-                 float *x, int32_t n, int32_t d_in)
+cpu_row_parallel(cpu_state_t *s, cpu_rank_t *rk, int r, const float *in, const kn_weight_t *w,
+                 float *x, int32_t n)
 {
     const int32_t dim = s->c.dim;
+    kn_act_t *a = cpu_input(rk, in, n, w->cols);
 
     if (s->tp == 1) {
-        kn_cpu_matmul(in, w, NULL, x, n, d_in, dim, 1);
+        kn_matmul_w(a, w, NULL, x, 1);
         return;
     }
-    kn_cpu_matmul(in, w, NULL, rk->part, n, d_in, dim, 0);
+    kn_matmul_w(a, w, NULL, rk->part, 0);
     kn_comm_allreduce_sum(s->comm, r, rk->part, (size_t)n * dim);
     kn_cpu_add(x, rk->part, (size_t)n * dim);
 }
@@ -353,11 +410,14 @@ cpu_mlp(cpu_state_t *s, cpu_rank_t *rk, int r, const mdl_layer_t *L, const cpu_l
     const mdl_config_t *c = &s->c;
     const int32_t n_f = rk->sh.n_f;
 
+    kn_act_t *a;
+
     kn_cpu_rmsnorm(x, L->ffn_norm, h, n, c->dim, c->norm_eps);
-    kn_cpu_matmul(h, cl->w_gate, NULL, rk->gate, n, c->dim, n_f, 0);
-    kn_cpu_matmul(h, cl->w_up, NULL, rk->up, n, c->dim, n_f, 0);
+    a = cpu_input(rk, h, n, c->dim);
+    kn_matmul_w(a, &cl->w_gate, NULL, rk->gate, 0);
+    kn_matmul_w(a, &cl->w_up, NULL, rk->up, 0);
     kn_cpu_silu_mul(rk->gate, rk->up, rk->gate, (size_t)n * n_f);
-    cpu_row_parallel(s, rk, r, rk->gate, cl->w_down, x, n, n_f);
+    cpu_row_parallel(s, rk, r, rk->gate, &cl->w_down, x, n);
 }
 
 /* The last layer's sub-batch, before the ranks run: each row that needs
@@ -414,7 +474,7 @@ cpu_last_layer(cpu_state_t *s, cpu_rank_t *rk, int r, const mdl_layer_t *L,
         memcpy(rk->sub_h + (size_t)i * dim, rk->h + (size_t)row * dim,
                sizeof(float) * (size_t)dim);
     }
-    kn_cpu_matmul(rk->sub_h, cl->wq, cl->bq, rk->sub_q, n, dim, lq, 0);
+    kn_matmul_w(cpu_input(rk, rk->sub_h, n, dim), &cl->wq, cl->bq, rk->sub_q, 0);
     for (int32_t i = 0; i < n; i++) {
         int32_t row = b->logits_rows[i];
 
@@ -438,7 +498,7 @@ cpu_last_layer(cpu_state_t *s, cpu_rank_t *rk, int r, const mdl_layer_t *L,
         .scale = 1.0f / sqrtf((float)hd),
     };
     host_kv_attend(&rk->kv, c->n_layers - 1, &aa);
-    cpu_row_parallel(s, rk, r, rk->sub_att, cl->wo, rk->hrows, n, lq);
+    cpu_row_parallel(s, rk, r, rk->sub_att, &cl->wo, rk->hrows, n);
     cpu_mlp(s, rk, r, L, cl, rk->hrows, rk->sub_h, n);
 }
 
@@ -453,7 +513,6 @@ cpu_rank_forward(void *arg, int r)
     const mdl_model_t *m = s->m;
     const mdl_tp_shard_t *sh = &rk->sh;
     const int32_t T = b->n_tokens, dim = c->dim, hd = c->head_dim;
-    const int32_t lq = sh->n_q * hd, lkv = sh->n_kv * hd;
     kn_attn_args_t aa = {
         .out = rk->att,
         .q = rk->q,
@@ -471,7 +530,7 @@ cpu_rank_forward(void *arg, int r)
         .scale = 1.0f / sqrtf((float)hd),
     };
 
-    kn_cpu_embed(m->tok_embd, b->tokens, T, dim, rk->x);
+    kn_embed_w(&m->tok_embd, b->tokens, T, rk->x);
     kn_cpu_rope_table(b->positions, T, s->inv_freq, hd / 2, rk->cos_t, rk->sin_t);
 
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -479,12 +538,15 @@ cpu_rank_forward(void *arg, int r)
         const cpu_layer_t *cl = &rk->layers[l];
         int last = l == c->n_layers - 1 && s->sub;
 
+        kn_act_t *a;
+
         kn_cpu_rmsnorm(rk->x, L->attn_norm, rk->h, T, dim, c->norm_eps);
+        a = cpu_input(rk, rk->h, T, dim);
         if (!last) {
-            kn_cpu_matmul(rk->h, cl->wq, cl->bq, rk->q, T, dim, lq, 0);
+            kn_matmul_w(a, &cl->wq, cl->bq, rk->q, 0);
         }
-        kn_cpu_matmul(rk->h, cl->wk, cl->bk, rk->k, T, dim, lkv, 0);
-        kn_cpu_matmul(rk->h, cl->wv, cl->bv, rk->v, T, dim, lkv, 0);
+        kn_matmul_w(a, &cl->wk, cl->bk, rk->k, 0);
+        kn_matmul_w(a, &cl->wv, cl->bv, rk->v, 0);
         kn_cpu_rope(rk->k, T, sh->n_kv, hd, rk->cos_t, rk->sin_t);
         /* All new K/V of this layer land before any attention reads. */
         host_kv_write(&rk->kv, l, rk->k, rk->v, b->slot_mapping, T);
@@ -494,7 +556,7 @@ cpu_rank_forward(void *arg, int r)
         }
         kn_cpu_rope(rk->q, T, sh->n_q, hd, rk->cos_t, rk->sin_t);
         host_kv_attend(&rk->kv, l, &aa);
-        cpu_row_parallel(s, rk, r, rk->att, cl->wo, rk->x, T, lq);
+        cpu_row_parallel(s, rk, r, rk->att, &cl->wo, rk->x, T);
         cpu_mlp(s, rk, r, L, cl, rk->x, rk->h, T);
     }
     host_kv_end_step(&rk->kv);
@@ -509,7 +571,7 @@ cpu_rank_forward(void *arg, int r)
         }
     }
     kn_cpu_rmsnorm(rk->hrows, m->out_norm, rk->hrows, b->n_logits, dim, c->norm_eps);
-    kn_cpu_matmul(rk->hrows, m->lm_head, NULL, s->logits, b->n_logits, dim, c->vocab_size, 0);
+    kn_matmul_w(cpu_input(rk, rk->hrows, b->n_logits, dim), &m->lm_head, NULL, s->logits, 0);
     return ST_OK;
 }
 

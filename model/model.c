@@ -1,11 +1,17 @@
 /* model.c - mdl_model_load for a Hugging Face directory or a GGUF file:
- * configuration, weights as f32 in the layout of model_int.h, tokenizer,
- * chat template; destroy and accessors.
+ * configuration, weights in the layout of model_int.h, tokenizer, chat
+ * template; destroy and accessors.
  *
- * Weights: F32 tensors that are 4-byte aligned in the mapping are used in
- * place; F16, BF16, Q8_0 (GGUF) and permuted GGUF q/k tensors are
- * converted into owned f32 buffers. A mapping that no weight points into
- * after loading is unmapped at once.
+ * Weights stay in their file's type: a matrix is a kn_weight_t pointing
+ * into the mapping (F32, F16, BF16 from either format; Q8_0, Q4_0, Q4_K,
+ * Q5_K, Q6_K from GGUF). Copies are made only where the file's bytes
+ * cannot be used as they are: GGUF q/k matrices (rows un-permuted, same
+ * type, and the file's pages of the tensor dropped from memory), Q4_1,
+ * Q5_0 and Q5_1 (converted once, row by row, to Q8_0, with a log line),
+ * and tensors not aligned for their element type. Norms and biases are
+ * converted to f32 (a few KiB). No f32 copy of a matrix is made at any
+ * point. A mapping that no weight points into after loading is unmapped
+ * at once.
  *
  * llama.cpp's converter permutes the rows of q and k (for llama-style
  * models, not qwen2) so that RoPE pairs adjacent elements: within each
@@ -19,12 +25,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
+#include "kernels/cpu/kn_quant.h"
 #include "model/gguf.h"
 #include "model/loader_int.h"
 #include "model/model_int.h"
@@ -45,6 +54,8 @@ typedef struct wsrc {
     int n_shards;
     gguf_file_t *g; /* GGUF */
     int permute_qk;
+    kn_wtype_t force;   /* --dtype: the type of every matrix; KN_W_NTYPES: the file's */
+    int said_convert[32]; /* a GGUF type's conversion was logged */
     int *map_used; /* per m->maps entry: a weight points into it */
 } wsrc_t;
 
@@ -78,16 +89,17 @@ add_map(mdl_model_t *m, void *data, size_t len)
     return m->n_maps++;
 }
 
-/* A checked large allocation, remembered for destroy. */
-static float *
-alloc_owned(mdl_model_t *m, uint64_t n)
+/* A checked large allocation of n elements of size bytes, remembered for
+ * destroy; NULL when out of memory. */
+static void *
+alloc_owned(mdl_model_t *m, uint64_t n, size_t size)
 {
-    float *p;
+    void *p;
 
-    if (n > SIZE_MAX / sizeof(float)) {
+    if (n > SIZE_MAX / size) {
         return NULL;
     }
-    p = malloc((size_t)n * sizeof(float));
+    p = malloc((size_t)n * size);
     if (p == NULL) {
         return NULL;
     }
@@ -155,7 +167,7 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
             *out = t->data;
             return ST_OK;
         }
-        dst = alloc_owned(ws->m, n);
+        dst = alloc_owned(ws->m, n, sizeof(float));
         if (dst == NULL) {
             mdl__seterr(err, errlen, "%s: out of memory for '%s'", ws->path, hf_name);
             return ST_ENOMEM;
@@ -192,7 +204,7 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
             *out = t->data;
             return ST_OK;
         }
-        dst = alloc_owned(ws->m, n);
+        dst = alloc_owned(ws->m, n, sizeof(float));
         if (dst == NULL) {
             mdl__seterr(err, errlen, "%s: out of memory for '%s'", ws->path, gg_name);
             return ST_ENOMEM;
@@ -207,6 +219,215 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
     }
 }
 
+/* The kn_quant.h type a GGUF tensor type is kept in: itself where a
+ * kernel reads it, else Q8_0 (Q4_1, Q5_0, Q5_1: converted at load). */
+static kn_wtype_t
+gguf_native(uint32_t type, int *convert)
+{
+    *convert = 0;
+    switch (type) {
+    case GGUF_TENSOR_F32:
+        return KN_W_F32;
+    case GGUF_TENSOR_F16:
+        return KN_W_F16;
+    case GGUF_TENSOR_BF16:
+        return KN_W_BF16;
+    case GGUF_TENSOR_Q8_0:
+        return KN_W_Q8_0;
+    case GGUF_TENSOR_Q4_0:
+        return KN_W_Q4_0;
+    case GGUF_TENSOR_Q4_K:
+        return KN_W_Q4_K;
+    case GGUF_TENSOR_Q5_K:
+        return KN_W_Q5_K;
+    case GGUF_TENSOR_Q6_K:
+        return KN_W_Q6_K;
+    default:
+        *convert = 1;
+        return KN_W_Q8_0;
+    }
+}
+
+/* Source row of destination row r of a q/k matrix of n_head heads stored
+ * permuted by llama.cpp (r itself when n_head is 0). */
+static int64_t
+unpermuted_row(int64_t r, int64_t n_head, int64_t rows)
+{
+    int64_t hd, half, h, i;
+
+    if (n_head <= 0) {
+        return r;
+    }
+    hd = rows / n_head;
+    half = hd / 2;
+    h = r / hd;
+    i = r % hd; /* = s * half + j, stored at 2j + s */
+    return h * hd + 2 * (i % half) + i / half;
+}
+
+/* Drops the whole pages of [p, p + len) of a file mapping from memory
+ * (they are re-read if touched again): the loader copied them. */
+static void
+drop_pages(const void *p, size_t len)
+{
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + pg - 1) & ~(pg - 1), hi = ((uintptr_t)p + len) & ~(pg - 1);
+
+    if (hi > lo) {
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+}
+
+/* One (rows, cols) matrix in its file's type (see the file comment).
+ * permute_heads > 0 undoes llama.cpp's q/k permutation for that many
+ * heads (GGUF). ST_ENOENT (with err set) when absent; ST_EFORMAT for a
+ * shape, type or row length the kernels cannot take; ST_ENOMEM. */
+static int
+load_matrix(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, int64_t cols,
+            int64_t permute_heads, kn_weight_t *out, char *err, size_t errlen)
+{
+    mdl_model_t *m = ws->m;
+    uint64_t wd[2] = {(uint64_t)rows, (uint64_t)cols};
+    char got[96], want[96];
+    const char *file = ws->path, *name;
+    const unsigned char *src;
+    size_t src_row_bytes, row_bytes, align;
+    kn_wtype_t type;
+    int map, convert = 0;
+    const gguf_tensor_t *gt = NULL;
+
+    shape_str(want, sizeof(want), wd, 2, 0);
+    if (ws->g == NULL) {
+        const st_tensor_t *t = NULL;
+        int shard = -1;
+
+        name = hf_name;
+        for (int i = 0; i < ws->n_shards && t == NULL; i++) {
+            t = st_find(ws->shards[i], hf_name);
+            shard = i;
+        }
+        if (t == NULL) {
+            mdl__seterr(err, errlen, "%s: missing tensor '%s'", ws->path, hf_name);
+            return ST_ENOENT;
+        }
+        file = ws->shard_names[shard];
+        if (t->n_dims != 2u || t->dims[0] != (uint64_t)rows || t->dims[1] != (uint64_t)cols) {
+            shape_str(got, sizeof(got), t->dims, t->n_dims, 0);
+            mdl__seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", file, hf_name,
+                        got, want);
+            return ST_EFORMAT;
+        }
+        if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_F16 && t->dtype != ST_DTYPE_BF16) {
+            mdl__seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
+                        file, hf_name, st_dtype_name(t->dtype));
+            return ST_EFORMAT;
+        }
+        type = t->dtype == ST_DTYPE_F32 ? KN_W_F32 : t->dtype == ST_DTYPE_F16 ? KN_W_F16 : KN_W_BF16;
+        src = t->data;
+        src_row_bytes = kn_wtype_row_bytes(type, cols);
+        map = ws->shard_map[shard];
+    } else {
+        gt = gguf_find_tensor(ws->g, gg_name);
+        name = gg_name;
+        if (gt == NULL) {
+            mdl__seterr(err, errlen, "%s: missing tensor '%s'", ws->path, gg_name);
+            return ST_ENOENT;
+        }
+        if (gt->n_dims != 2u || gt->dims[0] != (uint64_t)cols || gt->dims[1] != (uint64_t)rows) {
+            shape_str(got, sizeof(got), gt->dims, gt->n_dims, 1);
+            mdl__seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
+                        got, want);
+            return ST_EFORMAT;
+        }
+        if (!gguf_tensor_convertible(gt->type)) {
+            mdl__seterr(err, errlen,
+                        "%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+                        "Q5_0, Q5_1, Q4_K, Q5_K or Q6_K expected",
+                        ws->path, gg_name, gguf_tensor_type_name(gt->type));
+            return ST_EFORMAT;
+        }
+        type = gguf_native(gt->type, &convert);
+        src = gt->data;
+        src_row_bytes = (size_t)(gt->nbytes / (uint64_t)rows);
+        map = 0;
+    }
+    kn_wtype_t from = type; /* the decoded form of a row: file type, or f32 (convert) */
+
+    if (convert) {
+        from = KN_W_NTYPES;
+    }
+    if (ws->force != KN_W_NTYPES && ws->force != type) {
+        type = ws->force;
+        convert = 1;
+    }
+    row_bytes = kn_wtype_row_bytes(type, cols);
+    if (row_bytes == 0) {
+        mdl__seterr(err, errlen, "%s: tensor '%s' has %lld columns, not a multiple of the %s block",
+                    file, name, (long long)cols, kn_wtype_name(type));
+        return ST_EFORMAT;
+    }
+    align = type == KN_W_F32 ? 4 : 2;
+
+    out->type = type;
+    out->rows = (int32_t)rows;
+    out->cols = (int32_t)cols;
+    out->row_bytes = row_bytes;
+    m->type_bytes[type] += (size_t)rows * row_bytes;
+    if (!convert && permute_heads == 0 && (uintptr_t)src % align == 0) {
+        ws->map_used[map] = 1; /* the file's bytes as they are */
+        out->data = src;
+        return ST_OK;
+    }
+
+    unsigned char *dst = alloc_owned(m, (uint64_t)rows, row_bytes);
+    float *tmp = NULL;
+
+    if (dst == NULL) {
+        mdl__seterr(err, errlen, "%s: out of memory for '%s'", ws->path, name);
+        return ST_ENOMEM;
+    }
+    if (convert) {
+        if (from == KN_W_NTYPES && ws->force == KN_W_NTYPES && gt->type < 32 &&
+            !ws->said_convert[gt->type]) {
+            ws->said_convert[gt->type] = 1;
+            LOG_INFO("%s: %s tensors are converted to q8_0 at load (no native kernel)", ws->path,
+                     gguf_tensor_type_name(gt->type));
+        }
+        tmp = xmalloc(sizeof(float) * (size_t)cols);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const unsigned char *at = src + (size_t)unpermuted_row(r, permute_heads, rows) *
+                                            src_row_bytes;
+
+        if (convert && from == KN_W_NTYPES) {
+            gguf_tensor_t row = *gt;
+
+            row.dims[0] = (uint64_t)cols;
+            row.dims[1] = row.dims[2] = row.dims[3] = 1;
+            row.data = at;
+            row.nbytes = src_row_bytes;
+            CHECK(gguf_tensor_to_f32(&row, tmp) == ST_OK);
+            kn_quant_row(type, tmp, dst + (size_t)r * row_bytes, cols);
+        } else if (convert) {
+            kn_dequant_row(from, at, tmp, cols);
+            kn_quant_row(type, tmp, dst + (size_t)r * row_bytes, cols);
+        } else {
+            memcpy(dst + (size_t)r * row_bytes, at, row_bytes);
+        }
+    }
+    free(tmp);
+    drop_pages(src, src_row_bytes * (size_t)rows);
+    out->data = dst;
+    return ST_OK;
+}
+
+/* Bytes of a weight's rows. */
+static size_t
+weight_size(const kn_weight_t *w)
+{
+    return (size_t)w->rows * w->row_bytes;
+}
+
 static int
 load_weights(wsrc_t *ws, char *err, size_t errlen)
 {
@@ -219,57 +440,84 @@ load_weights(wsrc_t *ws, char *err, size_t errlen)
     size_t per_layer;
     int rc;
 
-#define W(field, hf, gg, rows, cols, perm)                                                         \
+/* V: a vector as f32; M: a matrix in its file's type. */
+#define V(field, hf, gg, rows, perm)                                                               \
     do {                                                                                           \
-        rc = load_weight(ws, (hf), (gg), (rows), (cols), (perm), &(field), err, errlen);           \
+        rc = load_weight(ws, (hf), (gg), (rows), 0, (perm), &(field), err, errlen);                \
+        if (rc != ST_OK) {                                                                         \
+            return rc == ST_ENOENT ? ST_EFORMAT : rc;                                              \
+        }                                                                                          \
+    } while (0)
+#define M(field, hf, gg, rows, cols, perm)                                                         \
+    do {                                                                                           \
+        rc = load_matrix(ws, (hf), (gg), (rows), (cols), (perm), &(field), err, errlen);           \
         if (rc != ST_OK) {                                                                         \
             return rc == ST_ENOENT ? ST_EFORMAT : rc;                                              \
         }                                                                                          \
     } while (0)
 
-    W(m->tok_embd, "model.embed_tokens.weight", "token_embd.weight", c->vocab_size, c->dim, 0);
-    W(m->out_norm, "model.norm.weight", "output_norm.weight", c->dim, 0, 0);
+    M(m->tok_embd, "model.embed_tokens.weight", "token_embd.weight", c->vocab_size, c->dim, 0);
+    V(m->out_norm, "model.norm.weight", "output_norm.weight", c->dim, 0);
     if (c->tie_embeddings) {
         m->lm_head = m->tok_embd;
     } else {
-        W(m->lm_head, "lm_head.weight", "output.weight", c->vocab_size, c->dim, 0);
+        M(m->lm_head, "lm_head.weight", "output.weight", c->vocab_size, c->dim, 0);
     }
     m->layers = xcalloc((size_t)c->n_layers, sizeof(*m->layers));
     for (int32_t l = 0; l < c->n_layers; l++) {
         mdl_layer_t *L = &m->layers[l];
 
-#define LW(field, hsuf, gsuf, rows, cols, perm)                                                    \
+#define NAMES(hsuf, gsuf)                                                                          \
     do {                                                                                           \
         snprintf(hn, sizeof(hn), "model.layers.%d.%s", (int)l, (hsuf));                            \
         snprintf(gn, sizeof(gn), "blk.%d.%s", (int)l, (gsuf));                                     \
-        W(field, hn, gn, rows, cols, perm);                                                        \
+    } while (0)
+#define LV(field, hsuf, gsuf, rows, perm)                                                          \
+    do {                                                                                           \
+        NAMES(hsuf, gsuf);                                                                         \
+        V(field, hn, gn, rows, perm);                                                              \
+    } while (0)
+#define LM(field, hsuf, gsuf, rows, cols, perm)                                                    \
+    do {                                                                                           \
+        NAMES(hsuf, gsuf);                                                                         \
+        M(field, hn, gn, rows, cols, perm);                                                        \
     } while (0)
 
-        LW(L->attn_norm, "input_layernorm.weight", "attn_norm.weight", c->dim, 0, 0);
-        LW(L->wq, "self_attn.q_proj.weight", "attn_q.weight", q_rows, c->dim, pq);
-        LW(L->wk, "self_attn.k_proj.weight", "attn_k.weight", kv_rows, c->dim, pk);
-        LW(L->wv, "self_attn.v_proj.weight", "attn_v.weight", kv_rows, c->dim, 0);
+        LV(L->attn_norm, "input_layernorm.weight", "attn_norm.weight", c->dim, 0);
+        LM(L->wq, "self_attn.q_proj.weight", "attn_q.weight", q_rows, c->dim, pq);
+        LM(L->wk, "self_attn.k_proj.weight", "attn_k.weight", kv_rows, c->dim, pk);
+        LM(L->wv, "self_attn.v_proj.weight", "attn_v.weight", kv_rows, c->dim, 0);
         if (c->qkv_bias) {
-            LW(L->bq, "self_attn.q_proj.bias", "attn_q.bias", q_rows, 0, pq);
-            LW(L->bk, "self_attn.k_proj.bias", "attn_k.bias", kv_rows, 0, pk);
-            LW(L->bv, "self_attn.v_proj.bias", "attn_v.bias", kv_rows, 0, 0);
+            LV(L->bq, "self_attn.q_proj.bias", "attn_q.bias", q_rows, pq);
+            LV(L->bk, "self_attn.k_proj.bias", "attn_k.bias", kv_rows, pk);
+            LV(L->bv, "self_attn.v_proj.bias", "attn_v.bias", kv_rows, 0);
         }
-        LW(L->wo, "self_attn.o_proj.weight", "attn_output.weight", c->dim, q_rows, 0);
-        LW(L->ffn_norm, "post_attention_layernorm.weight", "ffn_norm.weight", c->dim, 0, 0);
-        LW(L->w_gate, "mlp.gate_proj.weight", "ffn_gate.weight", c->ffn_dim, c->dim, 0);
-        LW(L->w_up, "mlp.up_proj.weight", "ffn_up.weight", c->ffn_dim, c->dim, 0);
-        LW(L->w_down, "mlp.down_proj.weight", "ffn_down.weight", c->dim, c->ffn_dim, 0);
-#undef LW
+        LM(L->wo, "self_attn.o_proj.weight", "attn_output.weight", c->dim, q_rows, 0);
+        LV(L->ffn_norm, "post_attention_layernorm.weight", "ffn_norm.weight", c->dim, 0);
+        LM(L->w_gate, "mlp.gate_proj.weight", "ffn_gate.weight", c->ffn_dim, c->dim, 0);
+        LM(L->w_up, "mlp.up_proj.weight", "ffn_up.weight", c->ffn_dim, c->dim, 0);
+        LM(L->w_down, "mlp.down_proj.weight", "ffn_down.weight", c->dim, c->ffn_dim, 0);
+#undef LV
+#undef LM
+#undef NAMES
     }
-#undef W
+#undef V
+#undef M
 
-    per_layer = (size_t)c->dim * 2 + (size_t)(q_rows + 2 * kv_rows) * (size_t)c->dim +
-                (size_t)c->dim * (size_t)q_rows + 3 * (size_t)c->ffn_dim * (size_t)c->dim;
+    /* Bytes read per token: every weight but the embedding (a lookup). */
+    per_layer = sizeof(float) * (size_t)c->dim * 2;
     if (c->qkv_bias) {
-        per_layer += (size_t)(q_rows + 2 * kv_rows);
+        per_layer += sizeof(float) * (size_t)(q_rows + 2 * kv_rows);
     }
-    m->weight_bytes = sizeof(float) * (per_layer * (size_t)c->n_layers + (size_t)c->dim +
-                                       (size_t)c->vocab_size * (size_t)c->dim);
+    m->weight_bytes = per_layer * (size_t)c->n_layers + sizeof(float) * (size_t)c->dim +
+                      weight_size(&m->lm_head);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const mdl_layer_t *L = &m->layers[l];
+
+        m->weight_bytes += weight_size(&L->wq) + weight_size(&L->wk) + weight_size(&L->wv) +
+                           weight_size(&L->wo) + weight_size(&L->w_gate) +
+                           weight_size(&L->w_up) + weight_size(&L->w_down);
+    }
     return ST_OK;
 }
 
@@ -438,9 +686,9 @@ check_tokenizer(mdl_model_t *m, char *err, size_t errlen)
 }
 
 static int
-load_hf(mdl_model_t *m, const char *dir, char *err, size_t errlen)
+load_hf(mdl_model_t *m, const char *dir, kn_wtype_t force, char *err, size_t errlen)
 {
-    wsrc_t ws = {.m = m, .path = dir};
+    wsrc_t ws = {.m = m, .path = dir, .force = force};
     char path[4096], cfgpath[4096];
     char **names = NULL;
     int n_names = 0, rc;
@@ -525,9 +773,9 @@ out:
 }
 
 static int
-load_gguf(mdl_model_t *m, const char *file, char *err, size_t errlen)
+load_gguf(mdl_model_t *m, const char *file, kn_wtype_t force, char *err, size_t errlen)
 {
-    wsrc_t ws = {.m = m, .path = file};
+    wsrc_t ws = {.m = m, .path = file, .force = force};
     int used = 0;
     void *data;
     size_t len;
@@ -579,8 +827,56 @@ out:
 }
 
 int
+mdl_dtype_parse(const char *s, mdl_dtype_t *out)
+{
+    static const struct {
+        const char *name;
+        mdl_dtype_t d;
+    } names[] = {
+        {"auto", MDL_DTYPE_AUTO},   {"f32", MDL_DTYPE_F32},       {"float32", MDL_DTYPE_F32},
+        {"bf16", MDL_DTYPE_BF16},   {"bfloat16", MDL_DTYPE_BF16}, {"f16", MDL_DTYPE_F16},
+        {"float16", MDL_DTYPE_F16}, {"half", MDL_DTYPE_F16},
+    };
+
+    for (size_t i = 0; s != NULL && i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(s, names[i].name) == 0) {
+            *out = names[i].d;
+            return ST_OK;
+        }
+    }
+    return ST_EINVAL;
+}
+
+const char *
+mdl_dtype_name(mdl_dtype_t d)
+{
+    switch (d) {
+    case MDL_DTYPE_F32:
+        return "f32";
+    case MDL_DTYPE_BF16:
+        return "bf16";
+    case MDL_DTYPE_F16:
+        return "f16";
+    default:
+        return "auto";
+    }
+}
+
+int
 mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen)
 {
+    return mdl_model_load_opts(path, NULL, out, err, errlen);
+}
+
+int
+mdl_model_load_opts(const char *path, const mdl_load_opts_t *opts, mdl_model_t **out, char *err,
+                    size_t errlen)
+{
+    mdl_dtype_t dt = opts != NULL ? opts->dtype : MDL_DTYPE_AUTO;
+    kn_wtype_t force = dt == MDL_DTYPE_F32    ? KN_W_F32
+                       : dt == MDL_DTYPE_BF16 ? KN_W_BF16
+                       : dt == MDL_DTYPE_F16  ? KN_W_F16
+                                              : KN_W_NTYPES;
     mdl_model_t *m;
     struct stat sb;
     uint64_t t0 = now_ns();
@@ -594,7 +890,7 @@ mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen)
     m = xcalloc(1, sizeof(*m));
     m->path = xstrdup(path);
     if (S_ISDIR(sb.st_mode)) {
-        rc = load_hf(m, path, err, errlen);
+        rc = load_hf(m, path, force, err, errlen);
     } else if (S_ISREG(sb.st_mode)) {
         char magic[4] = {0};
         FILE *fp = fopen(path, "rb");
@@ -606,7 +902,7 @@ mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen)
                         path);
             rc = ST_EFORMAT;
         } else {
-            rc = load_gguf(m, path, err, errlen);
+            rc = load_gguf(m, path, force, err, errlen);
         }
         if (fp != NULL) {
             fclose(fp);
@@ -619,10 +915,14 @@ mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen)
         mdl_model_destroy(m);
         return rc;
     }
-    LOG_INFO("loaded %s: %s, %d layers, dim %d, %d/%d heads, vocab %d, %.1f MB f32 weights "
-             "in %.2f s",
+    char types[256];
+
+    mdl_model_weight_types(m, types, sizeof(types));
+    LOG_INFO("loaded %s: %s, %d layers, dim %d, %d/%d heads, vocab %d, %.1f MB of weights read "
+             "per token in %.2f s; weights by type: %s",
              path, m->cfg.arch, m->cfg.n_layers, m->cfg.dim, m->cfg.n_heads, m->cfg.n_kv_heads,
-             m->cfg.vocab_size, (double)m->weight_bytes / 1e6, (double)(now_ns() - t0) / 1e9);
+             m->cfg.vocab_size, (double)m->weight_bytes / 1e6, (double)(now_ns() - t0) / 1e9,
+             types);
     *out = m;
     return ST_OK;
 }
@@ -673,4 +973,19 @@ size_t
 mdl_model_weight_bytes(const mdl_model_t *m)
 {
     return m->weight_bytes;
+}
+
+void
+mdl_model_weight_types(const mdl_model_t *m, char *buf, size_t len)
+{
+    size_t off = 0;
+
+    buf[0] = '\0';
+    for (int t = 0; t < KN_W_NTYPES && off < len; t++) {
+        if (m->type_bytes[t] > 0) {
+            off += (size_t)snprintf(buf + off, len - off, "%s%s %.1f MiB", off > 0 ? ", " : "",
+                                    kn_wtype_name((kn_wtype_t)t),
+                                    (double)m->type_bytes[t] / (1024.0 * 1024.0));
+        }
+    }
 }

@@ -1,8 +1,9 @@
 /* model.h - Llama-family model: configuration, loading, and the forward
  * pass over a backend with a paged KV pool.
  *
- * A model (weights mmapped read-only, config, tokenizer, chat template) is
- * immutable after mdl_model_load() and may be shared between threads. A
+ * A model (weights mmapped read-only in their file's types, config,
+ * tokenizer, chat template) is immutable after mdl_model_load() and may be
+ * shared between threads. A
  * runtime binds a model to a backend ("cpu" or "cuda"), owns the KV pool
  * bytes (layout per layer [block][kv_head][block_size][head_dim] for K and
  * for V), the CPU swap tier and every scratch buffer, all allocated at
@@ -56,8 +57,30 @@ typedef struct mdl_config {
 
 typedef struct mdl_model mdl_model_t;
 
+/* The type weight matrices are kept in (--dtype, vLLM's name): AUTO keeps
+ * the file's type; the others convert every matrix once at load. */
+typedef enum mdl_dtype {
+    MDL_DTYPE_AUTO = 0,
+    MDL_DTYPE_F32,
+    MDL_DTYPE_BF16,
+    MDL_DTYPE_F16,
+} mdl_dtype_t;
+
+/* "auto", "f32" (or "float32"), "bf16" ("bfloat16"), "f16" ("float16",
+ * "half") <-> dtype. parse: ST_EINVAL for anything else. */
+int mdl_dtype_parse(const char *s, mdl_dtype_t *out);
+const char *mdl_dtype_name(mdl_dtype_t d);
+
+typedef struct mdl_load_opts {
+    mdl_dtype_t dtype;
+} mdl_load_opts_t;
+
 /* path: a Hugging Face directory or a .gguf file. On failure returns a
- * negative ST_* and writes a one-line reason naming the file into err. */
+ * negative ST_* and writes a one-line reason naming the file into err.
+ * opts may be NULL (defaults). */
+int mdl_model_load_opts(const char *path, const mdl_load_opts_t *opts, mdl_model_t **out,
+                        char *err, size_t errlen);
+/* mdl_model_load_opts() with the defaults. */
 int mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen);
 void mdl_model_destroy(mdl_model_t *m);
 const mdl_config_t *mdl_model_config(const mdl_model_t *m);
@@ -67,6 +90,9 @@ const tok_tokenizer_t *mdl_model_tokenizer(const mdl_model_t *m);
 const char *mdl_model_chat_template(const mdl_model_t *m);
 /* Bytes of weights read per forward token (for the roofline figure). */
 size_t mdl_model_weight_bytes(const mdl_model_t *m);
+/* "q4_k 380.2 MiB, q6_k 102.5 MiB, f32 0.1 MiB": the matrices' bytes by
+ * storage type (the embedding included), into buf (truncated to len). */
+void mdl_model_weight_types(const mdl_model_t *m, char *buf, size_t len);
 
 /* One step: a flattened varlen batch mixing prefill chunks and decodes
  * (DESIGN.md section 3). All arrays are host memory owned by the caller. */

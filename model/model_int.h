@@ -1,9 +1,15 @@
 /* model_int.h - model internals shared by the model/ sources and the backends.
  *
- * Weights are held in f32 on the host (converted at load from F16, BF16 or
- * Q8_0; F32 safetensors are used in place from the mmap). Shapes follow
- * the Hugging Face layout: a linear layer's weight is [out][in], row-major.
- * GGUF q/k weights are un-permuted at load so both formats agree.
+ * Weights stay in their file's type (kernels/cpu/kn_quant.h): a matrix is
+ * a kn_weight_t pointing into the mmap'd file (F32, F16, BF16, Q8_0, Q4_0,
+ * Q4_K, Q5_K, Q6_K), so the file's pages are the weights. Owned copies are
+ * made only for GGUF q/k matrices (their rows un-permuted, same type; the
+ * file's pages of those tensors are dropped), for types without a native
+ * kernel (Q4_1, Q5_0, Q5_1: converted once to Q8_0) and for tensors not
+ * aligned for their type. Norms and biases are small f32 vectors.
+ * Shapes follow the Hugging Face layout: a linear layer's weight is
+ * [out][in], row-major. GGUF q/k rows are un-permuted at load so both
+ * formats agree.
  *
  * Thread: immutable after mdl_model_load().
  */
@@ -12,21 +18,22 @@
 
 #include <stddef.h>
 
+#include "kernels/cpu/kn_quant.h"
 #include "model/model.h"
 
 typedef struct mdl_layer {
     const float *attn_norm; /* [dim] */
-    const float *wq;        /* [n_heads * head_dim][dim] */
-    const float *wk;        /* [n_kv_heads * head_dim][dim] */
-    const float *wv;        /* [n_kv_heads * head_dim][dim] */
+    kn_weight_t wq;         /* [n_heads * head_dim][dim] */
+    kn_weight_t wk;         /* [n_kv_heads * head_dim][dim] */
+    kn_weight_t wv;         /* [n_kv_heads * head_dim][dim] */
     const float *bq;        /* [n_heads * head_dim] or NULL */
     const float *bk;        /* [n_kv_heads * head_dim] or NULL */
     const float *bv;        /* [n_kv_heads * head_dim] or NULL */
-    const float *wo;        /* [dim][n_heads * head_dim] */
+    kn_weight_t wo;         /* [dim][n_heads * head_dim] */
     const float *ffn_norm;  /* [dim] */
-    const float *w_gate;    /* [ffn_dim][dim] */
-    const float *w_up;      /* [ffn_dim][dim] */
-    const float *w_down;    /* [dim][ffn_dim] */
+    kn_weight_t w_gate;     /* [ffn_dim][dim] */
+    kn_weight_t w_up;       /* [ffn_dim][dim] */
+    kn_weight_t w_down;     /* [dim][ffn_dim] */
 } mdl_layer_t;
 
 struct mdl_model {
@@ -34,18 +41,28 @@ struct mdl_model {
     char *path;             /* as given to mdl_model_load */
     tok_tokenizer_t *tok;
     char *chat_template;    /* NULL when none */
-    const float *tok_embd;  /* [vocab][dim] */
+    kn_weight_t tok_embd;   /* [vocab][dim] */
     const float *out_norm;  /* [dim] */
-    const float *lm_head;   /* [vocab][dim]; == tok_embd when tied */
+    kn_weight_t lm_head;    /* [vocab][dim]; == tok_embd when tied */
     mdl_layer_t *layers;    /* [n_layers] */
-    /* Storage: mmaps to unmap and f32 buffers to free at destroy. */
+    /* Storage: mmaps to unmap and buffers to free at destroy. */
     void **maps;
     size_t *map_lens;
     int n_maps;
-    float **owned;
+    void **owned;
     int n_owned;
-    size_t weight_bytes;    /* f32 bytes read per token (all weights) */
+    size_t weight_bytes;    /* bytes read per token (every weight but the embedding lookup) */
+    size_t type_bytes[KN_W_NTYPES]; /* bytes of the matrices by type (embedding included) */
 };
+
+/* An f32 (rows, cols) matrix as a weight (tests and synthetic models). */
+static inline kn_weight_t
+mdl_weight_f32(const float *w, int32_t rows, int32_t cols)
+{
+    kn_weight_t v = {KN_W_F32, w, sizeof(float) * (size_t)cols, rows, cols};
+
+    return v;
+}
 
 /* The RoPE frequencies of c (theta, scaling), the one mapping of the model
  * config to kernels/cpu's RoPE parameters for every backend.

@@ -212,7 +212,10 @@ cmd_serve(int argc, char **argv)
         return 2;
     }
     log_set_level(cfg->log_level);
-    rc = mdl_model_load(cfg->model, &model, err, sizeof(err));
+    mdl_load_opts_t lo = {0};
+
+    CHECK(mdl_dtype_parse(cfg->dtype, &lo.dtype) == ST_OK); /* config checked the choices */
+    rc = mdl_model_load_opts(cfg->model, &lo, &model, err, sizeof(err));
     if (rc != ST_OK) {
         LOG_ERROR("%s", err);
         goto out;

@@ -202,7 +202,7 @@ START_TEST(test_help)
         "--model", "--host", "--port", "--api-key", "--served-model-name", "--max-num-seqs",
         "--max-num-batched-tokens", "--block-size", "--num-kv-blocks", "--kv-cache-memory",
         "--swap-space", "--max-model-len", "--device", "--tensor-parallel-size",
-        "--gpu-memory-utilization", "--kv-cache-dtype", "--kv-policy",
+        "--gpu-memory-utilization", "--dtype", "--kv-cache-dtype", "--kv-policy",
         "--[no-]enable-prefix-caching", "--chat-template", "--config", "--log-level",
         "--drain-timeout", "--max-body-bytes", "--max-connections", "--max-connections-per-ip",
         "--idle-timeout", "--request-timeout", "--max-n", "--max-tokens-cap",
@@ -598,6 +598,25 @@ read_example(void)
 /* The example parses as is (all defaults), every key is documented in it,
  * and with its "# key = value" lines uncommented it still parses to the
  * same settings (so the documented defaults are the real ones). */
+/* --dtype (the weight type): vLLM's names and aliases; anything else is
+ * refused with the choices. */
+START_TEST(test_dtype)
+{
+    cfg_t c;
+
+    cfg_defaults(&c);
+    ck_assert_str_eq(c.dtype, "auto");
+    ck_assert_int_eq(PARSE(&c, "--dtype", "bf16"), ST_OK);
+    ck_assert_str_eq(c.dtype, "bf16");
+    ck_assert_int_eq(PARSE(&c, "--dtype=float16"), ST_OK);
+    ck_assert_str_eq(c.dtype, "float16");
+    ck_assert_int_eq(PARSE(&c, "--dtype", "q4_k"), ST_EINVAL);
+    assert_err_is("--dtype: expected one of auto|");
+    ck_assert_int_eq(load_text(&c, "dtype = f32\n"), ST_OK);
+    ck_assert_str_eq(c.dtype, "f32");
+}
+END_TEST
+
 START_TEST(test_example_file)
 {
     cfg_t d, c;
@@ -734,6 +753,7 @@ config_suite(void)
     tcase_add_test(tc, test_too_many_tenants);
     tcase_add_test(tc, test_long_line);
     tcase_add_test(tc, test_round_trip);
+    tcase_add_test(tc, test_dtype);
     tcase_add_test(tc, test_example_file);
     tcase_add_test(tc, test_parsers);
     suite_add_tcase(s, tc);

@@ -676,8 +676,10 @@ synth_init(synth_t *s, int32_t n_heads, int32_t n_kv, int bias)
 
     s->buf = xmalloc(sizeof(float) * total);
     p = s->buf;
-    s->m.tok_embd = synth_take(&p, (size_t)c->vocab_size * c->dim, 1.0f);
-    s->m.lm_head = synth_take(&p, (size_t)c->vocab_size * c->dim, 0.3f);
+    s->m.tok_embd = mdl_weight_f32(synth_take(&p, (size_t)c->vocab_size * c->dim, 1.0f),
+                                   c->vocab_size, c->dim);
+    s->m.lm_head = mdl_weight_f32(synth_take(&p, (size_t)c->vocab_size * c->dim, 0.3f),
+                                  c->vocab_size, c->dim);
     s->m.out_norm = synth_take(&p, (size_t)c->dim, 1.0f);
     s->m.layers = xcalloc((size_t)c->n_layers, sizeof(mdl_layer_t));
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -685,19 +687,19 @@ synth_init(synth_t *s, int32_t n_heads, int32_t n_kv, int bias)
 
         L->attn_norm = synth_take(&p, (size_t)c->dim, 1.0f);
         L->ffn_norm = synth_take(&p, (size_t)c->dim, 1.0f);
-        L->wq = synth_take(&p, (size_t)qd * c->dim, 0.3f);
-        L->wk = synth_take(&p, (size_t)kvd * c->dim, 0.3f);
-        L->wv = synth_take(&p, (size_t)kvd * c->dim, 0.3f);
+        L->wq = mdl_weight_f32(synth_take(&p, (size_t)qd * c->dim, 0.3f), qd, c->dim);
+        L->wk = mdl_weight_f32(synth_take(&p, (size_t)kvd * c->dim, 0.3f), kvd, c->dim);
+        L->wv = mdl_weight_f32(synth_take(&p, (size_t)kvd * c->dim, 0.3f), kvd, c->dim);
         L->bq = synth_take(&p, (size_t)qd, 0.2f);
         L->bk = synth_take(&p, (size_t)kvd, 0.2f);
         L->bv = synth_take(&p, (size_t)kvd, 0.2f);
         if (!bias) {
             L->bq = L->bk = L->bv = NULL;
         }
-        L->wo = synth_take(&p, (size_t)c->dim * qd, 0.2f);
-        L->w_gate = synth_take(&p, (size_t)c->ffn_dim * c->dim, 0.2f);
-        L->w_up = synth_take(&p, (size_t)c->ffn_dim * c->dim, 0.2f);
-        L->w_down = synth_take(&p, (size_t)c->dim * c->ffn_dim, 0.2f);
+        L->wo = mdl_weight_f32(synth_take(&p, (size_t)c->dim * qd, 0.2f), c->dim, qd);
+        L->w_gate = mdl_weight_f32(synth_take(&p, (size_t)c->ffn_dim * c->dim, 0.2f), c->ffn_dim, c->dim);
+        L->w_up = mdl_weight_f32(synth_take(&p, (size_t)c->ffn_dim * c->dim, 0.2f), c->ffn_dim, c->dim);
+        L->w_down = mdl_weight_f32(synth_take(&p, (size_t)c->dim * c->ffn_dim, 0.2f), c->dim, c->ffn_dim);
     }
 }
 

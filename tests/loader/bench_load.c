@@ -26,17 +26,21 @@ bench(const char *path)
         fprintf(stderr, "bench_load: %s\n", err);
         return 1;
     }
-    /* Touch one value per page of every FFN matrix: in-place F32 weights
-     * are only mapped at load, this is the first read. */
+    /* Touch one byte per page of every FFN matrix: in-place weights are
+     * only mapped at load, this is the first read. */
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        size_t n = (size_t)m->cfg.ffn_dim * (size_t)m->cfg.dim;
+        const kn_weight_t *w[3] = {&m->layers[l].w_gate, &m->layers[l].w_up, &m->layers[l].w_down};
 
-        for (size_t k = 0; k < n; k += 1024) {
-            sum += m->layers[l].w_gate[k] + m->layers[l].w_up[k] + m->layers[l].w_down[k];
+        for (int i = 0; i < 3; i++) {
+            size_t n = (size_t)w[i]->rows * w[i]->row_bytes;
+
+            for (size_t k = 0; k < n; k += 4096) {
+                sum += ((const unsigned char *)w[i]->data)[k];
+            }
         }
     }
     t2 = now_s();
-    printf("%-48s load %7.3f s  first FFN read %6.3f s  %8.1f MB f32 weights  "
+    printf("%-48s load %7.3f s  first FFN read %6.3f s  %8.1f MB weights read per token  "
            "%d owned buffers (check %.3g)\n",
            path, t1 - t0, t2 - t1, (double)mdl_model_weight_bytes(m) / 1e6, m->n_owned, sum);
     mdl_model_destroy(m);

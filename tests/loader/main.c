@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
+#include "common/xmalloc.h"
 #include "loader_test.h"
 
 const char *
@@ -154,11 +155,31 @@ cmp_arr(const char *what, int layer, const float *a, const float *b, size_t n, l
     }
 }
 
+/* cmp_arr() over two weights dequantized to f32 (kernels/cpu/kn_quant.h). */
+static void
+cmp_w(const char *what, int layer, const kn_weight_t *a, const kn_weight_t *b, lt_tol_t tol)
+{
+    size_t n = (size_t)a->rows * (size_t)a->cols;
+    float *fa = xmalloc(sizeof(float) * n), *fb = xmalloc(sizeof(float) * n);
+
+    ck_assert_int_eq(a->rows, b->rows);
+    ck_assert_int_eq(a->cols, b->cols);
+    for (int32_t r = 0; r < a->rows; r++) {
+        kn_dequant_row(a->type, (const char *)a->data + (size_t)r * a->row_bytes,
+                       fa + (size_t)r * a->cols, a->cols);
+        kn_dequant_row(b->type, (const char *)b->data + (size_t)r * b->row_bytes,
+                       fb + (size_t)r * b->cols, b->cols);
+    }
+    cmp_arr(what, layer, fa, fb, n, tol);
+    free(fa);
+    free(fb);
+}
+
 void
 lt_compare_models(const mdl_model_t *a, const mdl_model_t *b, lt_tol_t tol, lt_tol_t vec_tol)
 {
     const mdl_config_t *c = &a->cfg, *d = &b->cfg;
-    size_t D, Q, K, F, V;
+    size_t D, Q, K;
 
     ck_assert_int_eq(c->vocab_size, d->vocab_size);
     ck_assert_int_eq(c->dim, d->dim);
@@ -172,30 +193,31 @@ lt_compare_models(const mdl_model_t *a, const mdl_model_t *b, lt_tol_t tol, lt_t
     ck_assert_int_eq(c->max_pos, d->max_pos);
     ck_assert(fabsf(c->norm_eps - d->norm_eps) <= 1e-9f);
     ck_assert(c->rope_theta == d->rope_theta);
-    ck_assert_uint_eq(mdl_model_weight_bytes(a), mdl_model_weight_bytes(b));
+    /* Bytes read per token are the storage types' (the same types: the same bytes). */
+    if (memcmp(a->type_bytes, b->type_bytes, sizeof(a->type_bytes)) == 0) {
+        ck_assert_uint_eq(mdl_model_weight_bytes(a), mdl_model_weight_bytes(b));
+    }
     D = (size_t)c->dim;
     Q = (size_t)c->n_heads * (size_t)c->head_dim;
     K = (size_t)c->n_kv_heads * (size_t)c->head_dim;
-    F = (size_t)c->ffn_dim;
-    V = (size_t)c->vocab_size;
-    cmp_arr("tok_embd", -1, a->tok_embd, b->tok_embd, V * D, tol);
-    cmp_arr("lm_head", -1, a->lm_head, b->lm_head, V * D, tol);
+    cmp_w("tok_embd", -1, &a->tok_embd, &b->tok_embd, tol);
+    cmp_w("lm_head", -1, &a->lm_head, &b->lm_head, tol);
     cmp_arr("out_norm", -1, a->out_norm, b->out_norm, D, vec_tol);
     for (int l = 0; l < c->n_layers; l++) {
         const mdl_layer_t *p = &a->layers[l], *q = &b->layers[l];
 
         cmp_arr("attn_norm", l, p->attn_norm, q->attn_norm, D, vec_tol);
-        cmp_arr("wq", l, p->wq, q->wq, Q * D, tol);
-        cmp_arr("wk", l, p->wk, q->wk, K * D, tol);
-        cmp_arr("wv", l, p->wv, q->wv, K * D, tol);
+        cmp_w("wq", l, &p->wq, &q->wq, tol);
+        cmp_w("wk", l, &p->wk, &q->wk, tol);
+        cmp_w("wv", l, &p->wv, &q->wv, tol);
         cmp_arr("bq", l, p->bq, q->bq, Q, vec_tol);
         cmp_arr("bk", l, p->bk, q->bk, K, vec_tol);
         cmp_arr("bv", l, p->bv, q->bv, K, vec_tol);
-        cmp_arr("wo", l, p->wo, q->wo, D * Q, tol);
+        cmp_w("wo", l, &p->wo, &q->wo, tol);
         cmp_arr("ffn_norm", l, p->ffn_norm, q->ffn_norm, D, vec_tol);
-        cmp_arr("w_gate", l, p->w_gate, q->w_gate, F * D, tol);
-        cmp_arr("w_up", l, p->w_up, q->w_up, F * D, tol);
-        cmp_arr("w_down", l, p->w_down, q->w_down, D * F, tol);
+        cmp_w("w_gate", l, &p->w_gate, &q->w_gate, tol);
+        cmp_w("w_up", l, &p->w_up, &q->w_up, tol);
+        cmp_w("w_down", l, &p->w_down, &q->w_down, tol);
     }
 }
 

@@ -70,7 +70,7 @@ START_TEST(test_austen_safetensors_config)
         cJSON_Delete(j);
         free(txt);
     }
-    ck_assert(m->lm_head != m->tok_embd);
+    ck_assert(m->lm_head.data != m->tok_embd.data);
     /* per layer: 2 norms + q,k,v,o + gate, up, down; plus final norm and
      * lm_head (the embedding is a lookup, not read per token). */
     ck_assert_uint_eq(mdl_model_weight_bytes(m),
@@ -343,8 +343,8 @@ START_TEST(test_gen_qwen2_tied_bias_bpe)
     ck_assert_int_eq(c->tie_embeddings, 1);
     ck_assert_int_eq(c->qkv_bias, 1);
     ck_assert_int_eq(c->vocab_size, 1100);
-    ck_assert(a->lm_head == a->tok_embd);
-    ck_assert(b->lm_head == b->tok_embd);
+    ck_assert(a->lm_head.data == a->tok_embd.data);
+    ck_assert(b->lm_head.data == b->tok_embd.data);
     ck_assert_ptr_nonnull(a->layers[1].bq);
     ck_assert_ptr_nonnull(b->layers[1].bv);
     /* eos from config.json and the generation_config.json list, merged */
