@@ -35,6 +35,11 @@
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_int.h"
 #include "kernels/cpu/kv_quant.h"
+#include "kernels/kn_kvq_group.h"
+
+/* kn_kvq_group_params() takes the scaled formats by these numbers. */
+_Static_assert(KN_KVQ_FP8 == KN_KQ_FP8 && KN_KVQ_INT8 == KN_KQ_INT8 && KN_KVQ_INT4 == KN_KQ_INT4,
+               "kn_kvq_fmt_t and KN_KQ_* number the scaled formats alike");
 
 #define KVQ_CHUNK 16 /* rows of one block read per softmax update */
 #define KVQ_GROUP 8  /* query heads per KV head handled at once */
@@ -306,46 +311,6 @@ put_code(const kn_kvq_layout_t *L, uint8_t *data, size_t i, float x, float inv, 
     }
 }
 
-/* Scale and zero point of a group with range [lo, hi], rounded to the f16
- * values stored, so quantize and dequantize use the same numbers. */
-static void
-group_params(kn_kvq_fmt_t fmt, float lo, float hi, uint16_t *sc_h, uint16_t *z_h, float *inv,
-             float *zero)
-{
-    float levels = fmt == KN_KVQ_INT4 ? 15.0f : 255.0f;
-    float sc;
-
-    if (fmt == KN_KVQ_FP8) {
-        float amax = fmaxf(fabsf(lo), fabsf(hi));
-
-        *sc_h = kn_f32_to_f16(amax / 448.0f);
-        sc = kn_f16_to_f32(*sc_h);
-        if (sc > 0.0f && amax / sc > 448.0f) { /* f16 rounded the scale down */
-            *sc_h = (uint16_t)(*sc_h + 1);
-            sc = kn_f16_to_f32(*sc_h);
-        }
-        *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
-        *zero = 0.0f;
-        return;
-    }
-    *z_h = kn_f32_to_f16(lo);
-    *zero = kn_f16_to_f32(*z_h);
-    if (*zero > lo) { /* keep lo representable: zero <= lo */
-        *z_h = (uint16_t)(*z_h + ((*z_h & 0x8000u) ? 1 : -1));
-        if ((*z_h & 0x7fffu) == 0x7fffu || *z_h == 0xffffu) {
-            *z_h = kn_f32_to_f16(lo);
-        }
-        *zero = kn_f16_to_f32(*z_h);
-    }
-    *sc_h = kn_f32_to_f16((hi - *zero) / levels);
-    sc = kn_f16_to_f32(*sc_h);
-    if (sc > 0.0f && *zero + sc * levels < hi) { /* round the scale up */
-        *sc_h = (uint16_t)(*sc_h + 1);
-        sc = kn_f16_to_f32(*sc_h);
-    }
-    *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
-}
-
 void
 kn_kvq_quantize_block(const kn_kvq_layout_t *L, int kind, const float *src, int32_t n_rows,
                       uint8_t *dst)
@@ -388,7 +353,7 @@ kn_kvq_quantize_block(const kn_kvq_layout_t *L, int kind, const float *src, int3
                 if (n_rows == 0) {
                     lo = hi = 0.0f;
                 }
-                group_params(L->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
+                kn_kvq_group_params((int32_t)L->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
                 meta[(size_t)h * hd + d] = sc_h;
                 if (mg == 2) {
                     meta[ng + (size_t)h * hd + d] = z_h;
@@ -416,7 +381,7 @@ kn_kvq_quantize_block(const kn_kvq_layout_t *L, int kind, const float *src, int3
                 } else {
                     lo = hi = 0.0f;
                 }
-                group_params(L->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
+                kn_kvq_group_params((int32_t)L->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
                 meta[(size_t)h * bs + r] = sc_h;
                 if (mg == 2) {
                     meta[ng + (size_t)h * bs + r] = z_h;

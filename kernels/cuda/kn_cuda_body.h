@@ -849,19 +849,11 @@ kn_attention_prefill_body(const kn_thr_t *t, float *smem, const kn_attn_prefill_
  * query reads its own block from the residual slot (KIVI: the rows of the
  * block being filled stay full precision) and every earlier block as codes. */
 
-#define KN_KQ_FP8 3  /* = KN_KVQ_FP8 of kernels/cpu/kv_quant.h */
-#define KN_KQ_INT8 4 /* = KN_KVQ_INT8 */
-#define KN_KQ_INT4 5 /* = KN_KVQ_INT4 */
-
-#if defined(__CUDACC__)
-#define KN_FMUL_RN(a, b) __fmul_rn((a), (b))
-#define KN_FADD_RN(a, b) __fadd_rn((a), (b))
-#define KN_FSUB_RN(a, b) __fsub_rn((a), (b))
-#else
-#define KN_FMUL_RN(a, b) ((a) * (b))
-#define KN_FADD_RN(a, b) ((a) + (b))
-#define KN_FSUB_RN(a, b) ((a) - (b))
-#endif
+/* KN_KQ_FP8 / KN_KQ_INT8 / KN_KQ_INT4 (= KN_KVQ_* of kernels/cpu/kv_quant.h),
+ * KN_FMUL_RN / KN_FADD_RN / KN_FSUB_RN and kn_kvq_group_params(), shared
+ * with the CPU quantizer; included here, after kn_f32_to_f16() and
+ * kn_f16_to_f32(), which it calls. */
+#include "kernels/kn_kvq_group.h"
 
 /* The byte geometry of one block of one layer (kn_kvq_layout_t's numbers). */
 typedef struct kn_kq_geom {
@@ -950,47 +942,6 @@ kn_kq_e4m3_dec(uint8_t v)
     float f = kn_u2f((uint32_t)(v & 0x7fu) << 20) * kn_u2f(0x7b800000u);
 
     return kn_u2f(kn_f2u(f) | ((uint32_t)(v & 0x80u) << 24));
-}
-
-/* Scale and zero point of a group with range [lo, hi], rounded to the f16
- * values stored (the CPU's group_params). */
-KN_DEV void
-kn_kq_group(int32_t fmt, float lo, float hi, uint16_t *sc_h, uint16_t *z_h, float *inv,
-            float *zero)
-{
-    float levels = fmt == KN_KQ_INT4 ? 15.0f : 255.0f;
-    float sc;
-
-    if (fmt == KN_KQ_FP8) {
-        float amax = fmaxf(fabsf(lo), fabsf(hi));
-
-        *sc_h = kn_f32_to_f16(amax / 448.0f);
-        sc = kn_f16_to_f32(*sc_h);
-        if (sc > 0.0f && amax / sc > 448.0f) { /* f16 rounded the scale down */
-            *sc_h = (uint16_t)(*sc_h + 1);
-            sc = kn_f16_to_f32(*sc_h);
-        }
-        *z_h = 0;
-        *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
-        *zero = 0.0f;
-        return;
-    }
-    *z_h = kn_f32_to_f16(lo);
-    *zero = kn_f16_to_f32(*z_h);
-    if (*zero > lo) { /* keep lo representable: zero <= lo */
-        *z_h = (uint16_t)(*z_h + ((*z_h & 0x8000u) ? 1 : -1));
-        if ((*z_h & 0x7fffu) == 0x7fffu || *z_h == 0xffffu) {
-            *z_h = kn_f32_to_f16(lo);
-        }
-        *zero = kn_f16_to_f32(*z_h);
-    }
-    *sc_h = kn_f32_to_f16(KN_FSUB_RN(hi, *zero) / levels);
-    sc = kn_f16_to_f32(*sc_h);
-    if (sc > 0.0f && KN_FADD_RN(*zero, KN_FMUL_RN(sc, levels)) < hi) { /* round the scale up */
-        *sc_h = (uint16_t)(*sc_h + 1);
-        sc = kn_f16_to_f32(*sc_h);
-    }
-    *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
 }
 
 /* One code (int8 / fp8 byte, or int4 nibble value 0..15) of x. */
@@ -1128,7 +1079,7 @@ kn_kq_quant_body(const kn_thr_t *t, float *smem, const kn_kq_quant_args_t *a)
                 if (rows == 0) {
                     lo = hi = 0.0f;
                 }
-                kn_kq_group(g->fmt, lo, hi, &sc_h, &z_h, &inv[c], &zero[c]);
+                kn_kvq_group_params(g->fmt, lo, hi, &sc_h, &z_h, &inv[c], &zero[c]);
                 meta[(size_t)h * hd + d] = sc_h;
                 if (g->fmt != KN_KQ_FP8) {
                     meta[ng + (size_t)h * hd + d] = z_h;
@@ -1179,7 +1130,7 @@ kn_kq_quant_body(const kn_thr_t *t, float *smem, const kn_kq_quant_args_t *a)
         } else {
             lo = hi = 0.0f;
         }
-        kn_kq_group(g->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
+        kn_kvq_group_params(g->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
         meta[(size_t)h * bs + r] = sc_h;
         if (g->fmt != KN_KQ_FP8) {
             meta[ng + (size_t)h * bs + r] = z_h;
