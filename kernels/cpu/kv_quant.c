@@ -35,7 +35,7 @@
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_int.h"
 #include "kernels/cpu/kv_quant.h"
-#include "kernels/kn_kvq_group.h"
+#include "kernels/kn_shared.h"
 
 /* kn_kvq_group_params() takes the scaled formats by these numbers. */
 _Static_assert(KN_KVQ_FP8 == KN_KQ_FP8 && KN_KVQ_INT8 == KN_KQ_INT8 && KN_KVQ_INT4 == KN_KQ_INT4,
@@ -1135,42 +1135,26 @@ typedef struct kvq_attn_job {
     const kn_attn_args_t *a;
 } kvq_attn_job_t;
 
-static int32_t
-seq_of(const kn_attn_args_t *a, int32_t t)
-{
-    int32_t lo = 0, hi = a->n_seqs - 1;
-
-    while (lo < hi) {
-        int32_t mid = (lo + hi + 1) / 2;
-
-        if (a->query_start[mid] <= t) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return lo;
-}
-
 static void
 kvq_attn_chunk(void *arg, int i, int n_tasks)
 {
     const kvq_attn_job_t *j = arg;
     const kn_attn_args_t *a = j->a;
     int32_t t = a->n_tok - 1 - i / a->n_kv_heads;
+    int32_t s = kn_seq_of(a->query_start, a->n_seqs, t);
 
     (void)n_tasks;
 #if KVQ_HAVE_X86
     if (kn_cpu_isa() == KN_ISA_AVX512) {
-        kvq_attn_task_avx512(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
+        kvq_attn_task_avx512(j->st, j->layer, a, t, s, i % a->n_kv_heads);
         return;
     }
     if (kn_cpu_isa() == KN_ISA_AVX2) {
-        kvq_attn_task_avx2(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
+        kvq_attn_task_avx2(j->st, j->layer, a, t, s, i % a->n_kv_heads);
         return;
     }
 #endif
-    kvq_attn_task_generic(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
+    kvq_attn_task_generic(j->st, j->layer, a, t, s, i % a->n_kv_heads);
 }
 
 void

@@ -166,6 +166,12 @@ kn_f32_to_f16(float f)
 #endif
 }
 
+/* What the CPU kernels compute alike: kn_seq_of(), kn_kvq_group_params(),
+ * KN_KQ_FP8 / KN_KQ_INT8 / KN_KQ_INT4 (= KN_KVQ_* of kernels/cpu/kv_quant.h)
+ * and KN_FMUL_RN / KN_FADD_RN / KN_FSUB_RN. Included here, after
+ * kn_f32_to_f16() and kn_f16_to_f32(), which it calls. */
+#include "kernels/kn_shared.h"
+
 KN_DEV float
 kn_ld16(const uint16_t *p, size_t i, kn_dt_t dt)
 {
@@ -515,17 +521,8 @@ kn_attn_begin(const kn_thr_t *t, const kn_attn_cuda_args_t *a, int32_t tok, int3
               float *q_s, float *acc, float *m_s, float *l_s, int32_t *lo, int32_t *hi)
 {
     const int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
-    int32_t a0 = 0, a1 = a->n_seqs - 1;
+    int32_t a0 = kn_seq_of(a->query_start, a->n_seqs, tok);
 
-    while (a0 < a1) {
-        int32_t mid = (a0 + a1 + 1) / 2;
-
-        if (a->query_start[mid] <= tok) {
-            a0 = mid;
-        } else {
-            a1 = mid - 1;
-        }
-    }
     *hi = a->context_len[a0] - (a->query_start[a0 + 1] - tok);
     *lo = 0;
     if (a->sliding_window > 0 && *hi - a->sliding_window + 1 > 0) {
@@ -688,22 +685,9 @@ kn_attention_prefill_body(const kn_thr_t *t, float *smem, const kn_attn_prefill_
     const int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     const int32_t kvh = t->bx, h0 = kvh * group, t0 = pa->tile_start[t->by];
     const int32_t lane = t->tid % KN_WARP, warp = t->tid / KN_WARP, n_warps = t->nthr / KN_WARP;
-    int32_t s = 0, n_q, rows, first, lo0, hi1;
+    const int32_t s = kn_seq_of(a->query_start, a->n_seqs, t0);
+    int32_t n_q, rows, first, lo0, hi1;
 
-    {
-        int32_t a0 = 0, a1 = a->n_seqs - 1;
-
-        while (a0 < a1) {
-            int32_t mid = (a0 + a1 + 1) / 2;
-
-            if (a->query_start[mid] <= t0) {
-                a0 = mid;
-            } else {
-                a1 = mid - 1;
-            }
-        }
-        s = a0;
-    }
     n_q = a->query_start[s + 1] - t0 < pa->q_tile ? a->query_start[s + 1] - t0 : pa->q_tile;
     rows = n_q * group;
     /* Context index of token t0 + i is first + i. */
@@ -848,12 +832,6 @@ kn_attention_prefill_body(const kn_thr_t *t, float *smem, const kn_attn_prefill_
  * weight (p' = p * s_v, plus sum p * z_v added to every output channel). A
  * query reads its own block from the residual slot (KIVI: the rows of the
  * block being filled stay full precision) and every earlier block as codes. */
-
-/* KN_KQ_FP8 / KN_KQ_INT8 / KN_KQ_INT4 (= KN_KVQ_* of kernels/cpu/kv_quant.h),
- * KN_FMUL_RN / KN_FADD_RN / KN_FSUB_RN and kn_kvq_group_params(), shared
- * with the CPU quantizer; included here, after kn_f32_to_f16() and
- * kn_f16_to_f32(), which it calls. */
-#include "kernels/kn_kvq_group.h"
 
 /* The byte geometry of one block of one layer (kn_kvq_layout_t's numbers). */
 typedef struct kn_kq_geom {

@@ -1,28 +1,30 @@
-/* kn_kvq_group.h - the scale and zero point of one KIVI group (int8, int4
- * or fp8 codes), written once for the CPU quantizer (kernels/cpu/kv_quant.c,
- * the reference) and the CUDA quantization body (kernels/cuda/kn_cuda_body.h,
- * compiled by nvcc and, as host C, by the kernel emulator). The emulator
- * test compares the two quantizers' blocks bit for bit, so the arithmetic
- * must be one text.
+/* kn_shared.h - computations the CPU kernels and the CUDA bodies must do
+ * identically, written once: the sequence a batch row belongs to (the CPU
+ * attention in kernels/cpu/kn_cpu.c and kv_quant.c, the CUDA attention
+ * bodies) and the scale and zero point of one KIVI group of int8, int4 or
+ * fp8 codes (the CPU quantizer kernels/cpu/kv_quant.c, the reference, and
+ * the CUDA quantization body). The CUDA bodies (kernels/cuda/kn_cuda_body.h)
+ * are compiled by nvcc and, as host C, by the kernel emulator, whose test
+ * compares the two quantizers' blocks bit for bit.
  *
- * DESIGN. Header-only: KN_KVQ_FN makes the function a __device__ inline
- * under nvcc (only device code calls it there: the host side of the CUDA
- * backend is compiled by the C compiler) and a static inline in C. It
- * rounds through kn_f32_to_f16() / kn_f16_to_f32(): in C the CPU's
- * (kernels/cpu/kv_quant.c) or, when kn_cuda_body.h includes this header
- * after defining its own static inline ones, those (the declarations
- * below then keep their internal linkage); under nvcc the body's device
- * functions, defined before the include.
- * Sums and products that a compiler could contract into an FMA go through
- * KN_FMUL_RN / KN_FADD_RN / KN_FSUB_RN: round-to-nearest intrinsics under
- * nvcc (which contracts by default), plain operators in C (the kernels
- * library contracts only inside its target("fma") regions, and this code
- * is outside them).
+ * DESIGN. Header-only: KN_SHARED_FN makes a function a __device__ inline
+ * under nvcc (only device code calls these there: the host side of the
+ * CUDA backend is compiled by the C compiler) and a static inline in C.
+ * The group parameters round through kn_f32_to_f16() / kn_f16_to_f32(): in
+ * C the CPU's (kernels/cpu/kv_quant.c) or, when kn_cuda_body.h includes
+ * this header after defining its own static inline ones, those (the
+ * declarations below then keep their internal linkage); under nvcc the
+ * body's device functions, defined before the include. Sums and products
+ * that a compiler could contract into an FMA go through KN_FMUL_RN /
+ * KN_FADD_RN / KN_FSUB_RN: round-to-nearest intrinsics under nvcc (which
+ * contracts by default), plain operators in C (the kernels library
+ * contracts only inside its target("fma") regions, and this code is
+ * outside them).
  *
  * Thread: any (pure functions).
  */
-#ifndef KERNELS_KN_KVQ_GROUP_H
-#define KERNELS_KN_KVQ_GROUP_H
+#ifndef KERNELS_KN_SHARED_H
+#define KERNELS_KN_SHARED_H
 
 #include <math.h>
 #include <stdint.h>
@@ -33,16 +35,35 @@ float kn_f16_to_f32(uint16_t h);
 #endif
 
 #if defined(__CUDACC__)
-#define KN_KVQ_FN __device__ __forceinline__
+#define KN_SHARED_FN __device__ __forceinline__
 #define KN_FMUL_RN(a, b) __fmul_rn((a), (b))
 #define KN_FADD_RN(a, b) __fadd_rn((a), (b))
 #define KN_FSUB_RN(a, b) __fsub_rn((a), (b))
 #else
-#define KN_KVQ_FN static inline
+#define KN_SHARED_FN static inline
 #define KN_FMUL_RN(a, b) ((a) * (b))
 #define KN_FADD_RN(a, b) ((a) + (b))
 #define KN_FSUB_RN(a, b) ((a) - (b))
 #endif
+
+/* The sequence that owns row tok of a batch: the last s in [0, n_seqs)
+ * with query_start[s] <= tok (query_start non-decreasing, n_seqs >= 1). */
+KN_SHARED_FN int32_t
+kn_seq_of(const int32_t *query_start, int32_t n_seqs, int32_t tok)
+{
+    int32_t lo = 0, hi = n_seqs - 1;
+
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) / 2;
+
+        if (query_start[mid] <= tok) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
 
 /* Scaled formats by number: the values of KN_KVQ_FP8 / KN_KVQ_INT8 /
  * KN_KVQ_INT4 of kernels/cpu/kv_quant.h (kv_quant.c asserts it). */
@@ -59,7 +80,7 @@ float kn_f16_to_f32(uint16_t h);
  *   fp8          *sc_h = f16 scale with amax / scale <= 448, *z_h = 0,
  *                *zero = 0, *inv = 1 / scale (0 if 0)
  * A code is then (x - zero) * inv, rounded (fp8: x * inv, encoded). */
-KN_KVQ_FN void
+KN_SHARED_FN void
 kn_kvq_group_params(int32_t fmt, float lo, float hi, uint16_t *sc_h, uint16_t *z_h, float *inv,
                     float *zero)
 {
@@ -98,4 +119,4 @@ kn_kvq_group_params(int32_t fmt, float lo, float hi, uint16_t *sc_h, uint16_t *z
     *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
 }
 
-#endif /* KERNELS_KN_KVQ_GROUP_H */
+#endif /* KERNELS_KN_SHARED_H */
