@@ -22,7 +22,7 @@
 #include "common/xmalloc.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
-#include "server/cmds.h"
+#include "cli/cmds.h"
 
 static void
 tokenize_usage(FILE *f)
