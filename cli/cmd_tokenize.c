@@ -20,7 +20,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
-#include "model/gguf.h"
+#include "formats/gguf.h"
 #include "model/tokenizer.h"
 #include "cli/cmds.h"
 
