@@ -25,10 +25,11 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
-#include "model/gguf.h"
+#include "formats/fmt_util.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
 #include "model/loader_int.h"
 #include "model/model_int.h"
-#include "model/safetensors.h"
 #include "model/tokenizer.h"
 
 #define INDEX_MAX_BYTES (64u << 20)
@@ -135,18 +136,18 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
             shard = i;
         }
         if (t == NULL) {
-            mdl__seterr(err, errlen, "%s: missing tensor '%s'", ws->path, hf_name);
+            fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, hf_name);
             return ST_ENOENT;
         }
         if (t->n_dims != (cols > 0 ? 2u : 1u) || t->dims[0] != (uint64_t)rows ||
             (cols > 0 && t->dims[1] != (uint64_t)cols)) {
             shape_str(got, sizeof(got), t->dims, t->n_dims, 0);
-            mdl__seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s",
+            fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s",
                         ws->shard_names[shard], hf_name, got, want);
             return ST_EFORMAT;
         }
         if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_F16 && t->dtype != ST_DTYPE_BF16) {
-            mdl__seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
+            fmt_seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
                         ws->shard_names[shard], hf_name, st_dtype_name(t->dtype));
             return ST_EFORMAT;
         }
@@ -157,7 +158,7 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
         }
         dst = alloc_owned(ws->m, n);
         if (dst == NULL) {
-            mdl__seterr(err, errlen, "%s: out of memory for '%s'", ws->path, hf_name);
+            fmt_seterr(err, errlen, "%s: out of memory for '%s'", ws->path, hf_name);
             return ST_ENOMEM;
         }
         rc = st_to_f32(t->dtype, t->data, n, dst);
@@ -168,19 +169,19 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
         const gguf_tensor_t *t = gguf_find_tensor(ws->g, gg_name);
 
         if (t == NULL) {
-            mdl__seterr(err, errlen, "%s: missing tensor '%s'", ws->path, gg_name);
+            fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, gg_name);
             return ST_ENOENT;
         }
         if (t->n_dims != (cols > 0 ? 2u : 1u) ||
             (cols > 0 ? (t->dims[0] != (uint64_t)cols || t->dims[1] != (uint64_t)rows)
                       : t->dims[0] != (uint64_t)rows)) {
             shape_str(got, sizeof(got), t->dims, t->n_dims, 1);
-            mdl__seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
+            fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
                         got, want);
             return ST_EFORMAT;
         }
         if (!gguf_tensor_convertible(t->type)) {
-            mdl__seterr(err, errlen,
+            fmt_seterr(err, errlen,
                         "%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
                         "Q5_0, Q5_1, Q4_K, Q5_K or Q6_K expected",
                         ws->path, gg_name, gguf_tensor_type_name(t->type));
@@ -194,7 +195,7 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
         }
         dst = alloc_owned(ws->m, n);
         if (dst == NULL) {
-            mdl__seterr(err, errlen, "%s: out of memory for '%s'", ws->path, gg_name);
+            fmt_seterr(err, errlen, "%s: out of memory for '%s'", ws->path, gg_name);
             return ST_ENOMEM;
         }
         rc = gguf_tensor_to_f32(t, dst);
@@ -281,7 +282,7 @@ drop_unused_maps(wsrc_t *ws)
 
     for (int i = 0; i < m->n_maps; i++) {
         if (!ws->map_used[i] && m->maps[i] != NULL) {
-            mdl__unmap(m->maps[i], m->map_lens[i]);
+            fmt_unmap(m->maps[i], m->map_lens[i]);
             m->maps[i] = NULL;
             m->map_lens[i] = 0;
         }
@@ -301,14 +302,14 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
     int n = 0, rc;
 
     snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-    rc = mdl__read_file(path, INDEX_MAX_BYTES, &text, &len, err, errlen);
+    rc = fmt_read_file(path, INDEX_MAX_BYTES, &text, &len, err, errlen);
     if (rc != ST_OK) {
         return rc;
     }
     root = cJSON_ParseWithLength(text, len);
     wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (root == NULL || !cJSON_IsObject(wm)) {
-        mdl__seterr(err, errlen, "%s: not valid JSON with a weight_map object", path);
+        fmt_seterr(err, errlen, "%s: not valid JSON with a weight_map object", path);
         rc = ST_EFORMAT;
         goto fail;
     }
@@ -319,7 +320,7 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
         int seen = 0;
 
         if (!cJSON_IsString(e)) {
-            mdl__seterr(err, errlen, "%s: weight_map value of '%s' is not a string", path,
+            fmt_seterr(err, errlen, "%s: weight_map value of '%s' is not a string", path,
                         e->string ? e->string : "?");
             rc = ST_EFORMAT;
             goto fail;
@@ -328,7 +329,7 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
         fl = strlen(f);
         if (fl == 0 || strchr(f, '/') != NULL || f[0] == '.' || fl < 12 ||
             strcmp(f + fl - 12, ".safetensors") != 0) {
-            mdl__seterr(err, errlen, "%s: bad shard file name '%.64s'", path, f);
+            fmt_seterr(err, errlen, "%s: bad shard file name '%.64s'", path, f);
             rc = ST_EFORMAT;
             goto fail;
         }
@@ -337,7 +338,7 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
         }
         if (!seen) {
             if (n == MAX_SHARDS) {
-                mdl__seterr(err, errlen, "%s: more than %d shards", path, MAX_SHARDS);
+                fmt_seterr(err, errlen, "%s: more than %d shards", path, MAX_SHARDS);
                 rc = ST_EFORMAT;
                 goto fail;
             }
@@ -346,7 +347,7 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
         }
     }
     if (n == 0) {
-        mdl__seterr(err, errlen, "%s: empty weight_map", path);
+        fmt_seterr(err, errlen, "%s: empty weight_map", path);
         rc = ST_EFORMAT;
         goto fail;
     }
@@ -386,7 +387,7 @@ hf_chat_template(const char *dir)
     const cJSON *ct, *e;
 
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
-    if (mdl__read_file(path, TOKCFG_MAX_BYTES, &text, &len, NULL, 0) == ST_OK) {
+    if (fmt_read_file(path, TOKCFG_MAX_BYTES, &text, &len, NULL, 0) == ST_OK) {
         root = cJSON_ParseWithLength(text, len);
         ct = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
         if (cJSON_IsString(ct)) {
@@ -409,7 +410,7 @@ hf_chat_template(const char *dir)
     }
     if (out == NULL) {
         snprintf(path, sizeof(path), "%s/chat_template.jinja", dir);
-        if (mdl__read_file(path, TOKCFG_MAX_BYTES, &text, &len, NULL, 0) == ST_OK) {
+        if (fmt_read_file(path, TOKCFG_MAX_BYTES, &text, &len, NULL, 0) == ST_OK) {
             out = text;
         }
     }
@@ -424,7 +425,7 @@ check_tokenizer(mdl_model_t *m, char *err, size_t errlen)
     int32_t nv = tok_vocab_size(m->tok);
 
     if (nv > m->cfg.vocab_size) {
-        mdl__seterr(err, errlen, "%s: tokenizer has %d tokens but the model's vocab_size is %d",
+        fmt_seterr(err, errlen, "%s: tokenizer has %d tokens but the model's vocab_size is %d",
                     m->path, nv, m->cfg.vocab_size);
         return ST_EFORMAT;
     }
@@ -459,7 +460,7 @@ load_hf(mdl_model_t *m, const char *dir, char *err, size_t errlen)
     } else {
         snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         if (!file_exists(path)) {
-            mdl__seterr(err, errlen, "%s: no model.safetensors or model.safetensors.index.json",
+            fmt_seterr(err, errlen, "%s: no model.safetensors or model.safetensors.index.json",
                         dir);
             return ST_ENOENT;
         }
@@ -479,14 +480,14 @@ load_hf(mdl_model_t *m, const char *dir, char *err, size_t errlen)
 
         snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
         ws.shard_names[i] = xstrdup(path);
-        rc = mdl__map_file(path, &data, &len, err, errlen);
+        rc = fmt_map_file(path, &data, &len, err, errlen);
         if (rc != ST_OK) {
             goto out;
         }
         ws.shard_map[i] = add_map(m, data, len);
         rc = st_parse_header(data, len, &ws.shards[i], why, sizeof(why));
         if (rc != ST_OK) {
-            mdl__seterr(err, errlen, "%s: %s", path, why);
+            fmt_seterr(err, errlen, "%s: %s", path, why);
             goto out;
         }
         ws.n_shards = i + 1;
@@ -536,7 +537,7 @@ load_gguf(mdl_model_t *m, const char *file, char *err, size_t errlen)
     char why[256];
     int rc;
 
-    rc = mdl__map_file(file, &data, &len, err, errlen);
+    rc = fmt_map_file(file, &data, &len, err, errlen);
     if (rc != ST_OK) {
         return rc;
     }
@@ -544,12 +545,12 @@ load_gguf(mdl_model_t *m, const char *file, char *err, size_t errlen)
     ws.map_used = &used;
     rc = gguf_parse(data, len, &ws.g, why, sizeof(why));
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "%s: %s", file, why);
+        fmt_seterr(err, errlen, "%s: %s", file, why);
         return rc;
     }
     rc = mdl__config_from_gguf(ws.g, &m->cfg, why, sizeof(why));
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "%s: %s", file, why);
+        fmt_seterr(err, errlen, "%s: %s", file, why);
         goto out;
     }
     /* llama.cpp permutes q/k for llama-style models; qwen2 is stored as is. */
@@ -561,7 +562,7 @@ load_gguf(mdl_model_t *m, const char *file, char *err, size_t errlen)
     }
     rc = tok_load_gguf(ws.g, &m->tok, why, sizeof(why));
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "%s: %s", file, why);
+        fmt_seterr(err, errlen, "%s: %s", file, why);
         goto out;
     }
     rc = check_tokenizer(m, err, errlen);
@@ -588,7 +589,7 @@ mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen)
 
     if (stat(path, &sb) != 0) {
         rc = -errno;
-        mdl__seterr(err, errlen, "%s: %s", path, strerror(errno));
+        fmt_seterr(err, errlen, "%s: %s", path, strerror(errno));
         return rc;
     }
     m = xcalloc(1, sizeof(*m));
@@ -600,7 +601,7 @@ mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen)
         FILE *fp = fopen(path, "rb");
 
         if (fp == NULL || fread(magic, 1, 4, fp) != 4 || memcmp(magic, "GGUF", 4) != 0) {
-            mdl__seterr(err, errlen,
+            fmt_seterr(err, errlen,
                         "%s: not a Hugging Face directory or a GGUF file (bad "
                         "magic)",
                         path);
@@ -612,7 +613,7 @@ mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen)
             fclose(fp);
         }
     } else {
-        mdl__seterr(err, errlen, "%s: not a directory or a regular file", path);
+        fmt_seterr(err, errlen, "%s: not a directory or a regular file", path);
         rc = ST_EINVAL;
     }
     if (rc != ST_OK) {
@@ -641,7 +642,7 @@ mdl_model_destroy(mdl_model_t *m)
     }
     free(m->owned);
     for (int i = 0; i < m->n_maps; i++) {
-        mdl__unmap(m->maps[i], m->map_lens[i]);
+        fmt_unmap(m->maps[i], m->map_lens[i]);
     }
     free(m->maps);
     free(m->map_lens);

@@ -26,7 +26,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
-#include "model/gguf.h"
+#include "formats/gguf.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_int.h"
 

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/gguf.h"
+#include "formats/gguf.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_int.h"
 #include "tests/fuzz/fuzz_common.h"

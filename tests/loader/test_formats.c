@@ -13,8 +13,8 @@
 
 #include "common/status.h"
 #include "loader_test.h"
-#include "model/gguf.h"
-#include "model/safetensors.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
 #include "model/tokenizer.h"
 
 static mdl_model_t *

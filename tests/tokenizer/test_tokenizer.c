@@ -13,7 +13,7 @@
 
 #include "common/status.h"
 #include "common/util.h"
-#include "model/gguf.h"
+#include "formats/gguf.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_int.h"
 #include "tests/tokenizer/tok_test.h"

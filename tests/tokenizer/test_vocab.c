@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/gguf.h"
+#include "formats/gguf.h"
 #include "model/tokenizer.h"
 #include "tests/tokenizer/tok_test.h"
 

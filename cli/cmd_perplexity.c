@@ -37,7 +37,7 @@
 #include "model/kv_policy.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
-#include "server/cmds.h"
+#include "cli/cmds.h"
 
 typedef struct ppl_opts {
     const char *model;

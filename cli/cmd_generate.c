@@ -24,7 +24,7 @@
 #include "model/model.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
-#include "server/cmds.h"
+#include "cli/cmds.h"
 
 #define GEN_BLOCK 16
 #define GEN_PREFILL_CHUNK 256
