@@ -14,9 +14,9 @@
 #include <string.h>
 
 #include "common/xmalloc.h"
-#include "model/tokenizer_int.h"
+#include "text/tokenizer_int.h"
 
-#include "model/tok_nfc_data.inc"
+#include "text/tok_nfc_data.inc"
 
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 

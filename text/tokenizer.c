@@ -31,7 +31,7 @@
  */
 #define LOG_MODULE "tokenizer"
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +41,7 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
-#include "model/tokenizer_int.h"
+#include "text/tokenizer_int.h"
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
