@@ -23,7 +23,7 @@
 #include "kvserve_config.h"
 #include "model/model.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "cli/cmds.h"
 
 #define GEN_BLOCK 16

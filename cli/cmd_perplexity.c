@@ -36,7 +36,7 @@
 #include "common/xmalloc.h"
 #include "model/kv_policy.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "cli/cmds.h"
 
 typedef struct ppl_opts {

@@ -21,7 +21,7 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 #include "formats/gguf.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "cli/cmds.h"
 
 static void

@@ -30,7 +30,7 @@
 #include "formats/safetensors.h"
 #include "model/loader_int.h"
 #include "model/model_int.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #define INDEX_MAX_BYTES (64u << 20)
 #define TOKCFG_MAX_BYTES (64u << 20)

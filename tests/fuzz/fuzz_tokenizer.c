@@ -22,8 +22,8 @@
 
 #include "common/status.h"
 #include "formats/gguf.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_int.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_int.h"
 #include "tests/fuzz/fuzz_common.h"
 
 #define N_TOK 3

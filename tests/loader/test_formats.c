@@ -15,7 +15,7 @@
 #include "loader_test.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 static mdl_model_t *
 load_ok(const char *path)

@@ -14,8 +14,8 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "formats/gguf.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_int.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_int.h"
 #include "tests/tokenizer/tok_test.h"
 
 static tok_tokenizer_t *

@@ -13,7 +13,7 @@
 
 #include "common/status.h"
 #include "formats/gguf.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "tests/tokenizer/tok_test.h"
 
 static const char *const k_vocabs[] = {

@@ -42,7 +42,7 @@
 #include "common/status.h"
 #include "common/utf8.h"
 #include "common/xmalloc.h"
-#include "model/chat.h"
+#include "text/chat.h"
 
 #define CHAT_MAX_DEPTH 200           /* parser nesting (expressions, blocks) */
 #define CHAT_MAX_CALL_DEPTH 64       /* nested macro calls */

@@ -31,7 +31,7 @@
  */
 #define LOG_MODULE "tokenizer"
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +42,7 @@
 #include "common/utf8.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
-#include "model/tokenizer_int.h"
+#include "text/tokenizer_int.h"
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */

@@ -15,9 +15,9 @@
 
 #include "common/utf8.h"
 #include "common/xmalloc.h"
-#include "model/tokenizer_int.h"
+#include "text/tokenizer_int.h"
 
-#include "model/tok_nfc_data.inc"
+#include "text/tok_nfc_data.inc"
 
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
