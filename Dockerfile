@@ -31,8 +31,8 @@ COPY . .
 RUN meson setup /build -Dcuda=disabled -Dbuildtype=release \
  && meson compile -C /build kvserve \
  && mkdir -p /out/bin /out/lib /out/share/kvserve/models \
- && cp /build/server/kvserve /out/bin/ \
- && ldd /build/server/kvserve | awk '$2 == "=>" && $3 ~ /^\// {print $3}' \
+ && cp /build/cli/kvserve /out/bin/ \
+ && ldd /build/cli/kvserve | awk '$2 == "=>" && $3 ~ /^\// {print $3}' \
       | grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so' \
       | xargs -r cp -L -t /out/lib/ \
  && cp -r models/austen-2.7m /out/share/kvserve/models/
@@ -68,8 +68,8 @@ COPY . .
 RUN meson setup /build -Dcuda=enabled -Dbuildtype=release \
  && meson compile -C /build kvserve \
  && mkdir -p /out/bin /out/lib /out/share/kvserve/models \
- && cp /build/server/kvserve /out/bin/ \
- && ldd /build/server/kvserve | awk '$2 == "=>" && $3 ~ /^\// {print $3}' \
+ && cp /build/cli/kvserve /out/bin/ \
+ && ldd /build/cli/kvserve | awk '$2 == "=>" && $3 ~ /^\// {print $3}' \
       | grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so' \
       | grep -Ev '/(libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' \
       | xargs -r cp -L -t /out/lib/ \

@@ -4,6 +4,8 @@
 #include <openssl/evp.h>
 #include <time.h>
 
+#include "common/utf8.h"
+
 uint64_t
 now_ns(void)
 {
@@ -18,55 +20,13 @@ now_s(void)
     return (double)now_ns() * 1e-9;
 }
 
-/* Length of the well-formed sequence at s (1..4), 0 if malformed, -1 if
- * truncated (valid so far but cut by the end of the buffer). */
-static int
-utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    int len;
-    unsigned char lo = 0x80, hi = 0xBF;
-
-    if (c < 0x80) {
-        return 1;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0) {
-            lo = 0xA0;
-        } else if (c == 0xED) {
-            hi = 0x9F;
-        }
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0) {
-            lo = 0x90;
-        } else if (c == 0xF4) {
-            hi = 0x8F;
-        }
-    } else {
-        return 0;
-    }
-    for (int i = 1; i < len; i++) {
-        if ((size_t)i >= n) {
-            return -1;
-        }
-        unsigned char lo_i = i == 1 ? lo : 0x80, hi_i = i == 1 ? hi : 0xBF;
-        if (s[i] < lo_i || s[i] > hi_i) {
-            return 0;
-        }
-    }
-    return len;
-}
-
 int
 utf8_valid(const char *s, size_t n)
 {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < n) {
-        int l = utf8_seq(p + i, n - i);
+        int l = utf8_decode(p + i, n - i, NULL);
         if (l <= 0) {
             return 0;
         }
@@ -81,7 +41,7 @@ utf8_complete_prefix(const char *s, size_t n)
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < n) {
-        int l = utf8_seq(p + i, n - i);
+        int l = utf8_decode(p + i, n - i, NULL);
         if (l < 0) {
             return i; /* truncated tail: hold it back */
         }

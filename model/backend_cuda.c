@@ -379,7 +379,7 @@ cu_rank_init(void *arg, int r)
         LOG_INFO("device %d: KV %s %.1f bytes/token with scales (%zu per block), %d residual "
                  "slots of blocks being filled (%zu MiB)",
                  rk->dev, mdl_kv_dtype_name(rc->kv_dtype), (double)blk / rc->block_size, blk,
-                 rk->fw.kqt[0].n_slots, (kv_bytes - blk * (size_t)rc->num_blocks) >> 20);
+                 rk->fw.kqt[0].sl.n_slots, (kv_bytes - blk * (size_t)rc->num_blocks) >> 20);
     }
     return ST_OK;
 }

@@ -18,7 +18,8 @@
 
 #include "common/log.h"
 #include "common/status.h"
-#include "model/gguf.h"
+#include "formats/fmt_util.h"
+#include "formats/gguf.h"
 #include "model/loader_int.h"
 
 /* Largest config JSON we read: real ones are a few KB. */
@@ -49,12 +50,12 @@ get_i32(const cJSON *obj, const char *key, int32_t *out, char *err, size_t errle
         return 0;
     }
     if (!cJSON_IsNumber(j)) {
-        mdl__seterr(err, errlen, "config.json: '%s' is not a number", key);
+        fmt_seterr(err, errlen, "config.json: '%s' is not a number", key);
         return -1;
     }
     d = j->valuedouble;
     if (d != floor(d) || d < -2147483648.0 || d > 2147483647.0) {
-        mdl__seterr(err, errlen, "config.json: '%s' is not a 32-bit integer", key);
+        fmt_seterr(err, errlen, "config.json: '%s' is not a 32-bit integer", key);
         return -1;
     }
     *out = (int32_t)d;
@@ -70,7 +71,7 @@ get_f32(const cJSON *obj, const char *key, float *out, char *err, size_t errlen)
         return 0;
     }
     if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble)) {
-        mdl__seterr(err, errlen, "config.json: '%s' is not a number", key);
+        fmt_seterr(err, errlen, "config.json: '%s' is not a number", key);
         return -1;
     }
     *out = (float)j->valuedouble;
@@ -86,7 +87,7 @@ get_bool(const cJSON *obj, const char *key, int *out, char *err, size_t errlen)
         return 0;
     }
     if (!cJSON_IsBool(j)) {
-        mdl__seterr(err, errlen, "config.json: '%s' is not a boolean", key);
+        fmt_seterr(err, errlen, "config.json: '%s' is not a boolean", key);
         return -1;
     }
     *out = cJSON_IsTrue(j) ? 1 : 0;
@@ -122,21 +123,21 @@ parse_eos(const cJSON *obj, const char *file, mdl_config_t *cfg, char *err, size
     }
     if (cJSON_IsNumber(j)) {
         if (j->valuedouble != floor(j->valuedouble) || j->valuedouble > 2147483647.0) {
-            mdl__seterr(err, errlen, "%s: bad eos_token_id", file);
+            fmt_seterr(err, errlen, "%s: bad eos_token_id", file);
             return ST_EFORMAT;
         }
         add_eos(cfg, (int32_t)j->valuedouble);
         return ST_OK;
     }
     if (!cJSON_IsArray(j)) {
-        mdl__seterr(err, errlen, "%s: eos_token_id must be an integer or a list", file);
+        fmt_seterr(err, errlen, "%s: eos_token_id must be an integer or a list", file);
         return ST_EFORMAT;
     }
     cJSON_ArrayForEach(e, j)
     {
         if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) ||
             e->valuedouble > 2147483647.0) {
-            mdl__seterr(err, errlen, "%s: bad entry in eos_token_id", file);
+            fmt_seterr(err, errlen, "%s: bad entry in eos_token_id", file);
             return ST_EFORMAT;
         }
         add_eos(cfg, (int32_t)e->valuedouble);
@@ -154,7 +155,7 @@ parse_rope_scaling(const cJSON *root, mdl_config_t *cfg, char *err, size_t errle
         return ST_OK;
     }
     if (!cJSON_IsObject(rs)) {
-        mdl__seterr(err, errlen, "config.json: rope_scaling must be an object or null");
+        fmt_seterr(err, errlen, "config.json: rope_scaling must be an object or null");
         return ST_EFORMAT;
     }
     type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
@@ -162,7 +163,7 @@ parse_rope_scaling(const cJSON *root, mdl_config_t *cfg, char *err, size_t errle
         type = cJSON_GetObjectItemCaseSensitive(rs, "type");
     }
     if (!cJSON_IsString(type)) {
-        mdl__seterr(err, errlen, "config.json: rope_scaling has no type");
+        fmt_seterr(err, errlen, "config.json: rope_scaling has no type");
         return ST_EFORMAT;
     }
     if (strcmp(type->valuestring, "default") == 0) {
@@ -173,12 +174,12 @@ parse_rope_scaling(const cJSON *root, mdl_config_t *cfg, char *err, size_t errle
     } else if (strcmp(type->valuestring, "llama3") == 0) {
         cfg->rope_scaling = MDL_ROPE_LLAMA3;
     } else {
-        mdl__seterr(err, errlen, "config.json: unsupported rope_scaling type '%.32s'",
+        fmt_seterr(err, errlen, "config.json: unsupported rope_scaling type '%.32s'",
                     type->valuestring);
         return ST_EUNSUPPORTED;
     }
     if (get_f32(rs, "factor", &cfg->rope_factor, err, errlen) != 1 || !(cfg->rope_factor > 0)) {
-        mdl__seterr(err, errlen, "config.json: rope_scaling needs a positive factor");
+        fmt_seterr(err, errlen, "config.json: rope_scaling needs a positive factor");
         return ST_EFORMAT;
     }
     if (cfg->rope_scaling == MDL_ROPE_LLAMA3) {
@@ -186,7 +187,7 @@ parse_rope_scaling(const cJSON *root, mdl_config_t *cfg, char *err, size_t errle
             get_f32(rs, "high_freq_factor", &cfg->rope_high_freq_factor, err, errlen) != 1 ||
             get_i32(rs, "original_max_position_embeddings", &cfg->rope_orig_max_pos, err, errlen) !=
                 1) {
-            mdl__seterr(err, errlen,
+            fmt_seterr(err, errlen,
                         "config.json: llama3 rope_scaling needs factor, "
                         "low_freq_factor, high_freq_factor and "
                         "original_max_position_embeddings");
@@ -194,7 +195,7 @@ parse_rope_scaling(const cJSON *root, mdl_config_t *cfg, char *err, size_t errle
         }
         if (!(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
             cfg->rope_orig_max_pos <= 0) {
-            mdl__seterr(err, errlen,
+            fmt_seterr(err, errlen,
                         "config.json: llama3 rope_scaling needs high_freq_factor "
                         "> low_freq_factor and a positive original length");
             return ST_EFORMAT;
@@ -218,60 +219,60 @@ int
 mdl__config_check(const mdl_config_t *cfg, char *err, size_t errlen)
 {
     if (cfg->vocab_size <= 0 || cfg->vocab_size > (1 << 24)) {
-        mdl__seterr(err, errlen, "bad vocab_size %d", cfg->vocab_size);
+        fmt_seterr(err, errlen, "bad vocab_size %d", cfg->vocab_size);
         return ST_EFORMAT;
     }
     if (cfg->dim <= 0 || cfg->dim > (1 << 16)) {
-        mdl__seterr(err, errlen, "bad hidden_size %d", cfg->dim);
+        fmt_seterr(err, errlen, "bad hidden_size %d", cfg->dim);
         return ST_EFORMAT;
     }
     if (cfg->n_layers <= 0 || cfg->n_layers > 1024) {
-        mdl__seterr(err, errlen, "bad num_hidden_layers %d", cfg->n_layers);
+        fmt_seterr(err, errlen, "bad num_hidden_layers %d", cfg->n_layers);
         return ST_EFORMAT;
     }
     if (cfg->n_heads <= 0 || cfg->n_heads > 1024) {
-        mdl__seterr(err, errlen, "bad num_attention_heads %d", cfg->n_heads);
+        fmt_seterr(err, errlen, "bad num_attention_heads %d", cfg->n_heads);
         return ST_EFORMAT;
     }
     if (cfg->n_kv_heads <= 0 || cfg->n_kv_heads > cfg->n_heads ||
         cfg->n_heads % cfg->n_kv_heads != 0) {
-        mdl__seterr(err, errlen, "num_key_value_heads %d must divide num_attention_heads %d",
+        fmt_seterr(err, errlen, "num_key_value_heads %d must divide num_attention_heads %d",
                     cfg->n_kv_heads, cfg->n_heads);
         return ST_EFORMAT;
     }
     if (cfg->head_dim <= 0 || cfg->head_dim > 1024 || cfg->head_dim % 2 != 0) {
-        mdl__seterr(err, errlen, "bad head_dim %d (must be even)", cfg->head_dim);
+        fmt_seterr(err, errlen, "bad head_dim %d (must be even)", cfg->head_dim);
         return ST_EFORMAT;
     }
     if (cfg->ffn_dim <= 0 || cfg->ffn_dim > (1 << 18)) {
-        mdl__seterr(err, errlen, "bad intermediate_size %d", cfg->ffn_dim);
+        fmt_seterr(err, errlen, "bad intermediate_size %d", cfg->ffn_dim);
         return ST_EFORMAT;
     }
     if (cfg->max_pos <= 0) {
-        mdl__seterr(err, errlen, "bad max_position_embeddings %d", cfg->max_pos);
+        fmt_seterr(err, errlen, "bad max_position_embeddings %d", cfg->max_pos);
         return ST_EFORMAT;
     }
     if (!(cfg->norm_eps > 0.0f) || !(cfg->norm_eps < 1.0f)) {
-        mdl__seterr(err, errlen, "bad rms_norm_eps %g", (double)cfg->norm_eps);
+        fmt_seterr(err, errlen, "bad rms_norm_eps %g", (double)cfg->norm_eps);
         return ST_EFORMAT;
     }
     if (!(cfg->rope_theta > 0.0f) || !isfinite(cfg->rope_theta)) {
-        mdl__seterr(err, errlen, "bad rope_theta %g", (double)cfg->rope_theta);
+        fmt_seterr(err, errlen, "bad rope_theta %g", (double)cfg->rope_theta);
         return ST_EFORMAT;
     }
     if (cfg->sliding_window < 0) {
-        mdl__seterr(err, errlen, "bad sliding_window %d", cfg->sliding_window);
+        fmt_seterr(err, errlen, "bad sliding_window %d", cfg->sliding_window);
         return ST_EFORMAT;
     }
     for (int32_t i = 0; i < cfg->n_eos; i++) {
         if (cfg->eos_ids[i] >= cfg->vocab_size) {
-            mdl__seterr(err, errlen, "eos id %d outside the vocabulary (%d)", cfg->eos_ids[i],
+            fmt_seterr(err, errlen, "eos id %d outside the vocabulary (%d)", cfg->eos_ids[i],
                         cfg->vocab_size);
             return ST_EFORMAT;
         }
     }
     if (cfg->bos_id >= cfg->vocab_size) {
-        mdl__seterr(err, errlen, "bos id %d outside the vocabulary (%d)", cfg->bos_id,
+        fmt_seterr(err, errlen, "bos id %d outside the vocabulary (%d)", cfg->bos_id,
                     cfg->vocab_size);
         return ST_EFORMAT;
     }
@@ -291,7 +292,7 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
     config_defaults(&cfg);
     root = cJSON_ParseWithLength(config_json, config_len);
     if (root == NULL || !cJSON_IsObject(root)) {
-        mdl__seterr(err, errlen, "config.json: not valid JSON");
+        fmt_seterr(err, errlen, "config.json: not valid JSON");
         goto fail;
     }
 
@@ -310,7 +311,7 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
         } else if (strcmp(name, "Qwen2ForCausalLM") == 0) {
             snprintf(cfg.arch, sizeof(cfg.arch), "qwen2");
         } else {
-            mdl__seterr(err, errlen,
+            fmt_seterr(err, errlen,
                         "config.json: no model_type and unknown architectures "
                         "'%.40s'",
                         name);
@@ -319,7 +320,7 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
         }
     }
     if (!arch_known(cfg.arch)) {
-        mdl__seterr(err, errlen, "config.json: unknown architecture '%s' (llama, mistral, qwen2)",
+        fmt_seterr(err, errlen, "config.json: unknown architecture '%s' (llama, mistral, qwen2)",
                     cfg.arch);
         rc = ST_EUNSUPPORTED;
         goto fail;
@@ -330,7 +331,7 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
         get_i32(root, "num_hidden_layers", &cfg.n_layers, err, errlen) != 1 ||
         get_i32(root, "num_attention_heads", &cfg.n_heads, err, errlen) != 1 ||
         get_i32(root, "intermediate_size", &cfg.ffn_dim, err, errlen) != 1) {
-        mdl__seterr(err, errlen,
+        fmt_seterr(err, errlen,
                     "config.json: needs integer vocab_size, hidden_size, "
                     "num_hidden_layers, num_attention_heads, intermediate_size");
         goto fail;
@@ -373,7 +374,7 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
 
         gen = cJSON_ParseWithLength(gen_json, gen_len);
         if (gen == NULL || !cJSON_IsObject(gen)) {
-            mdl__seterr(err, errlen, "generation_config.json: not valid JSON");
+            fmt_seterr(err, errlen, "generation_config.json: not valid JSON");
             rc = ST_EFORMAT;
             goto fail;
         }
@@ -395,7 +396,7 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
 
     rc = mdl__config_check(&cfg, why, sizeof(why));
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "config.json: %s", why);
+        fmt_seterr(err, errlen, "config.json: %s", why);
         goto fail;
     }
     cJSON_Delete(root);
@@ -418,12 +419,12 @@ mdl__config_load_hf(const char *dir, mdl_config_t *cfg, char *err, size_t errlen
     int rc;
 
     snprintf(path, sizeof(path), "%s/config.json", dir);
-    rc = mdl__read_file(path, CONFIG_MAX_BYTES, &cj, &cl, err, errlen);
+    rc = fmt_read_file(path, CONFIG_MAX_BYTES, &cj, &cl, err, errlen);
     if (rc != ST_OK) {
         return rc;
     }
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
-    rc = mdl__read_file(path, CONFIG_MAX_BYTES, &gj, &gl, err, errlen);
+    rc = fmt_read_file(path, CONFIG_MAX_BYTES, &gj, &gl, err, errlen);
     if (rc == ST_ENOENT) {
         gj = NULL;
     } else if (rc != ST_OK) {
@@ -432,7 +433,7 @@ mdl__config_load_hf(const char *dir, mdl_config_t *cfg, char *err, size_t errlen
     }
     rc = mdl__config_parse_hf(cj, cl, gj, gl, cfg, why, sizeof(why));
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "%s: %s", dir, why);
+        fmt_seterr(err, errlen, "%s: %s", dir, why);
     }
     free(cj);
     free(gj);
@@ -454,7 +455,7 @@ gguf_arch_i32(const gguf_file_t *g, const char *arch, const char *suffix, int32_
         return 0;
     }
     if (rc != ST_OK || v < -2147483648LL || v > 2147483647LL) {
-        mdl__seterr(err, errlen, "GGUF key %s is not a 32-bit integer", key);
+        fmt_seterr(err, errlen, "GGUF key %s is not a 32-bit integer", key);
         return -1;
     }
     *out = (int32_t)v;
@@ -474,7 +475,7 @@ gguf_arch_f32(const gguf_file_t *g, const char *arch, const char *suffix, float 
         return 0;
     }
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "GGUF key %s is not a number", key);
+        fmt_seterr(err, errlen, "GGUF key %s is not a number", key);
         return -1;
     }
     return 1;
@@ -497,13 +498,13 @@ llama3_from_rope_freqs(const gguf_tensor_t *t, mdl_config_t *cfg, char *err, siz
     float f;
 
     if (t->type != GGUF_TENSOR_F32 || t->n_dims != 1 || t->dims[0] != (uint64_t)half) {
-        mdl__seterr(err, errlen, "rope_freqs.weight must be F32 [%d]", half);
+        fmt_seterr(err, errlen, "rope_freqs.weight must be F32 [%d]", half);
         return ST_EFORMAT;
     }
     for (int32_t i = 0; i < half; i++) {
         memcpy(&f, (const float *)t->data + i, sizeof(f));
         if (!(f >= 1.0f) || !isfinite(f)) {
-            mdl__seterr(err, errlen, "rope_freqs.weight[%d] = %g is not a llama3 factor", i,
+            fmt_seterr(err, errlen, "rope_freqs.weight[%d] = %g is not a llama3 factor", i,
                         (double)f);
             return ST_EUNSUPPORTED;
         }
@@ -529,7 +530,7 @@ llama3_from_rope_freqs(const gguf_tensor_t *t, mdl_config_t *cfg, char *err, siz
         }
     }
     if (n_mid < 2 || x0 == x1) {
-        mdl__seterr(err, errlen,
+        fmt_seterr(err, errlen,
                     "rope_freqs.weight has %d in-between factors; 2 are needed to "
                     "recover the llama3 rope parameters",
                     n_mid);
@@ -539,7 +540,7 @@ llama3_from_rope_freqs(const gguf_tensor_t *t, mdl_config_t *cfg, char *err, siz
     a = (s1 - s0) / (x1 - x0);
     b = a * x0 - s0;
     if (!(a > 0) || !(b > 0) || !isfinite(a) || !isfinite(b) || a * 3.0 > 2147483647.0) {
-        mdl__seterr(err, errlen, "rope_freqs.weight is not a llama3 factor curve (%d, %d)", i0, i1);
+        fmt_seterr(err, errlen, "rope_freqs.weight is not a llama3 factor curve (%d, %d)", i0, i1);
         return ST_EUNSUPPORTED;
     }
     cfg->rope_orig_max_pos = (int32_t)llround(a * 3.0);
@@ -570,24 +571,24 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
 
     config_defaults(&cfg);
     if (gguf_get_str(g, "general.architecture", &s, &n) != ST_OK) {
-        mdl__seterr(err, errlen, "no general.architecture");
+        fmt_seterr(err, errlen, "no general.architecture");
         return ST_EFORMAT;
     }
     if (n >= sizeof(cfg.arch) || memchr(s, '\0', n) != NULL) {
-        mdl__seterr(err, errlen, "unknown architecture '%.*s'", (int)(n > 40 ? 40 : n), s);
+        fmt_seterr(err, errlen, "unknown architecture '%.*s'", (int)(n > 40 ? 40 : n), s);
         return ST_EUNSUPPORTED;
     }
     memcpy(cfg.arch, s, n);
     cfg.arch[n] = '\0';
     if (!arch_known(cfg.arch)) {
-        mdl__seterr(err, errlen, "unknown architecture '%s' (llama, mistral, qwen2)", cfg.arch);
+        fmt_seterr(err, errlen, "unknown architecture '%s' (llama, mistral, qwen2)", cfg.arch);
         return ST_EUNSUPPORTED;
     }
     if (gguf_arch_i32(g, cfg.arch, "embedding_length", &cfg.dim, err, errlen) != 1 ||
         gguf_arch_i32(g, cfg.arch, "block_count", &cfg.n_layers, err, errlen) != 1 ||
         gguf_arch_i32(g, cfg.arch, "feed_forward_length", &cfg.ffn_dim, err, errlen) != 1 ||
         gguf_arch_i32(g, cfg.arch, "attention.head_count", &cfg.n_heads, err, errlen) != 1) {
-        mdl__seterr(err, errlen,
+        fmt_seterr(err, errlen,
                     "needs %s.embedding_length, block_count, feed_forward_length "
                     "and attention.head_count",
                     cfg.arch);
@@ -607,7 +608,7 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
         return ST_EFORMAT;
     }
     if (rope_dims != 0 && rope_dims != cfg.head_dim) {
-        mdl__seterr(err, errlen, "partial rotary embedding (%d of %d dims) is not supported",
+        fmt_seterr(err, errlen, "partial rotary embedding (%d of %d dims) is not supported",
                     rope_dims, cfg.head_dim);
         return ST_EUNSUPPORTED;
     }
@@ -618,11 +619,11 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
             if (gguf_arch_f32(g, cfg.arch, "rope.scaling.factor", &cfg.rope_factor, err, errlen) !=
                     1 ||
                 !(cfg.rope_factor > 0)) {
-                mdl__seterr(err, errlen, "linear rope scaling needs rope.scaling.factor");
+                fmt_seterr(err, errlen, "linear rope scaling needs rope.scaling.factor");
                 return ST_EFORMAT;
             }
         } else {
-            mdl__seterr(err, errlen, "unsupported rope scaling type '%.*s'", (int)(n > 32 ? 32 : n),
+            fmt_seterr(err, errlen, "unsupported rope scaling type '%.*s'", (int)(n > 32 ? 32 : n),
                         s);
             return ST_EUNSUPPORTED;
         }
@@ -668,7 +669,7 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
         int rc = mdl__config_check(&cfg, why, sizeof(why));
 
         if (rc != ST_OK) {
-            mdl__seterr(err, errlen, "%s", why);
+            fmt_seterr(err, errlen, "%s", why);
             return rc;
         }
     }

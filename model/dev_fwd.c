@@ -285,6 +285,7 @@ static int
 dev_kq_tier_init(mdl_dev_rank_t *rk, int tier, int32_t n_blocks)
 {
     mdl_dev_kq_tier_t *t = &rk->kqt[tier];
+    int32_t n_slots;
     size_t bytes;
     int st;
 
@@ -292,14 +293,14 @@ dev_kq_tier_init(mdl_dev_rank_t *rk, int tier, int32_t n_blocks)
     if (n_blocks == 0) {
         return ST_OK;
     }
-    t->n_slots = dev_kq_slots(&rk->m->cfg, &rk->rc, n_blocks);
-    bytes = (size_t)t->n_slots * dev_kq_slot_bytes(&rk->m->cfg, rk->rc.block_size, rk->sh.n_kv);
+    n_slots = dev_kq_slots(&rk->m->cfg, &rk->rc, n_blocks);
+    bytes = (size_t)n_slots * dev_kq_slot_bytes(&rk->m->cfg, rk->rc.block_size, rk->sh.n_kv);
     st = tier == 0 ? dev_alloc(rk, &t->res, bytes)
                    : rk->ops->alloc_host(rk->ctx, (void **)&t->res, bytes);
     if (st != ST_OK) {
         return st;
     }
-    t->slot_of = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
+    kn_kvslots_init(&t->sl, n_blocks, n_slots);
     t->qv = xcalloc((size_t)n_blocks, 1);
     t->shift = xcalloc((size_t)n_blocks, sizeof(int32_t));
     if (tier == 0) {
@@ -310,18 +311,6 @@ dev_kq_tier_init(mdl_dev_rank_t *rk, int tier, int32_t n_blocks)
             return st;
         }
     }
-    t->slot_blk = xmalloc(sizeof(int32_t) * (size_t)t->n_slots);
-    t->slot_fill = xcalloc((size_t)t->n_slots, sizeof(int32_t));
-    t->slot_used = xcalloc((size_t)t->n_slots, sizeof(uint64_t));
-    t->free_slots = xmalloc(sizeof(int32_t) * (size_t)t->n_slots);
-    for (int32_t i = 0; i < n_blocks; i++) {
-        t->slot_of[i] = -1;
-    }
-    for (int32_t i = 0; i < t->n_slots; i++) {
-        t->slot_blk[i] = -1;
-        t->free_slots[i] = t->n_slots - 1 - i;
-    }
-    t->n_free = t->n_slots;
     return ST_OK;
 }
 
@@ -338,12 +327,8 @@ dev_kq_tier_fini(mdl_dev_rank_t *rk, int tier)
     rk->ops->free(rk->ctx, t->shift_dev);
     rk->ops->free_host(rk->ctx, t->shift_pin);
     free(t->shift);
-    free(t->slot_of);
+    kn_kvslots_fini(&t->sl);
     free(t->qv);
-    free(t->slot_blk);
-    free(t->slot_fill);
-    free(t->slot_used);
-    free(t->free_slots);
     memset(t, 0, sizeof(*t));
 }
 
@@ -362,13 +347,13 @@ mdl_dev_rank_alloc_kv(mdl_dev_rank_t *rk)
             st = dev_kq_tier_init(rk, 1, rk->rc.swap_blocks);
         }
         if (st == ST_OK) {
-            size_t res_bytes = (size_t)rk->kqt[0].n_slots *
+            size_t res_bytes = (size_t)rk->kqt[0].sl.n_slots *
                                dev_kq_slot_bytes(&rk->m->cfg, rk->rc.block_size, rk->sh.n_kv);
 
             LOG_DEBUG("rank %d: %s KV, %zu + %zu bytes per block and layer, %d residual slots "
                       "(%zu MiB)",
                       rk->rank, mdl_kv_dtype_name(rk->rc.kv_dtype), rk->kq.k_stride,
-                      rk->kq.v_stride, rk->kqt[0].n_slots, res_bytes >> 20);
+                      rk->kq.v_stride, rk->kqt[0].sl.n_slots, res_bytes >> 20);
         }
     }
     return st;
@@ -431,19 +416,6 @@ dev_kq_region(const mdl_dev_rank_t *rk, int tier, int32_t layer, int kind)
            (size_t)kind * (size_t)nb * rk->kq.k_stride;
 }
 
-static void
-dev_kq_release(mdl_dev_kq_tier_t *t, int32_t blk)
-{
-    int32_t s = t->slot_of[blk];
-
-    if (s < 0) {
-        return;
-    }
-    t->slot_of[blk] = -1;
-    t->slot_blk[s] = -1;
-    t->free_slots[t->n_free++] = s;
-}
-
 /* Rotates the key rows [0, n_rows) of every head and layer of residual
  * slot s of tier 0 by -delta in place. */
 static int
@@ -485,18 +457,25 @@ static int
 dev_kq_flush(mdl_dev_rank_t *rk, int tier, int32_t s)
 {
     mdl_dev_kq_tier_t *t = &rk->kqt[tier];
-    int32_t blk = t->slot_blk[s];
+    int32_t blk = t->sl.slot_blk[s];
 
     for (int32_t l = 0; l < rk->m->cfg.n_layers; l++) {
-        kn_kq_quant_args_t qa = {dev_kq_region(rk, tier, l, 0), dev_kq_region(rk, tier, l, 1),
-                                 t->res, NULL, blk, s, t->slot_fill[s], rk->m->cfg.n_layers, l,
+        kn_kq_quant_args_t qa = {dev_kq_region(rk, tier, l, 0),
+                                 dev_kq_region(rk, tier, l, 1),
+                                 t->res,
+                                 NULL,
+                                 blk,
+                                 s,
+                                 t->sl.slot_fill[s],
+                                 rk->m->cfg.n_layers,
+                                 l,
                                  rk->kq};
 
         DEV_TRY(rk->ops->kq_quant(rk->ctx, &qa, 1));
     }
     t->qv[blk] = 1;
     dev_kq_set_shift(rk, tier, blk, 0); /* the slot's rows were rotated in place */
-    dev_kq_release(t, blk);
+    kn_kvslots_release(&t->sl, blk);
     return ST_OK;
 }
 
@@ -511,28 +490,18 @@ dev_kq_take(mdl_dev_rank_t *rk, int tier, int32_t blk, int32_t avoid, uint64_t g
     mdl_dev_kq_tier_t *t = &rk->kqt[tier];
     int32_t s;
 
-    if (t->n_free == 0) {
-        int32_t victim = -1;
+    if (t->sl.n_free == 0) {
+        int32_t victim = kn_kvslots_lru(&t->sl, avoid, guard);
 
-        for (int32_t i = 0; i < t->n_slots; i++) {
-            if (i != avoid && t->slot_blk[i] >= 0 && t->slot_used[i] <= guard &&
-                (victim < 0 || t->slot_used[i] < t->slot_used[victim])) {
-                victim = i;
-            }
-        }
         if (victim < 0) {
             LOG_ERROR("rank %d: all %d KV residual slots are in use by this step", rk->rank,
-                      t->n_slots);
+                      t->sl.n_slots);
             return ST_ENOMEM;
         }
-        LOG_DEBUG("residual slots full: block %d quantized early", t->slot_blk[victim]);
+        LOG_DEBUG("residual slots full: block %d quantized early", t->sl.slot_blk[victim]);
         DEV_TRY(dev_kq_flush(rk, tier, victim));
     }
-    s = t->free_slots[--t->n_free];
-    t->slot_of[blk] = s;
-    t->slot_blk[s] = blk;
-    t->slot_fill[s] = 0;
-    t->slot_used[s] = ++rk->kq_stamp;
+    s = kn_kvslots_take(&t->sl, blk, ++rk->kq_stamp);
     *out = s;
     return ST_OK;
 }
@@ -541,7 +510,7 @@ dev_kq_take(mdl_dev_rank_t *rk, int tier, int32_t blk, int32_t avoid, uint64_t g
 static int
 dev_kq_take_flushes(const mdl_dev_rank_t *rk, int tier)
 {
-    return rk->kqt[tier].n_free == 0;
+    return rk->kqt[tier].sl.n_free == 0;
 }
 
 /* Before a step: residual slots for every written block (res_slot per
@@ -566,7 +535,7 @@ dev_kq_prepare(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t *res_slot, int3
         }
         blk = sl / bs;
         off = sl % bs;
-        s = t->slot_of[blk];
+        s = t->sl.slot_of[blk];
         if (s < 0) {
             DEV_TRY(dev_kq_take(rk, 0, blk, -1, guard, &s));
             if (t->qv[blk] && off > 0) {
@@ -585,14 +554,14 @@ dev_kq_prepare(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t *res_slot, int3
                 }
                 /* Codes of a shifted block: its rows take the rotation. */
                 DEV_TRY(dev_kq_rotate_slot(rk, s, bs, t->shift[blk]));
-                t->slot_fill[s] = off;
+                t->sl.slot_fill[s] = off;
             }
             t->qv[blk] = 0;
             dev_kq_set_shift(rk, 0, blk, 0);
         }
         res_slot[i] = s;
-        t->slot_fill[s] = off + 1 > t->slot_fill[s] ? off + 1 : t->slot_fill[s];
-        t->slot_used[s] = ++rk->kq_stamp;
+        t->sl.slot_fill[s] = off + 1 > t->sl.slot_fill[s] ? off + 1 : t->sl.slot_fill[s];
+        t->sl.slot_used[s] = ++rk->kq_stamp;
         if (off == bs - 1) {
             jobs[3 * *n_jobs] = blk;
             jobs[3 * *n_jobs + 1] = s;
@@ -607,7 +576,7 @@ dev_kq_prepare(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t *res_slot, int3
         for (int32_t i = b->query_start[q]; i < b->query_start[q + 1]; i++) {
             int32_t ctx = b->context_len[q] - (b->query_start[q + 1] - i);
 
-            own_slot[i] = t->slot_of[bt[ctx / bs]];
+            own_slot[i] = t->sl.slot_of[bt[ctx / bs]];
         }
     }
     return ST_OK;
@@ -623,7 +592,7 @@ dev_kq_end_step(mdl_dev_rank_t *rk)
         int32_t blk = rk->kq_filled[i];
 
         t->qv[blk] = 1;
-        dev_kq_release(t, blk);
+        kn_kvslots_release(&t->sl, blk);
     }
     rk->kq_n_filled = 0;
 }
@@ -698,24 +667,24 @@ dev_kq_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
             }
             D->qv[o->dst] = S->qv[o->src];
             dev_kq_set_shift(rk, td, o->dst, S->shift[o->src]);
-            ss = S->slot_of[o->src];
+            ss = S->sl.slot_of[o->src];
             if (ss < 0) {
-                dev_kq_release(D, o->dst);
+                kn_kvslots_release(&D->sl, o->dst);
                 break;
             }
-            ds = D->slot_of[o->dst];
+            ds = D->sl.slot_of[o->dst];
             if (ds < 0) {
                 if (dev_kq_take_flushes(rk, td)) {
                     DEV_TRY(dev_emit_copies(rk, ops + p0, i + 1 - p0));
                     p0 = i + 1;
                 }
                 DEV_TRY(dev_kq_take(rk, td, o->dst, td == ts ? ss : -1, UINT64_MAX, &ds));
-                ss = S->slot_of[o->src];
+                ss = S->sl.slot_of[o->src];
             }
             DEV_TRY(rk->ops->copy(rk->ctx, (uint8_t *)D->res + (size_t)ds * slot_bytes,
                                   (uint8_t *)S->res + (size_t)ss * slot_bytes, slot_bytes,
                                   o->kind));
-            D->slot_fill[ds] = S->slot_fill[ss];
+            D->sl.slot_fill[ds] = S->sl.slot_fill[ss];
             break;
         }
         case KV_OP_DROP:
@@ -725,20 +694,20 @@ dev_kq_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
             if (t->n_blocks == 0) {
                 return ST_EINVAL;
             }
-            dev_kq_release(t, o->src);
+            kn_kvslots_release(&t->sl, o->src);
             t->qv[o->src] = 0;
             dev_kq_set_shift(rk, o->kind == KV_OP_DROP ? 0 : 1, o->src, 0);
             break;
         }
         case KV_OP_SHIFT: {
             mdl_dev_kq_tier_t *t = &rk->kqt[0];
-            int32_t s = t->slot_of[o->src];
+            int32_t s = t->sl.slot_of[o->src];
 
             if (o->dst < 0) {
                 return ST_EINVAL;
             }
             if (s >= 0) { /* a partial block: its f32 rows rotate */
-                DEV_TRY(dev_kq_rotate_slot(rk, s, t->slot_fill[s], o->dst));
+                DEV_TRY(dev_kq_rotate_slot(rk, s, t->sl.slot_fill[s], o->dst));
             } else if (o->dst != 0) { /* codes stay; attention rotates the query */
                 dev_kq_set_shift(rk, 0, o->src, t->shift[o->src] + o->dst);
             }

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "common/kvop.h"
+#include "kernels/cpu/kv_slots.h"
 #include "kernels/cuda/kn_cuda_body.h"
 #include "kernels/cuda/kn_kvcopy.h"
 #include "model/model.h"
@@ -91,15 +92,9 @@ typedef struct mdl_dev_layer {
  * store keeps it (kernels/cpu/kv_quant.h), and the slots' memory. */
 typedef struct mdl_dev_kq_tier {
     int32_t n_blocks;
-    int32_t n_slots;
-    float *res;          /* [n_slots][n_layers][2][n_kv][bs][hd] f32: device / pinned */
-    int32_t *slot_of;    /* [n_blocks] slot or -1 */
-    uint8_t *qv;         /* [n_blocks] the codes hold rows */
-    int32_t *slot_blk;   /* [n_slots] owner block or -1 */
-    int32_t *slot_fill;  /* [n_slots] rows written (max offset + 1) */
-    uint64_t *slot_used; /* [n_slots] last write stamp (LRU flush order) */
-    int32_t *free_slots; /* stack */
-    int32_t n_free;
+    kn_kvslots_t sl; /* which slot holds which block (the CPU store's rules) */
+    float *res;      /* [sl.n_slots][n_layers][2][n_kv][bs][hd] f32: device / pinned */
+    uint8_t *qv;     /* [n_blocks] the codes hold rows */
     /* KV_OP_SHIFT of blocks holding codes: the pending re-rotation of
      * their keys, which attention applies to the query (host; tier 0 also
      * on the device, uploaded before a step when changed). */

@@ -1,32 +1,18 @@
 /* loader_int.h - helpers shared by the model loaders (config.c,
- * safetensors.c, gguf.c, model.c). Not for use outside model/.
+ * model.c). Not for use outside model/. The file and error helpers they
+ * share with the parsers are in formats/fmt_util.h.
  *
  * Thread: any; nothing here keeps state.
  */
 #ifndef MODEL_LOADER_INT_H
 #define MODEL_LOADER_INT_H
 
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "model/model.h"
 
 typedef struct gguf_file gguf_file_t;
-
-/* snprintf into err (when err is not NULL and errlen > 0). */
-void mdl__seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* mmaps path read-only. -errno when it cannot be opened or mapped,
- * ST_EFORMAT when empty; err names the file. Release with mdl__unmap. */
-int mdl__map_file(const char *path, void **data, size_t *len, char *err, size_t errlen);
-void mdl__unmap(void *data, size_t len);
-
-/* Reads a whole (small) file into a NUL-terminated malloc'd buffer owned
- * by the caller. -errno (ST_ENOENT when absent), ST_EFORMAT above max. */
-int mdl__read_file(const char *path, size_t max, char **data, size_t *len, char *err,
-                   size_t errlen);
 
 /* config.json text (required) and generation_config.json text (NULL when
  * the file is absent) -> cfg. ST_EFORMAT (bad JSON, missing or invalid

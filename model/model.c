@@ -33,12 +33,13 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
+#include "formats/fmt_util.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
 #include "kernels/cpu/kn_quant.h"
-#include "model/gguf.h"
 #include "model/loader_int.h"
 #include "model/model_int.h"
-#include "model/safetensors.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #define INDEX_MAX_BYTES (64u << 20)
 #define TOKCFG_MAX_BYTES (64u << 20)
@@ -147,18 +148,18 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
             shard = i;
         }
         if (t == NULL) {
-            mdl__seterr(err, errlen, "%s: missing tensor '%s'", ws->path, hf_name);
+            fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, hf_name);
             return ST_ENOENT;
         }
         if (t->n_dims != (cols > 0 ? 2u : 1u) || t->dims[0] != (uint64_t)rows ||
             (cols > 0 && t->dims[1] != (uint64_t)cols)) {
             shape_str(got, sizeof(got), t->dims, t->n_dims, 0);
-            mdl__seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s",
+            fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s",
                         ws->shard_names[shard], hf_name, got, want);
             return ST_EFORMAT;
         }
         if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_F16 && t->dtype != ST_DTYPE_BF16) {
-            mdl__seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
+            fmt_seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
                         ws->shard_names[shard], hf_name, st_dtype_name(t->dtype));
             return ST_EFORMAT;
         }
@@ -169,7 +170,7 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
         }
         dst = alloc_owned(ws->m, n, sizeof(float));
         if (dst == NULL) {
-            mdl__seterr(err, errlen, "%s: out of memory for '%s'", ws->path, hf_name);
+            fmt_seterr(err, errlen, "%s: out of memory for '%s'", ws->path, hf_name);
             return ST_ENOMEM;
         }
         rc = st_to_f32(t->dtype, t->data, n, dst);
@@ -180,19 +181,19 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
         const gguf_tensor_t *t = gguf_find_tensor(ws->g, gg_name);
 
         if (t == NULL) {
-            mdl__seterr(err, errlen, "%s: missing tensor '%s'", ws->path, gg_name);
+            fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, gg_name);
             return ST_ENOENT;
         }
         if (t->n_dims != (cols > 0 ? 2u : 1u) ||
             (cols > 0 ? (t->dims[0] != (uint64_t)cols || t->dims[1] != (uint64_t)rows)
                       : t->dims[0] != (uint64_t)rows)) {
             shape_str(got, sizeof(got), t->dims, t->n_dims, 1);
-            mdl__seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
+            fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
                         got, want);
             return ST_EFORMAT;
         }
         if (!gguf_tensor_convertible(t->type)) {
-            mdl__seterr(err, errlen,
+            fmt_seterr(err, errlen,
                         "%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
                         "Q5_0, Q5_1, Q4_K, Q5_K or Q6_K expected",
                         ws->path, gg_name, gguf_tensor_type_name(t->type));
@@ -206,7 +207,7 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
         }
         dst = alloc_owned(ws->m, n, sizeof(float));
         if (dst == NULL) {
-            mdl__seterr(err, errlen, "%s: out of memory for '%s'", ws->path, gg_name);
+            fmt_seterr(err, errlen, "%s: out of memory for '%s'", ws->path, gg_name);
             return ST_ENOMEM;
         }
         rc = gguf_tensor_to_f32(t, dst);
@@ -307,18 +308,18 @@ load_matrix(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
             shard = i;
         }
         if (t == NULL) {
-            mdl__seterr(err, errlen, "%s: missing tensor '%s'", ws->path, hf_name);
+            fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, hf_name);
             return ST_ENOENT;
         }
         file = ws->shard_names[shard];
         if (t->n_dims != 2u || t->dims[0] != (uint64_t)rows || t->dims[1] != (uint64_t)cols) {
             shape_str(got, sizeof(got), t->dims, t->n_dims, 0);
-            mdl__seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", file, hf_name,
+            fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", file, hf_name,
                         got, want);
             return ST_EFORMAT;
         }
         if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_F16 && t->dtype != ST_DTYPE_BF16) {
-            mdl__seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
+            fmt_seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
                         file, hf_name, st_dtype_name(t->dtype));
             return ST_EFORMAT;
         }
@@ -330,17 +331,17 @@ load_matrix(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
         gt = gguf_find_tensor(ws->g, gg_name);
         name = gg_name;
         if (gt == NULL) {
-            mdl__seterr(err, errlen, "%s: missing tensor '%s'", ws->path, gg_name);
+            fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, gg_name);
             return ST_ENOENT;
         }
         if (gt->n_dims != 2u || gt->dims[0] != (uint64_t)cols || gt->dims[1] != (uint64_t)rows) {
             shape_str(got, sizeof(got), gt->dims, gt->n_dims, 1);
-            mdl__seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
+            fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
                         got, want);
             return ST_EFORMAT;
         }
         if (!gguf_tensor_convertible(gt->type)) {
-            mdl__seterr(err, errlen,
+            fmt_seterr(err, errlen,
                         "%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
                         "Q5_0, Q5_1, Q4_K, Q5_K or Q6_K expected",
                         ws->path, gg_name, gguf_tensor_type_name(gt->type));
@@ -362,7 +363,7 @@ load_matrix(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
     }
     row_bytes = kn_wtype_row_bytes(type, cols);
     if (row_bytes == 0) {
-        mdl__seterr(err, errlen, "%s: tensor '%s' has %lld columns, not a multiple of the %s block",
+        fmt_seterr(err, errlen, "%s: tensor '%s' has %lld columns, not a multiple of the %s block",
                     file, name, (long long)cols, kn_wtype_name(type));
         return ST_EFORMAT;
     }
@@ -383,7 +384,7 @@ load_matrix(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
     float *tmp = NULL;
 
     if (dst == NULL) {
-        mdl__seterr(err, errlen, "%s: out of memory for '%s'", ws->path, name);
+        fmt_seterr(err, errlen, "%s: out of memory for '%s'", ws->path, name);
         return ST_ENOMEM;
     }
     if (convert) {
@@ -529,7 +530,7 @@ drop_unused_maps(wsrc_t *ws)
 
     for (int i = 0; i < m->n_maps; i++) {
         if (!ws->map_used[i] && m->maps[i] != NULL) {
-            mdl__unmap(m->maps[i], m->map_lens[i]);
+            fmt_unmap(m->maps[i], m->map_lens[i]);
             m->maps[i] = NULL;
             m->map_lens[i] = 0;
         }
@@ -549,14 +550,14 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
     int n = 0, rc;
 
     snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-    rc = mdl__read_file(path, INDEX_MAX_BYTES, &text, &len, err, errlen);
+    rc = fmt_read_file(path, INDEX_MAX_BYTES, &text, &len, err, errlen);
     if (rc != ST_OK) {
         return rc;
     }
     root = cJSON_ParseWithLength(text, len);
     wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (root == NULL || !cJSON_IsObject(wm)) {
-        mdl__seterr(err, errlen, "%s: not valid JSON with a weight_map object", path);
+        fmt_seterr(err, errlen, "%s: not valid JSON with a weight_map object", path);
         rc = ST_EFORMAT;
         goto fail;
     }
@@ -567,7 +568,7 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
         int seen = 0;
 
         if (!cJSON_IsString(e)) {
-            mdl__seterr(err, errlen, "%s: weight_map value of '%s' is not a string", path,
+            fmt_seterr(err, errlen, "%s: weight_map value of '%s' is not a string", path,
                         e->string ? e->string : "?");
             rc = ST_EFORMAT;
             goto fail;
@@ -576,7 +577,7 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
         fl = strlen(f);
         if (fl == 0 || strchr(f, '/') != NULL || f[0] == '.' || fl < 12 ||
             strcmp(f + fl - 12, ".safetensors") != 0) {
-            mdl__seterr(err, errlen, "%s: bad shard file name '%.64s'", path, f);
+            fmt_seterr(err, errlen, "%s: bad shard file name '%.64s'", path, f);
             rc = ST_EFORMAT;
             goto fail;
         }
@@ -585,7 +586,7 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
         }
         if (!seen) {
             if (n == MAX_SHARDS) {
-                mdl__seterr(err, errlen, "%s: more than %d shards", path, MAX_SHARDS);
+                fmt_seterr(err, errlen, "%s: more than %d shards", path, MAX_SHARDS);
                 rc = ST_EFORMAT;
                 goto fail;
             }
@@ -594,7 +595,7 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
         }
     }
     if (n == 0) {
-        mdl__seterr(err, errlen, "%s: empty weight_map", path);
+        fmt_seterr(err, errlen, "%s: empty weight_map", path);
         rc = ST_EFORMAT;
         goto fail;
     }
@@ -634,7 +635,7 @@ hf_chat_template(const char *dir)
     const cJSON *ct, *e;
 
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
-    if (mdl__read_file(path, TOKCFG_MAX_BYTES, &text, &len, NULL, 0) == ST_OK) {
+    if (fmt_read_file(path, TOKCFG_MAX_BYTES, &text, &len, NULL, 0) == ST_OK) {
         root = cJSON_ParseWithLength(text, len);
         ct = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
         if (cJSON_IsString(ct)) {
@@ -657,7 +658,7 @@ hf_chat_template(const char *dir)
     }
     if (out == NULL) {
         snprintf(path, sizeof(path), "%s/chat_template.jinja", dir);
-        if (mdl__read_file(path, TOKCFG_MAX_BYTES, &text, &len, NULL, 0) == ST_OK) {
+        if (fmt_read_file(path, TOKCFG_MAX_BYTES, &text, &len, NULL, 0) == ST_OK) {
             out = text;
         }
     }
@@ -672,7 +673,7 @@ check_tokenizer(mdl_model_t *m, char *err, size_t errlen)
     int32_t nv = tok_vocab_size(m->tok);
 
     if (nv > m->cfg.vocab_size) {
-        mdl__seterr(err, errlen, "%s: tokenizer has %d tokens but the model's vocab_size is %d",
+        fmt_seterr(err, errlen, "%s: tokenizer has %d tokens but the model's vocab_size is %d",
                     m->path, nv, m->cfg.vocab_size);
         return ST_EFORMAT;
     }
@@ -707,7 +708,7 @@ load_hf(mdl_model_t *m, const char *dir, kn_wtype_t force, char *err, size_t err
     } else {
         snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         if (!file_exists(path)) {
-            mdl__seterr(err, errlen, "%s: no model.safetensors or model.safetensors.index.json",
+            fmt_seterr(err, errlen, "%s: no model.safetensors or model.safetensors.index.json",
                         dir);
             return ST_ENOENT;
         }
@@ -727,14 +728,14 @@ load_hf(mdl_model_t *m, const char *dir, kn_wtype_t force, char *err, size_t err
 
         snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
         ws.shard_names[i] = xstrdup(path);
-        rc = mdl__map_file(path, &data, &len, err, errlen);
+        rc = fmt_map_file(path, &data, &len, err, errlen);
         if (rc != ST_OK) {
             goto out;
         }
         ws.shard_map[i] = add_map(m, data, len);
         rc = st_parse_header(data, len, &ws.shards[i], why, sizeof(why));
         if (rc != ST_OK) {
-            mdl__seterr(err, errlen, "%s: %s", path, why);
+            fmt_seterr(err, errlen, "%s: %s", path, why);
             goto out;
         }
         ws.n_shards = i + 1;
@@ -784,7 +785,7 @@ load_gguf(mdl_model_t *m, const char *file, kn_wtype_t force, char *err, size_t 
     char why[256];
     int rc;
 
-    rc = mdl__map_file(file, &data, &len, err, errlen);
+    rc = fmt_map_file(file, &data, &len, err, errlen);
     if (rc != ST_OK) {
         return rc;
     }
@@ -792,12 +793,12 @@ load_gguf(mdl_model_t *m, const char *file, kn_wtype_t force, char *err, size_t 
     ws.map_used = &used;
     rc = gguf_parse(data, len, &ws.g, why, sizeof(why));
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "%s: %s", file, why);
+        fmt_seterr(err, errlen, "%s: %s", file, why);
         return rc;
     }
     rc = mdl__config_from_gguf(ws.g, &m->cfg, why, sizeof(why));
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "%s: %s", file, why);
+        fmt_seterr(err, errlen, "%s: %s", file, why);
         goto out;
     }
     /* llama.cpp permutes q/k for llama-style models; qwen2 is stored as is. */
@@ -809,7 +810,7 @@ load_gguf(mdl_model_t *m, const char *file, kn_wtype_t force, char *err, size_t 
     }
     rc = tok_load_gguf(ws.g, &m->tok, why, sizeof(why));
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "%s: %s", file, why);
+        fmt_seterr(err, errlen, "%s: %s", file, why);
         goto out;
     }
     rc = check_tokenizer(m, err, errlen);
@@ -884,7 +885,7 @@ mdl_model_load_opts(const char *path, const mdl_load_opts_t *opts, mdl_model_t *
 
     if (stat(path, &sb) != 0) {
         rc = -errno;
-        mdl__seterr(err, errlen, "%s: %s", path, strerror(errno));
+        fmt_seterr(err, errlen, "%s: %s", path, strerror(errno));
         return rc;
     }
     m = xcalloc(1, sizeof(*m));
@@ -896,7 +897,7 @@ mdl_model_load_opts(const char *path, const mdl_load_opts_t *opts, mdl_model_t *
         FILE *fp = fopen(path, "rb");
 
         if (fp == NULL || fread(magic, 1, 4, fp) != 4 || memcmp(magic, "GGUF", 4) != 0) {
-            mdl__seterr(err, errlen,
+            fmt_seterr(err, errlen,
                         "%s: not a Hugging Face directory or a GGUF file (bad "
                         "magic)",
                         path);
@@ -908,7 +909,7 @@ mdl_model_load_opts(const char *path, const mdl_load_opts_t *opts, mdl_model_t *
             fclose(fp);
         }
     } else {
-        mdl__seterr(err, errlen, "%s: not a directory or a regular file", path);
+        fmt_seterr(err, errlen, "%s: not a directory or a regular file", path);
         rc = ST_EINVAL;
     }
     if (rc != ST_OK) {
@@ -941,7 +942,7 @@ mdl_model_destroy(mdl_model_t *m)
     }
     free(m->owned);
     for (int i = 0; i < m->n_maps; i++) {
-        mdl__unmap(m->maps[i], m->map_lens[i]);
+        fmt_unmap(m->maps[i], m->map_lens[i]);
     }
     free(m->maps);
     free(m->map_lens);

@@ -30,7 +30,7 @@
 #include "common/util.h"
 #include "common/xmalloc.h"
 #include "kvserve_config.h"
-#include "model/chat.h"
+#include "text/chat.h"
 #include "server/srv_loop.h"
 
 #define CT_JSON "application/json"

@@ -28,7 +28,7 @@
 
 #include "common/chan.h"
 #include "common/list.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "server/sdnotify.h"
 #include "server/srv.h"
 #include "server/srv_int.h"

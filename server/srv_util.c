@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "common/utf8.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
 #include "server/srv_int.h"
@@ -156,10 +157,9 @@ utf8_scrub(char *s)
     size_t n = strlen(s);
 
     for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)s[i];
-        size_t len = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
-        if (len <= n - i && utf8_valid(s + i, len)) {
-            i += len;
+        int len = utf8_decode((const uint8_t *)s + i, n - i, NULL);
+        if (len > 0) {
+            i += (size_t)len;
         } else {
             s[i++] = '?';
         }
@@ -477,16 +477,11 @@ srv_token_text(const char *bytes, size_t n, srv_buf_t *out)
         size_t ok = 0;
         /* Longest valid prefix from i, one character at a time. */
         while (i + ok < n) {
-            unsigned char c = (unsigned char)bytes[i + ok];
-            size_t cl = c < 0x80         ? 1
-                        : (c >> 5) == 6  ? 2
-                        : (c >> 4) == 14 ? 3
-                        : (c >> 3) == 30 ? 4
-                                         : 0;
-            if (cl == 0 || i + ok + cl > n || !utf8_valid(bytes + i + ok, cl)) {
+            int cl = utf8_decode((const uint8_t *)bytes + i + ok, n - i - ok, NULL);
+            if (cl <= 0) {
                 break;
             }
-            ok += cl;
+            ok += (size_t)cl;
         }
         srv_buf_add(out, bytes + i, ok);
         i += ok;

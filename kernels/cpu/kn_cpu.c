@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "kernels/cpu/kn_int.h"
+#include "kernels/kn_shared.h"
 
 /* Work (multiply-adds or elements) below which a kernel stays serial. */
 #define KN_PAR_GEMM (1L << 19)
@@ -398,24 +399,6 @@ kn_cpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v, 
     }
 }
 
-/* The sequence that owns token row t: query_start is non-decreasing. */
-static int32_t
-kn_seq_of(const kn_attn_args_t *a, int32_t t)
-{
-    int32_t lo = 0, hi = a->n_seqs - 1;
-
-    while (lo < hi) {
-        int32_t mid = (lo + hi + 1) / 2;
-
-        if (a->query_start[mid] <= t) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return lo;
-}
-
 /* One (token, KV head) task. Later tokens of a prefill chunk see more
  * context, so tasks are numbered latest token first: the long ones are
  * claimed early and the short ones fill in at the end. */
@@ -426,7 +409,7 @@ kn_attn_chunk(void *arg, int i, int n_tasks)
     int32_t t = a->n_tok - 1 - i / a->n_kv_heads;
 
     (void)n_tasks;
-    kn_impl->attn_task(a, t, kn_seq_of(a, t), i % a->n_kv_heads);
+    kn_impl->attn_task(a, t, kn_seq_of(a->query_start, a->n_seqs, t), i % a->n_kv_heads);
 }
 
 void

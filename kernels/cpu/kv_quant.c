@@ -35,6 +35,12 @@
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_int.h"
 #include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/kv_slots.h"
+#include "kernels/kn_shared.h"
+
+/* kn_kvq_group_params() takes the scaled formats by these numbers. */
+_Static_assert(KN_KVQ_FP8 == KN_KQ_FP8 && KN_KVQ_INT8 == KN_KQ_INT8 && KN_KVQ_INT4 == KN_KQ_INT4,
+               "kn_kvq_fmt_t and KN_KQ_* number the scaled formats alike");
 
 #define KVQ_CHUNK 16 /* rows of one block read per softmax update */
 #define KVQ_GROUP 8  /* query heads per KV head handled at once */
@@ -306,46 +312,6 @@ put_code(const kn_kvq_layout_t *L, uint8_t *data, size_t i, float x, float inv, 
     }
 }
 
-/* Scale and zero point of a group with range [lo, hi], rounded to the f16
- * values stored, so quantize and dequantize use the same numbers. */
-static void
-group_params(kn_kvq_fmt_t fmt, float lo, float hi, uint16_t *sc_h, uint16_t *z_h, float *inv,
-             float *zero)
-{
-    float levels = fmt == KN_KVQ_INT4 ? 15.0f : 255.0f;
-    float sc;
-
-    if (fmt == KN_KVQ_FP8) {
-        float amax = fmaxf(fabsf(lo), fabsf(hi));
-
-        *sc_h = kn_f32_to_f16(amax / 448.0f);
-        sc = kn_f16_to_f32(*sc_h);
-        if (sc > 0.0f && amax / sc > 448.0f) { /* f16 rounded the scale down */
-            *sc_h = (uint16_t)(*sc_h + 1);
-            sc = kn_f16_to_f32(*sc_h);
-        }
-        *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
-        *zero = 0.0f;
-        return;
-    }
-    *z_h = kn_f32_to_f16(lo);
-    *zero = kn_f16_to_f32(*z_h);
-    if (*zero > lo) { /* keep lo representable: zero <= lo */
-        *z_h = (uint16_t)(*z_h + ((*z_h & 0x8000u) ? 1 : -1));
-        if ((*z_h & 0x7fffu) == 0x7fffu || *z_h == 0xffffu) {
-            *z_h = kn_f32_to_f16(lo);
-        }
-        *zero = kn_f16_to_f32(*z_h);
-    }
-    *sc_h = kn_f32_to_f16((hi - *zero) / levels);
-    sc = kn_f16_to_f32(*sc_h);
-    if (sc > 0.0f && *zero + sc * levels < hi) { /* round the scale up */
-        *sc_h = (uint16_t)(*sc_h + 1);
-        sc = kn_f16_to_f32(*sc_h);
-    }
-    *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
-}
-
 void
 kn_kvq_quantize_block(const kn_kvq_layout_t *L, int kind, const float *src, int32_t n_rows,
                       uint8_t *dst)
@@ -388,7 +354,7 @@ kn_kvq_quantize_block(const kn_kvq_layout_t *L, int kind, const float *src, int3
                 if (n_rows == 0) {
                     lo = hi = 0.0f;
                 }
-                group_params(L->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
+                kn_kvq_group_params((int32_t)L->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
                 meta[(size_t)h * hd + d] = sc_h;
                 if (mg == 2) {
                     meta[ng + (size_t)h * hd + d] = z_h;
@@ -416,7 +382,7 @@ kn_kvq_quantize_block(const kn_kvq_layout_t *L, int kind, const float *src, int3
                 } else {
                     lo = hi = 0.0f;
                 }
-                group_params(L->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
+                kn_kvq_group_params((int32_t)L->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
                 meta[(size_t)h * bs + r] = sc_h;
                 if (mg == 2) {
                     meta[ng + (size_t)h * bs + r] = z_h;
@@ -548,19 +514,13 @@ typedef struct kvq_tier {
     uint8_t *pool;  /* [n_layers][2][n_blocks][stride of the kind] */
     size_t len;     /* bytes mapped */
     int32_t n_blocks;
-    int32_t *slot_of; /* [n_blocks] residual slot or -1 */
     int32_t *shift;   /* [n_blocks] pending key re-rotation of quantized codes */
     uint8_t *qv;      /* [n_blocks] codes hold quantized rows (re-take dequantizes) */
     /* Residual slots: each [n_layers][2][n_kv][bs][hd] f32. */
     float *res;
     size_t res_len;
-    int32_t n_slots;
-    int32_t *slot_blk;   /* [n_slots] owner block or -1 */
-    int32_t *slot_fill;  /* [n_slots] rows written (max offset + 1) */
-    int32_t *slot_nq;    /* [n_slots] layers quantized since the block filled */
-    uint64_t *slot_used; /* [n_slots] last write stamp (LRU for flushing) */
-    int32_t *free_slots; /* stack */
-    int32_t n_free;
+    kn_kvslots_t sl;  /* which slot holds which block (no slots: unscaled) */
+    int32_t *slot_nq; /* [sl.n_slots] layers quantized since the block filled */
 } kvq_tier_t;
 
 struct kn_kvq_store {
@@ -591,14 +551,10 @@ tier_fini(kvq_tier_t *t)
     if (t->res != NULL) {
         munmap(t->res, t->res_len);
     }
-    free(t->slot_of);
+    kn_kvslots_fini(&t->sl);
     free(t->shift);
     free(t->qv);
-    free(t->slot_blk);
-    free(t->slot_fill);
     free(t->slot_nq);
-    free(t->slot_used);
-    free(t->free_slots);
 }
 
 void
@@ -629,35 +585,24 @@ tier_init(kn_kvq_store_t *st, kvq_tier_t *t, int32_t n_blocks, int32_t n_slots, 
         snprintf(err, errlen, "cannot map a %zu MiB KV pool", t->len >> 20);
         return ST_ENOMEM;
     }
-    t->slot_of = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
     t->qv = xcalloc((size_t)n_blocks, 1);
     t->shift = xcalloc((size_t)n_blocks, sizeof(int32_t));
-    for (int32_t i = 0; i < n_blocks; i++) {
-        t->slot_of[i] = -1;
-    }
     if (!kn_kvq_scaled(L->fmt)) {
+        kn_kvslots_init(&t->sl, n_blocks, 0); /* every block: no slot */
         return ST_OK;
     }
-    t->n_slots = n_slots < n_blocks ? n_slots : n_blocks;
-    if (t->n_slots < 1) {
-        t->n_slots = 1;
+    n_slots = n_slots < n_blocks ? n_slots : n_blocks;
+    if (n_slots < 1) {
+        n_slots = 1;
     }
-    t->res_len = sizeof(float) * st->slot_floats * (size_t)t->n_slots;
+    t->res_len = sizeof(float) * st->slot_floats * (size_t)n_slots;
     t->res = kvq_map(t->res_len);
     if (t->res == NULL) {
         snprintf(err, errlen, "cannot map %zu MiB of KV residual slots", t->res_len >> 20);
         return ST_ENOMEM;
     }
-    t->slot_blk = xmalloc(sizeof(int32_t) * (size_t)t->n_slots);
-    t->slot_fill = xcalloc((size_t)t->n_slots, sizeof(int32_t));
-    t->slot_nq = xcalloc((size_t)t->n_slots, sizeof(int32_t));
-    t->slot_used = xcalloc((size_t)t->n_slots, sizeof(uint64_t));
-    t->free_slots = xmalloc(sizeof(int32_t) * (size_t)t->n_slots);
-    for (int32_t i = 0; i < t->n_slots; i++) {
-        t->slot_blk[i] = -1;
-        t->free_slots[i] = t->n_slots - 1 - i;
-    }
-    t->n_free = t->n_slots;
+    kn_kvslots_init(&t->sl, n_blocks, n_slots);
+    t->slot_nq = xcalloc((size_t)n_slots, sizeof(int32_t));
     return ST_OK;
 }
 
@@ -687,8 +632,8 @@ kn_kvq_store_create(const kn_kvq_layout_t *L, int32_t n_layers, int32_t num_bloc
         kn_kvq_store_destroy(st);
         return rc;
     }
-    st->st.slots_dev = st->tier[KVQ_DEV].n_slots;
-    st->st.slots_swap = st->tier[KVQ_SWAP].n_slots;
+    st->st.slots_dev = st->tier[KVQ_DEV].sl.n_slots;
+    st->st.slots_swap = st->tier[KVQ_SWAP].sl.n_slots;
     *out = st;
     return ST_OK;
 }
@@ -753,8 +698,8 @@ void
 kn_kvq_store_stats(const kn_kvq_store_t *st, kn_kvq_stats_t *out)
 {
     *out = st->st;
-    out->slots_dev_used = st->tier[KVQ_DEV].n_slots - st->tier[KVQ_DEV].n_free;
-    out->slots_swap_used = st->tier[KVQ_SWAP].n_slots - st->tier[KVQ_SWAP].n_free;
+    out->slots_dev_used = st->tier[KVQ_DEV].sl.n_slots - st->tier[KVQ_DEV].sl.n_free;
+    out->slots_swap_used = st->tier[KVQ_SWAP].sl.n_slots - st->tier[KVQ_SWAP].sl.n_free;
 }
 
 static inline uint8_t *
@@ -788,7 +733,7 @@ kn_kvq_block_ptr(const kn_kvq_store_t *st, int tier, int32_t layer, int kind, in
 static int32_t
 slot_live(const kn_kvq_store_t *st, const kvq_tier_t *t, int32_t blk)
 {
-    int32_t s = t->slot_of[blk];
+    int32_t s = t->sl.slot_of[blk];
 
     return s >= 0 && t->slot_nq[s] < st->n_layers ? s : -1;
 }
@@ -799,34 +744,21 @@ kn_kvq_block_is_residual(const kn_kvq_store_t *st, int tier, int32_t block)
     return slot_live(st, &st->tier[tier], block) >= 0;
 }
 
-static void
-slot_release(kvq_tier_t *t, int32_t blk)
-{
-    int32_t s = t->slot_of[blk];
-
-    if (s < 0) {
-        return;
-    }
-    t->slot_of[blk] = -1;
-    t->slot_blk[s] = -1;
-    t->free_slots[t->n_free++] = s;
-}
-
 /* Quantizes every layer of the slot's rows into its block, frees the slot. */
 static void
 slot_flush(kn_kvq_store_t *st, kvq_tier_t *t, int32_t s)
 {
-    int32_t blk = t->slot_blk[s];
+    int32_t blk = t->sl.slot_blk[s];
 
     for (int32_t l = 0; l < st->n_layers; l++) {
         for (int kind = 0; kind < 2; kind++) {
-            kn_kvq_quantize_block(&st->L, kind, slot_at(st, t, s, l, kind), t->slot_fill[s],
-                                  blk_at(st, t, l, kind, blk));
+            kn_kvq_quantize_block(&st->L, kind, slot_at(st, t, s, l, kind),
+                                  t->sl.slot_fill[s], blk_at(st, t, l, kind, blk));
         }
     }
     t->qv[blk] = 1;
     t->shift[blk] = 0; /* residual rows were rotated in place */
-    slot_release(t, blk);
+    kn_kvslots_release(&t->sl, blk);
 }
 
 void
@@ -835,9 +767,9 @@ kn_kvq_end_step(kn_kvq_store_t *st)
     for (int tier = 0; tier < 2; tier++) {
         kvq_tier_t *t = &st->tier[tier];
 
-        for (int32_t i = 0; i < t->n_slots; i++) {
-            if (t->slot_blk[i] >= 0 && t->slot_nq[i] >= st->n_layers) {
-                slot_release(t, t->slot_blk[i]);
+        for (int32_t i = 0; i < t->sl.n_slots; i++) {
+            if (t->sl.slot_blk[i] >= 0 && t->slot_nq[i] >= st->n_layers) {
+                kn_kvslots_release(&t->sl, t->sl.slot_blk[i]);
             }
         }
     }
@@ -850,29 +782,19 @@ slot_take(kn_kvq_store_t *st, kvq_tier_t *t, int32_t blk, int32_t avoid)
 {
     int32_t s;
 
-    if (t->n_free == 0) {
+    if (t->sl.n_free == 0) {
         kn_kvq_end_step(st); /* slots of blocks quantized this step first */
     }
-    if (t->n_free == 0) {
-        int32_t victim = -1;
+    if (t->sl.n_free == 0) {
+        int32_t victim = kn_kvslots_lru(&t->sl, avoid, UINT64_MAX);
 
-        for (int32_t i = 0; i < t->n_slots; i++) {
-            if (i != avoid && t->slot_blk[i] >= 0 &&
-                (victim < 0 || t->slot_used[i] < t->slot_used[victim])) {
-                victim = i;
-            }
-        }
         CHECK(victim >= 0);
         slot_flush(st, t, victim);
         st->st.flushed++;
-        LOG_DEBUG("residual slots full: block %d quantized early", t->slot_blk[victim]);
+        LOG_DEBUG("residual slots full: block %d quantized early", t->sl.slot_blk[victim]);
     }
-    s = t->free_slots[--t->n_free];
-    t->slot_of[blk] = s;
-    t->slot_blk[s] = blk;
-    t->slot_fill[s] = 0;
+    s = kn_kvslots_take(&t->sl, blk, ++st->stamp);
     t->slot_nq[s] = 0;
-    t->slot_used[s] = ++st->stamp;
     return s;
 }
 
@@ -882,7 +804,7 @@ static int32_t
 slot_for_write(kn_kvq_store_t *st, kvq_tier_t *t, int32_t blk, int32_t layer, int32_t off)
 {
     const kn_kvq_layout_t *L = &st->L;
-    int32_t s = t->slot_of[blk];
+    int32_t s = t->sl.slot_of[blk];
 
     if (s >= 0) {
         return s;
@@ -906,7 +828,7 @@ slot_for_write(kn_kvq_store_t *st, kvq_tier_t *t, int32_t blk, int32_t layer, in
                 }
             }
         }
-        t->slot_fill[s] = off;
+        t->sl.slot_fill[s] = off;
     }
     t->qv[blk] = 0;
     t->shift[blk] = 0;
@@ -946,10 +868,10 @@ kn_kvq_write(kn_kvq_store_t *st, int32_t layer, const float *k, const float *v,
             memcpy(ks + el_index(L, h, off, 0), kr + (size_t)h * hd, sizeof(float) * (size_t)hd);
             memcpy(vs + el_index(L, h, off, 0), vr + (size_t)h * hd, sizeof(float) * (size_t)hd);
         }
-        if (off + 1 > t->slot_fill[s]) {
-            t->slot_fill[s] = off + 1;
+        if (off + 1 > t->sl.slot_fill[s]) {
+            t->sl.slot_fill[s] = off + 1;
         }
-        t->slot_used[s] = ++st->stamp;
+        t->sl.slot_used[s] = ++st->stamp;
         if (off == bs - 1) {
             /* The block is full at this layer: quantize it once. */
             kn_kvq_quantize_block(L, 0, ks, bs, blk_at(st, t, layer, 0, blk));
@@ -1017,7 +939,7 @@ kn_kvq_read_rows(const kn_kvq_store_t *st, int32_t layer, int kind, int32_t bloc
                  int32_t r0, int32_t n, float *out)
 {
     const kvq_tier_t *t = &st->tier[KVQ_DEV];
-    int32_t s = t->slot_of[block];
+    int32_t s = t->sl.slot_of[block];
 
     if (s >= 0 && t->slot_nq[s] <= layer) { /* residual rows */
         memcpy(out, slot_at(st, t, s, layer, kind) + el_index(&st->L, h, r0, 0),
@@ -1046,7 +968,7 @@ shift_block(kn_kvq_store_t *st, int32_t blk, int32_t delta)
         return;
     }
     if (s < 0) {
-        slot_release(t, blk); /* a finished block's slot: its codes rule */
+        kn_kvslots_release(&t->sl, blk); /* a finished block's slot: its codes rule */
     }
     if (kn_kvq_scaled(L->fmt) && s < 0) {
         t->shift[blk] += delta; /* codes stay; reads rotate */
@@ -1057,7 +979,7 @@ shift_block(kn_kvq_store_t *st, int32_t blk, int32_t delta)
             if (s >= 0) {
                 float *k = slot_at(st, t, s, l, 0) + el_index(L, h, 0, 0);
 
-                kn_kvq_rotate_rows(k, t->slot_fill[s], hd, st->inv_freq, delta);
+                kn_kvq_rotate_rows(k, t->sl.slot_fill[s], hd, st->inv_freq, delta);
                 continue;
             }
             /* f32 / f16 / bf16: rotate the stored rows (re-rounded to the
@@ -1097,18 +1019,18 @@ copy_block(kn_kvq_store_t *st, kvq_tier_t *ts, int32_t src, kvq_tier_t *td, int3
     int32_t ss = slot_live(st, ts, src);
 
     if (ss < 0) {
-        slot_release(td, dst);
+        kn_kvslots_release(&td->sl, dst);
         return;
     }
-    int32_t ds = td->slot_of[dst];
+    int32_t ds = td->sl.slot_of[dst];
 
     if (ds < 0) {
         ds = slot_take(st, td, dst, td == ts ? ss : -1);
-        ss = ts->slot_of[src]; /* unchanged: avoid kept it */
+        ss = ts->sl.slot_of[src]; /* unchanged: avoid kept it */
     }
     memcpy(td->res + (size_t)ds * st->slot_floats, ts->res + (size_t)ss * st->slot_floats,
            sizeof(float) * st->slot_floats);
-    td->slot_fill[ds] = ts->slot_fill[ss];
+    td->sl.slot_fill[ds] = ts->sl.slot_fill[ss];
     td->slot_nq[ds] = ts->slot_nq[ss];
 }
 
@@ -1137,7 +1059,7 @@ kn_kvq_ops(kn_kvq_store_t *st, const kv_op_t *ops, int32_t n_ops)
             copy_block(st, swp, o->src, dev, o->dst);
             break;
         case KV_OP_DROP:
-            slot_release(dev, o->src);
+            kn_kvslots_release(&dev->sl, o->src);
             dev->qv[o->src] = 0;
             dev->shift[o->src] = 0;
             break;
@@ -1151,7 +1073,7 @@ kn_kvq_ops(kn_kvq_store_t *st, const kv_op_t *ops, int32_t n_ops)
             if (swp->n_blocks == 0) {
                 return ST_EINVAL;
             }
-            slot_release(swp, o->src);
+            kn_kvslots_release(&swp->sl, o->src);
             swp->qv[o->src] = 0;
             swp->shift[o->src] = 0;
             break;
@@ -1170,42 +1092,26 @@ typedef struct kvq_attn_job {
     const kn_attn_args_t *a;
 } kvq_attn_job_t;
 
-static int32_t
-seq_of(const kn_attn_args_t *a, int32_t t)
-{
-    int32_t lo = 0, hi = a->n_seqs - 1;
-
-    while (lo < hi) {
-        int32_t mid = (lo + hi + 1) / 2;
-
-        if (a->query_start[mid] <= t) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return lo;
-}
-
 static void
 kvq_attn_chunk(void *arg, int i, int n_tasks)
 {
     const kvq_attn_job_t *j = arg;
     const kn_attn_args_t *a = j->a;
     int32_t t = a->n_tok - 1 - i / a->n_kv_heads;
+    int32_t s = kn_seq_of(a->query_start, a->n_seqs, t);
 
     (void)n_tasks;
 #if KVQ_HAVE_X86
     if (kn_cpu_isa() >= KN_ISA_AVX512) {
-        kvq_attn_task_avx512(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
+        kvq_attn_task_avx512(j->st, j->layer, a, t, s, i % a->n_kv_heads);
         return;
     }
     if (kn_cpu_isa() == KN_ISA_AVX2) {
-        kvq_attn_task_avx2(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
+        kvq_attn_task_avx2(j->st, j->layer, a, t, s, i % a->n_kv_heads);
         return;
     }
 #endif
-    kvq_attn_task_generic(j->st, j->layer, a, t, seq_of(a, t), i % a->n_kv_heads);
+    kvq_attn_task_generic(j->st, j->layer, a, t, s, i % a->n_kv_heads);
 }
 
 void

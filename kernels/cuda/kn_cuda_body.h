@@ -166,6 +166,12 @@ kn_f32_to_f16(float f)
 #endif
 }
 
+/* What the CPU kernels compute alike: kn_seq_of(), kn_kvq_group_params(),
+ * KN_KQ_FP8 / KN_KQ_INT8 / KN_KQ_INT4 (= KN_KVQ_* of kernels/cpu/kv_quant.h)
+ * and KN_FMUL_RN / KN_FADD_RN / KN_FSUB_RN. Included here, after
+ * kn_f32_to_f16() and kn_f16_to_f32(), which it calls. */
+#include "kernels/kn_shared.h"
+
 KN_DEV float
 kn_ld16(const uint16_t *p, size_t i, kn_dt_t dt)
 {
@@ -515,17 +521,8 @@ kn_attn_begin(const kn_thr_t *t, const kn_attn_cuda_args_t *a, int32_t tok, int3
               float *q_s, float *acc, float *m_s, float *l_s, int32_t *lo, int32_t *hi)
 {
     const int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
-    int32_t a0 = 0, a1 = a->n_seqs - 1;
+    int32_t a0 = kn_seq_of(a->query_start, a->n_seqs, tok);
 
-    while (a0 < a1) {
-        int32_t mid = (a0 + a1 + 1) / 2;
-
-        if (a->query_start[mid] <= tok) {
-            a0 = mid;
-        } else {
-            a1 = mid - 1;
-        }
-    }
     *hi = a->context_len[a0] - (a->query_start[a0 + 1] - tok);
     *lo = 0;
     if (a->sliding_window > 0 && *hi - a->sliding_window + 1 > 0) {
@@ -688,22 +685,9 @@ kn_attention_prefill_body(const kn_thr_t *t, float *smem, const kn_attn_prefill_
     const int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     const int32_t kvh = t->bx, h0 = kvh * group, t0 = pa->tile_start[t->by];
     const int32_t lane = t->tid % KN_WARP, warp = t->tid / KN_WARP, n_warps = t->nthr / KN_WARP;
-    int32_t s = 0, n_q, rows, first, lo0, hi1;
+    const int32_t s = kn_seq_of(a->query_start, a->n_seqs, t0);
+    int32_t n_q, rows, first, lo0, hi1;
 
-    {
-        int32_t a0 = 0, a1 = a->n_seqs - 1;
-
-        while (a0 < a1) {
-            int32_t mid = (a0 + a1 + 1) / 2;
-
-            if (a->query_start[mid] <= t0) {
-                a0 = mid;
-            } else {
-                a1 = mid - 1;
-            }
-        }
-        s = a0;
-    }
     n_q = a->query_start[s + 1] - t0 < pa->q_tile ? a->query_start[s + 1] - t0 : pa->q_tile;
     rows = n_q * group;
     /* Context index of token t0 + i is first + i. */
@@ -849,20 +833,6 @@ kn_attention_prefill_body(const kn_thr_t *t, float *smem, const kn_attn_prefill_
  * query reads its own block from the residual slot (KIVI: the rows of the
  * block being filled stay full precision) and every earlier block as codes. */
 
-#define KN_KQ_FP8 3  /* = KN_KVQ_FP8 of kernels/cpu/kv_quant.h */
-#define KN_KQ_INT8 4 /* = KN_KVQ_INT8 */
-#define KN_KQ_INT4 5 /* = KN_KVQ_INT4 */
-
-#if defined(__CUDACC__)
-#define KN_FMUL_RN(a, b) __fmul_rn((a), (b))
-#define KN_FADD_RN(a, b) __fadd_rn((a), (b))
-#define KN_FSUB_RN(a, b) __fsub_rn((a), (b))
-#else
-#define KN_FMUL_RN(a, b) ((a) * (b))
-#define KN_FADD_RN(a, b) ((a) + (b))
-#define KN_FSUB_RN(a, b) ((a) - (b))
-#endif
-
 /* The byte geometry of one block of one layer (kn_kvq_layout_t's numbers). */
 typedef struct kn_kq_geom {
     int32_t fmt; /* KN_KQ_* */
@@ -950,47 +920,6 @@ kn_kq_e4m3_dec(uint8_t v)
     float f = kn_u2f((uint32_t)(v & 0x7fu) << 20) * kn_u2f(0x7b800000u);
 
     return kn_u2f(kn_f2u(f) | ((uint32_t)(v & 0x80u) << 24));
-}
-
-/* Scale and zero point of a group with range [lo, hi], rounded to the f16
- * values stored (the CPU's group_params). */
-KN_DEV void
-kn_kq_group(int32_t fmt, float lo, float hi, uint16_t *sc_h, uint16_t *z_h, float *inv,
-            float *zero)
-{
-    float levels = fmt == KN_KQ_INT4 ? 15.0f : 255.0f;
-    float sc;
-
-    if (fmt == KN_KQ_FP8) {
-        float amax = fmaxf(fabsf(lo), fabsf(hi));
-
-        *sc_h = kn_f32_to_f16(amax / 448.0f);
-        sc = kn_f16_to_f32(*sc_h);
-        if (sc > 0.0f && amax / sc > 448.0f) { /* f16 rounded the scale down */
-            *sc_h = (uint16_t)(*sc_h + 1);
-            sc = kn_f16_to_f32(*sc_h);
-        }
-        *z_h = 0;
-        *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
-        *zero = 0.0f;
-        return;
-    }
-    *z_h = kn_f32_to_f16(lo);
-    *zero = kn_f16_to_f32(*z_h);
-    if (*zero > lo) { /* keep lo representable: zero <= lo */
-        *z_h = (uint16_t)(*z_h + ((*z_h & 0x8000u) ? 1 : -1));
-        if ((*z_h & 0x7fffu) == 0x7fffu || *z_h == 0xffffu) {
-            *z_h = kn_f32_to_f16(lo);
-        }
-        *zero = kn_f16_to_f32(*z_h);
-    }
-    *sc_h = kn_f32_to_f16(KN_FSUB_RN(hi, *zero) / levels);
-    sc = kn_f16_to_f32(*sc_h);
-    if (sc > 0.0f && KN_FADD_RN(*zero, KN_FMUL_RN(sc, levels)) < hi) { /* round the scale up */
-        *sc_h = (uint16_t)(*sc_h + 1);
-        sc = kn_f16_to_f32(*sc_h);
-    }
-    *inv = sc > 0.0f ? 1.0f / sc : 0.0f;
 }
 
 /* One code (int8 / fp8 byte, or int4 nibble value 0..15) of x. */
@@ -1128,7 +1057,7 @@ kn_kq_quant_body(const kn_thr_t *t, float *smem, const kn_kq_quant_args_t *a)
                 if (rows == 0) {
                     lo = hi = 0.0f;
                 }
-                kn_kq_group(g->fmt, lo, hi, &sc_h, &z_h, &inv[c], &zero[c]);
+                kn_kvq_group_params(g->fmt, lo, hi, &sc_h, &z_h, &inv[c], &zero[c]);
                 meta[(size_t)h * hd + d] = sc_h;
                 if (g->fmt != KN_KQ_FP8) {
                     meta[ng + (size_t)h * hd + d] = z_h;
@@ -1179,7 +1108,7 @@ kn_kq_quant_body(const kn_thr_t *t, float *smem, const kn_kq_quant_args_t *a)
         } else {
             lo = hi = 0.0f;
         }
-        kn_kq_group(g->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
+        kn_kvq_group_params(g->fmt, lo, hi, &sc_h, &z_h, &inv, &zero);
         meta[(size_t)h * bs + r] = sc_h;
         if (g->fmt != KN_KQ_FP8) {
             meta[ng + (size_t)h * bs + r] = z_h;

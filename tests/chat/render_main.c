@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/chat.h"
+#include "text/chat.h"
 
 static char *
 read_file(const char *path)

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/chat.h"
+#include "text/chat.h"
 
 static const chat_message_t conv[] = {
     {"system", "Be kind."},

@@ -10,6 +10,8 @@
 #include "common/util.h"
 #include "common/xmalloc.h"
 
+Suite *common_utf8_suite(void); /* test_utf8.c */
+
 typedef struct num_msg {
     msg_t hdr;
     int value;
@@ -215,6 +217,7 @@ main(void)
     tcase_add_test(tc, test_xmalloc_fault_injection);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
+    srunner_add_suite(sr, common_utf8_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -514,15 +514,15 @@ kq_same(const mdl_dev_rank_t *rk, int ta, int32_t a, int tb, int32_t b)
             return 0;
         }
     }
-    if ((A->slot_of[a] < 0) != (B->slot_of[b] < 0) || A->qv[a] != B->qv[b]) {
+    if ((A->sl.slot_of[a] < 0) != (B->sl.slot_of[b] < 0) || A->qv[a] != B->qv[b]) {
         return 0;
     }
-    if (A->slot_of[a] < 0) {
+    if (A->sl.slot_of[a] < 0) {
         return 1;
     }
-    return A->slot_fill[A->slot_of[a]] == B->slot_fill[B->slot_of[b]] &&
-           memcmp((const uint8_t *)A->res + (size_t)A->slot_of[a] * slot_bytes,
-                  (const uint8_t *)B->res + (size_t)B->slot_of[b] * slot_bytes, slot_bytes) == 0;
+    return A->sl.slot_fill[A->sl.slot_of[a]] == B->sl.slot_fill[B->sl.slot_of[b]] &&
+           memcmp((const uint8_t *)A->res + (size_t)A->sl.slot_of[a] * slot_bytes,
+                  (const uint8_t *)B->res + (size_t)B->sl.slot_of[b] * slot_bytes, slot_bytes) == 0;
 }
 
 /* Copy-on-write and a swap round trip move a full (codes only) and a
@@ -532,13 +532,13 @@ kq_check_moves(emu_dev_t *e)
 {
     mdl_dev_rank_t *rk = &e->fw[0];
     mdl_dev_kq_tier_t *dev = &rk->kqt[0], *swp = &rk->kqt[1];
-    int32_t full = -1, part = -1, free_dev = dev->n_free, free_swp = swp->n_free;
+    int32_t full = -1, part = -1, free_dev = dev->sl.n_free, free_swp = swp->sl.n_free;
 
     for (int32_t b = 1; b < 40; b++) {
-        if (full < 0 && dev->qv[b] && dev->slot_of[b] < 0) {
+        if (full < 0 && dev->qv[b] && dev->sl.slot_of[b] < 0) {
             full = b;
         }
-        if (part < 0 && dev->slot_of[b] >= 0) {
+        if (part < 0 && dev->sl.slot_of[b] >= 0) {
             part = b;
         }
     }
@@ -556,16 +556,16 @@ kq_check_moves(emu_dev_t *e)
     ck_assert(kq_same(rk, 0, part, 1, 7));
     ck_assert(kq_same(rk, 0, full, 0, NBLK - 3));
     ck_assert(kq_same(rk, 0, part, 0, NBLK - 4));
-    ck_assert_int_eq(dev->n_free, free_dev - 2);
-    ck_assert_int_eq(swp->n_free, free_swp - 1);
+    ck_assert_int_eq(dev->sl.n_free, free_dev - 2);
+    ck_assert_int_eq(swp->sl.n_free, free_swp - 1);
     kv_op_t drops[] = {{KV_OP_DROP, NBLK - 2, 0},
                        {KV_OP_DROP, NBLK - 4, 0},
                        {KV_OP_DROP_SWAP, 7, 0},
                        {KV_OP_DROP_SWAP, 6, 0}};
 
     side_kv(&(side_t){.dev = e}, drops, 4);
-    ck_assert_int_eq(dev->n_free, free_dev);
-    ck_assert_int_eq(swp->n_free, free_swp);
+    ck_assert_int_eq(dev->sl.n_free, free_dev);
+    ck_assert_int_eq(swp->sl.n_free, free_swp);
 }
 
 /* Emulated device (f16 weights) at T = tp against the CPU backend, both
@@ -747,7 +747,7 @@ kq_flush_script(const mdl_model_t *m, mdl_kv_dtype_t kv, double bound)
 
     ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create(m, &rc, KN_DT_F16);
-    ck_assert_int_eq(got.dev->fw[0].kqt[0].n_slots, 14);
+    ck_assert_int_eq(got.dev->fw[0].kqt[0].sl.n_slots, 14);
     rs = 0x51075ULL;
     for (int32_t q = 0; q < 18; q++) {
         for (int32_t i = 0; i < 16; i++) {
@@ -807,14 +807,14 @@ kq_flush_script(const mdl_model_t *m, mdl_kv_dtype_t kv, double bound)
             for (int32_t q = 0; q < 18; q++) {
                 const mdl_dev_kq_tier_t *t = &got.dev->fw[0].kqt[0];
 
-                ck_assert_int_eq(t->slot_of[1 + 2 * q] < 0, q < 4);
+                ck_assert_int_eq(t->sl.slot_of[1 + 2 * q] < 0, q < 4);
                 ck_assert_int_eq(t->qv[1 + 2 * q], q < 4);
             }
         }
     }
     /* Sequence 0's first block filled (quantized), 1's too; 17 still partial. */
-    ck_assert(got.dev->fw[0].kqt[0].qv[1] && got.dev->fw[0].kqt[0].slot_of[1] < 0);
-    ck_assert(got.dev->fw[0].kqt[0].slot_of[35] >= 0);
+    ck_assert(got.dev->fw[0].kqt[0].qv[1] && got.dev->fw[0].kqt[0].sl.slot_of[1] < 0);
+    ck_assert(got.dev->fw[0].kqt[0].sl.slot_of[35] >= 0);
     mdl_runtime_destroy(ref.cpu);
     emu_dev_destroy(got.dev);
     return c.worst;
@@ -1044,7 +1044,7 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
             const mdl_dev_kq_tier_t *t = &got.dev->fw[0].kqt[0];
 
             if (t->n_blocks > 0) {
-                ck_assert(t->slot_of[flushed] < 0 && t->qv[flushed]);
+                ck_assert(t->sl.slot_of[flushed] < 0 && t->qv[flushed]);
                 ck_assert_int_gt(t->shift[flushed], 0);
             }
             ck_assert_int_eq(table[n_blocks - 1], flushed);

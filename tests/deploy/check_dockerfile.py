@@ -173,11 +173,11 @@ srv.shutdown()
 
 # The library-collecting pipeline on the binary built here.
 run = " ".join(get(bp, "RUN"))
-m = re.search(r"(ldd /build/server/kvserve .*?/out/lib/)", run)
+m = re.search(r"(ldd /build/cli/kvserve .*?/out/lib/)", run)
 check(m is not None, "no ldd pipeline in build-cpu")
 if m:
     with tempfile.TemporaryDirectory() as d:
-        pipe = m.group(1).replace("/build/server/kvserve", shlex.quote(binary))
+        pipe = m.group(1).replace("/build/cli/kvserve", shlex.quote(binary))
         pipe = pipe.replace("/out/lib/", d + "/")
         r = subprocess.run(["sh", "-c", pipe], timeout=60)
         got = sorted(os.listdir(d))

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/chat.h"
+#include "text/chat.h"
 #include "tests/fuzz/fuzz_common.h"
 
 #define MAX_TEMPLATES 128

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/gguf.h"
+#include "formats/gguf.h"
 #include "tests/fuzz/fuzz_common.h"
 
 static int

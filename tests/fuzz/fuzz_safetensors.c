@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int

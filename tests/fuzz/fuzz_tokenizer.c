@@ -21,9 +21,9 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_int.h"
+#include "formats/gguf.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_int.h"
 #include "tests/fuzz/fuzz_common.h"
 
 #define N_TOK 3

@@ -23,10 +23,10 @@ echo "work: $N requests, $IN prompt + $OUT output tokens, $SEQS concurrent / max
 printf "%-6s %14s %14s %8s %10s %10s %6s\n" round bench_tok_s serve_tok_s ratio loop_cpu_s eng_cpu_s load
 i=1
 while [ "$i" -le "$ROUNDS" ]; do
-    bench=$("$B"/server/kvserve bench --threads "$T" --num-prompts $N --input-len $IN \
+    bench=$("$B"/cli/kvserve bench --threads "$T" --num-prompts $N --input-len $IN \
         --output-len $OUT --max-num-seqs $SEQS --num-kv-blocks $KV 2>/dev/null |
         sed -n 's/^throughput .* \([0-9.]*\) output tokens\/s.*/\1/p')
-    "$B"/server/kvserve serve --threads "$T" --port 0 --max-num-seqs $SEQS \
+    "$B"/cli/kvserve serve --threads "$T" --port 0 --max-num-seqs $SEQS \
         --no-enable-prefix-caching --num-kv-blocks $KV --max-model-len $(( IN + OUT )) \
         --swap-space 0 2>"$LOG" &
     pid=$!

@@ -12,8 +12,8 @@
 
 #include "common/status.h"
 #include "loader_test.h"
-#include "model/gguf.h"
-#include "model/safetensors.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
 
 static char *tmp;
 static unsigned char *st_bytes; /* the default model's model.safetensors */

@@ -13,9 +13,9 @@
 
 #include "common/status.h"
 #include "loader_test.h"
-#include "model/gguf.h"
-#include "model/safetensors.h"
-#include "model/tokenizer.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+#include "text/tokenizer.h"
 
 static mdl_model_t *
 load_ok(const char *path)

@@ -11,7 +11,7 @@
 
 #include "common/status.h"
 #include "loader_test.h"
-#include "model/gguf.h"
+#include "formats/gguf.h"
 
 typedef struct buf {
     unsigned char *p;

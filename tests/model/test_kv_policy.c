@@ -12,7 +12,7 @@
 #include "common/status.h"
 #include "model/kv_policy.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 static mdl_model_t *model;
 

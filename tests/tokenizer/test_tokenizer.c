@@ -13,9 +13,9 @@
 
 #include "common/status.h"
 #include "common/util.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_int.h"
+#include "formats/gguf.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_int.h"
 #include "tests/tokenizer/tok_test.h"
 
 static tok_tokenizer_t *

@@ -12,8 +12,8 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "formats/gguf.h"
+#include "text/tokenizer.h"
 #include "tests/tokenizer/tok_test.h"
 
 static const char *const k_vocabs[] = {

@@ -8,7 +8,7 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "kvserve_config.h"
-#include "model/tokenizer_int.h"
+#include "text/tokenizer_int.h"
 
 const char *
 tt_root(void)

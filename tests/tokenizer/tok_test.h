@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 /* The source root: $KVS_SOURCE_ROOT (set by meson test), else the build's. */
 const char *tt_root(void);

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "server/cmds.h"
+#include "cli/cmds.h"
 
 #define HASH_KEY_MAX 4096
 

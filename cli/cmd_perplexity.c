@@ -36,8 +36,8 @@
 #include "common/xmalloc.h"
 #include "model/kv_policy.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
-#include "server/cmds.h"
+#include "text/tokenizer.h"
+#include "cli/cmds.h"
 
 typedef struct ppl_opts {
     const char *model;

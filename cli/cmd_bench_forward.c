@@ -33,7 +33,7 @@
 #include "kernels/cpu/kn_cpu.h"
 #include "kvserve_config.h"
 #include "model/model.h"
-#include "server/cmds.h"
+#include "cli/cmds.h"
 
 #define BF_BLOCK 16
 #define BF_REPS 3

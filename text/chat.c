@@ -40,8 +40,9 @@
 #include <time.h>
 
 #include "common/status.h"
+#include "common/utf8.h"
 #include "common/xmalloc.h"
-#include "model/chat.h"
+#include "text/chat.h"
 
 #define CHAT_MAX_DEPTH 200           /* parser nesting (expressions, blocks) */
 #define CHAT_MAX_CALL_DEPTH 64       /* nested macro calls */
@@ -614,28 +615,8 @@ static void
 utf8_put(cx_t *cx, sbuf_t *b, uint32_t cp)
 {
     char u[4];
-    size_t n;
 
-    if (cp < 0x80) {
-        u[0] = (char)cp;
-        n = 1;
-    } else if (cp < 0x800) {
-        u[0] = (char)(0xc0 | (cp >> 6));
-        u[1] = (char)(0x80 | (cp & 0x3f));
-        n = 2;
-    } else if (cp < 0x10000) {
-        u[0] = (char)(0xe0 | (cp >> 12));
-        u[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        u[2] = (char)(0x80 | (cp & 0x3f));
-        n = 3;
-    } else {
-        u[0] = (char)(0xf0 | (cp >> 18));
-        u[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        u[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        u[3] = (char)(0x80 | (cp & 0x3f));
-        n = 4;
-    }
-    sb_add(cx, b, u, n);
+    sb_add(cx, b, u, (size_t)utf8_encode(cp, u));
 }
 
 /* A string literal at lx->pos (quote included); Python unicode-escape

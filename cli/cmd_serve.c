@@ -19,7 +19,7 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 #include "config/config.h"
-#include "server/cmds.h"
+#include "cli/cmds.h"
 #include "server/srv.h"
 
 static mdl_kv_dtype_t

@@ -20,9 +20,9 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
-#include "server/cmds.h"
+#include "formats/gguf.h"
+#include "text/tokenizer.h"
+#include "cli/cmds.h"
 
 static void
 tokenize_usage(FILE *f)

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "kvserve_config.h"
-#include "server/cmds.h"
+#include "cli/cmds.h"
 
 typedef struct cmd {
     const char *name;

@@ -1,6 +1,5 @@
-/* safetensors.c - safetensors parsing with strict bounds checks, the
- * f16/bf16 conversions, and the file helpers shared by the loaders
- * (mmap, small-file reads, error strings).
+/* safetensors.c - safetensors parsing with strict bounds checks and the
+ * f16/bf16 conversions (the file helpers are in fmt_util.c).
  *
  * Every number taken from the file is checked before it is used as a
  * size or an offset: the header length against the file size, each
@@ -9,7 +8,7 @@
  */
 #define LOG_MODULE "safetensors"
 
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -27,7 +26,7 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
-#include "model/loader_int.h"
+#include "formats/fmt_util.h"
 
 struct st_file {
     st_tensor_t *tensors;
@@ -46,116 +45,6 @@ static const struct {
     {"I16", ST_DTYPE_I16, 2},   {"I32", ST_DTYPE_I32, 4}, {"I64", ST_DTYPE_I64, 8},
     {"BOOL", ST_DTYPE_BOOL, 1},
 };
-
-void
-mdl__seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0) {
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-int
-mdl__map_file(const char *path, void **data, size_t *len, char *err, size_t errlen)
-{
-    struct stat sb;
-    void *p;
-    int fd, rc;
-
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = -errno;
-        mdl__seterr(err, errlen, "%s: %s", path, strerror(errno));
-        return rc;
-    }
-    if (fstat(fd, &sb) != 0) {
-        rc = -errno;
-        mdl__seterr(err, errlen, "%s: %s", path, strerror(errno));
-        close(fd);
-        return rc;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        mdl__seterr(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return ST_EFORMAT;
-    }
-    if (sb.st_size == 0) {
-        mdl__seterr(err, errlen, "%s: empty file", path);
-        close(fd);
-        return ST_EFORMAT;
-    }
-    p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-        rc = -errno;
-        mdl__seterr(err, errlen, "%s: mmap: %s", path, strerror(errno));
-        close(fd);
-        return rc;
-    }
-    close(fd);
-    *data = p;
-    *len = (size_t)sb.st_size;
-    return ST_OK;
-}
-
-void
-mdl__unmap(void *data, size_t len)
-{
-    if (data != NULL) {
-        munmap(data, len);
-    }
-}
-
-int
-mdl__read_file(const char *path, size_t max, char **data, size_t *len, char *err, size_t errlen)
-{
-    FILE *fp;
-    char *buf = NULL;
-    size_t cap = 0, n = 0, got;
-    int rc;
-
-    fp = fopen(path, "rb");
-    if (fp == NULL) {
-        rc = -errno;
-        mdl__seterr(err, errlen, "%s: %s", path, strerror(errno));
-        return rc;
-    }
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap == 0 ? 8192 : cap * 2;
-            buf = xrealloc(buf, cap);
-        }
-        got = fread(buf + n, 1, cap - n - 1, fp);
-        n += got;
-        if (n > max) {
-            mdl__seterr(err, errlen, "%s: larger than %zu bytes", path, max);
-            rc = ST_EFORMAT;
-            goto fail;
-        }
-        if (got == 0) {
-            break;
-        }
-    }
-    if (ferror(fp)) {
-        mdl__seterr(err, errlen, "%s: read error", path);
-        rc = -EIO;
-        goto fail;
-    }
-    fclose(fp);
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
-    return ST_OK;
-
-fail:
-    fclose(fp);
-    free(buf);
-    return rc;
-}
 
 const char *
 st_dtype_name(st_dtype_t dt)
@@ -307,14 +196,14 @@ parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len
     int found = 0;
 
     if (!cJSON_IsObject(item)) {
-        mdl__seterr(err, errlen, "tensor '%s': entry is not an object", t->name);
+        fmt_seterr(err, errlen, "tensor '%s': entry is not an object", t->name);
         return ST_EFORMAT;
     }
     dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
     shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
     offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!cJSON_IsString(dtype) || !cJSON_IsArray(shape) || !cJSON_IsArray(offs)) {
-        mdl__seterr(err, errlen, "tensor '%s': needs dtype, shape and data_offsets", t->name);
+        fmt_seterr(err, errlen, "tensor '%s': needs dtype, shape and data_offsets", t->name);
         return ST_EFORMAT;
     }
     for (k = 0; k < sizeof(st_dtypes) / sizeof(st_dtypes[0]); k++) {
@@ -325,23 +214,23 @@ parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len
         }
     }
     if (!found) {
-        mdl__seterr(err, errlen, "tensor '%s': unknown dtype '%.16s'", t->name, dtype->valuestring);
+        fmt_seterr(err, errlen, "tensor '%s': unknown dtype '%.16s'", t->name, dtype->valuestring);
         return ST_EFORMAT;
     }
     esz = st_dtypes[k].size;
     if (cJSON_GetArraySize(shape) > ST_MAX_DIMS) {
-        mdl__seterr(err, errlen, "tensor '%s': more than %d dimensions", t->name, ST_MAX_DIMS);
+        fmt_seterr(err, errlen, "tensor '%s': more than %d dimensions", t->name, ST_MAX_DIMS);
         return ST_EFORMAT;
     }
     t->n_dims = 0;
     cJSON_ArrayForEach(dim, shape)
     {
         if (!json_u64(dim, &d)) {
-            mdl__seterr(err, errlen, "tensor '%s': bad shape entry", t->name);
+            fmt_seterr(err, errlen, "tensor '%s': bad shape entry", t->name);
             return ST_EFORMAT;
         }
         if (d != 0 && n > UINT64_MAX / d) {
-            mdl__seterr(err, errlen, "tensor '%s': shape overflows", t->name);
+            fmt_seterr(err, errlen, "tensor '%s': shape overflows", t->name);
             return ST_EFORMAT;
         }
         n *= d;
@@ -349,18 +238,18 @@ parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len
     }
     if (cJSON_GetArraySize(offs) != 2 || !json_u64(cJSON_GetArrayItem(offs, 0), &begin) ||
         !json_u64(cJSON_GetArrayItem(offs, 1), &end)) {
-        mdl__seterr(err, errlen, "tensor '%s': data_offsets must be two integers", t->name);
+        fmt_seterr(err, errlen, "tensor '%s': data_offsets must be two integers", t->name);
         return ST_EFORMAT;
     }
     if (begin > end || end > data_len) {
-        mdl__seterr(err, errlen,
+        fmt_seterr(err, errlen,
                     "tensor '%s': data_offsets [%llu, %llu] outside the data section (%llu bytes)",
                     t->name, (unsigned long long)begin, (unsigned long long)end,
                     (unsigned long long)data_len);
         return ST_EFORMAT;
     }
     if (n > UINT64_MAX / esz || n * esz != end - begin) {
-        mdl__seterr(err, errlen, "tensor '%s': shape does not match its %llu bytes of %s", t->name,
+        fmt_seterr(err, errlen, "tensor '%s': shape does not match its %llu bytes of %s", t->name,
                     (unsigned long long)(end - begin), st_dtypes[k].name);
         return ST_EFORMAT;
     }
@@ -383,34 +272,34 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
     int rc;
 
     if (len < 8) {
-        mdl__seterr(err, errlen, "truncated: %zu bytes, no header length", len);
+        fmt_seterr(err, errlen, "truncated: %zu bytes, no header length", len);
         return ST_EFORMAT;
     }
     for (int b = 7; b >= 0; b--) {
         hlen = (hlen << 8) | p[b];
     }
     if (hlen > ST_MAX_HEADER) {
-        mdl__seterr(err, errlen, "header length %llu is larger than the %u limit",
+        fmt_seterr(err, errlen, "header length %llu is larger than the %u limit",
                     (unsigned long long)hlen, ST_MAX_HEADER);
         return ST_EFORMAT;
     }
     if (hlen > len - 8) {
-        mdl__seterr(err, errlen, "truncated: header length %llu exceeds the %zu bytes of the file",
+        fmt_seterr(err, errlen, "truncated: header length %llu exceeds the %zu bytes of the file",
                     (unsigned long long)hlen, len - 8);
         return ST_EFORMAT;
     }
     if (hlen < 2 || p[8] != '{') {
-        mdl__seterr(err, errlen, "header is not a JSON object");
+        fmt_seterr(err, errlen, "header is not a JSON object");
         return ST_EFORMAT;
     }
     if (!utf8_valid((const char *)p + 8, (size_t)hlen)) {
         /* JSON text is UTF-8 (RFC 8259); the reference parser rejects it too. */
-        mdl__seterr(err, errlen, "header is not valid UTF-8");
+        fmt_seterr(err, errlen, "header is not valid UTF-8");
         return ST_EFORMAT;
     }
     root = cJSON_ParseWithLength((const char *)p + 8, (size_t)hlen);
     if (root == NULL || !cJSON_IsObject(root)) {
-        mdl__seterr(err, errlen, "header is not valid JSON");
+        fmt_seterr(err, errlen, "header is not valid JSON");
         rc = ST_EFORMAT;
         goto fail;
     }
@@ -427,7 +316,7 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
         st_tensor_t *t;
 
         if (item->string == NULL) {
-            mdl__seterr(err, errlen, "header entry without a name");
+            fmt_seterr(err, errlen, "header entry without a name");
             rc = ST_EFORMAT;
             goto fail;
         }
@@ -451,7 +340,7 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
     qsort(sorted, (size_t)f->n_tensors, sizeof(*sorted), cmp_name);
     for (i = 1; i < f->n_tensors; i++) {
         if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) {
-            mdl__seterr(err, errlen, "duplicate tensor '%s'", sorted[i]->name);
+            fmt_seterr(err, errlen, "duplicate tensor '%s'", sorted[i]->name);
             rc = ST_EFORMAT;
             goto fail;
         }
@@ -461,7 +350,7 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
         const unsigned char *prev_end =
             (const unsigned char *)sorted[i - 1]->data + sorted[i - 1]->nbytes;
         if (sorted[i]->nbytes > 0 && (const unsigned char *)sorted[i]->data < prev_end) {
-            mdl__seterr(err, errlen, "tensors '%s' and '%s' overlap", sorted[i - 1]->name,
+            fmt_seterr(err, errlen, "tensors '%s' and '%s' overlap", sorted[i - 1]->name,
                         sorted[i]->name);
             rc = ST_EFORMAT;
             goto fail;
@@ -487,14 +376,14 @@ st_open(const char *path, st_file_t **out, char *err, size_t errlen)
     char why[256];
     int rc;
 
-    rc = mdl__map_file(path, &data, &len, err, errlen);
+    rc = fmt_map_file(path, &data, &len, err, errlen);
     if (rc != ST_OK) {
         return rc;
     }
     rc = st_parse_header(data, len, out, why, sizeof(why));
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "%s: %s", path, why);
-        mdl__unmap(data, len);
+        fmt_seterr(err, errlen, "%s: %s", path, why);
+        fmt_unmap(data, len);
         return rc;
     }
     (*out)->map = data;
@@ -512,7 +401,7 @@ st_close(st_file_t *f)
         free(f->tensors[i].name);
     }
     free(f->tensors);
-    mdl__unmap(f->map, f->map_len);
+    fmt_unmap(f->map, f->map_len);
     free(f);
 }
 

@@ -13,7 +13,7 @@
  */
 #define LOG_MODULE "gguf"
 
-#include "model/gguf.h"
+#include "formats/gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,8 +22,8 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
-#include "model/loader_int.h"
-#include "model/safetensors.h"
+#include "formats/fmt_util.h"
+#include "formats/safetensors.h"
 
 #define GGUF_MAX_NAME 256
 #define GGUF_DEFAULT_ALIGNMENT 32
@@ -155,7 +155,7 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
 
     if (kv->type == GGUF_TYPE_STRING) {
         if (!rd_str(c, &kv->val, &kv->len)) {
-            mdl__seterr(err, errlen, "key '%s': truncated string value", kv->key);
+            fmt_seterr(err, errlen, "key '%s': truncated string value", kv->key);
             return ST_EFORMAT;
         }
         return ST_OK;
@@ -163,20 +163,20 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
     if (kv->type != GGUF_TYPE_ARRAY) {
         esz = scalar_size(kv->type);
         if (esz == 0) {
-            mdl__seterr(err, errlen, "key '%s': unknown value type %u", kv->key,
+            fmt_seterr(err, errlen, "key '%s': unknown value type %u", kv->key,
                         (unsigned)kv->type);
             return ST_EFORMAT;
         }
         kv->val = c->p;
         kv->len = 1;
         if (!skip(c, esz)) {
-            mdl__seterr(err, errlen, "key '%s': truncated value", kv->key);
+            fmt_seterr(err, errlen, "key '%s': truncated value", kv->key);
             return ST_EFORMAT;
         }
         return ST_OK;
     }
     if (!rd(c, &et, 4) || !rd(c, &n, 8)) {
-        mdl__seterr(err, errlen, "key '%s': truncated array header", kv->key);
+        fmt_seterr(err, errlen, "key '%s': truncated array header", kv->key);
         return ST_EFORMAT;
     }
     kv->elem_type = (gguf_type_t)et;
@@ -185,7 +185,7 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
     if (et == GGUF_TYPE_STRING) {
         /* Each element needs at least its 8-byte length. */
         if (n > c->left / 8) {
-            mdl__seterr(err, errlen, "key '%s': %llu strings do not fit in the file", kv->key,
+            fmt_seterr(err, errlen, "key '%s': %llu strings do not fit in the file", kv->key,
                         (unsigned long long)n);
             return ST_EFORMAT;
         }
@@ -196,7 +196,7 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
 
             kv->strs[i] = c->p;
             if (!rd_str(c, &s, &sl)) {
-                mdl__seterr(err, errlen, "key '%s': truncated string %llu", kv->key,
+                fmt_seterr(err, errlen, "key '%s': truncated string %llu", kv->key,
                             (unsigned long long)i);
                 return ST_EFORMAT;
             }
@@ -205,12 +205,12 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
     }
     esz = scalar_size(et);
     if (esz == 0) {
-        mdl__seterr(err, errlen, "key '%s': unsupported array element type %u", kv->key,
+        fmt_seterr(err, errlen, "key '%s': unsupported array element type %u", kv->key,
                     (unsigned)et);
         return ST_EFORMAT;
     }
     if (n > c->left / esz) {
-        mdl__seterr(err, errlen, "key '%s': array of %llu elements runs past the end", kv->key,
+        fmt_seterr(err, errlen, "key '%s': array of %llu elements runs past the end", kv->key,
                     (unsigned long long)n);
         return ST_EFORMAT;
     }
@@ -228,20 +228,20 @@ parse_tensor_info(gguf_file_t *g, cursor_t *c, gguf_tensor_t *t, uint64_t *offse
     const char *tname;
 
     if (!rd_str(c, &s, &n)) {
-        mdl__seterr(err, errlen, "truncated tensor info %lld", (long long)g->n_tensors);
+        fmt_seterr(err, errlen, "truncated tensor info %lld", (long long)g->n_tensors);
         return ST_EFORMAT;
     }
     if (n == 0 || n > GGUF_MAX_NAME || memchr(s, '\0', (size_t)n) != NULL) {
-        mdl__seterr(err, errlen, "tensor %lld: bad name", (long long)g->n_tensors);
+        fmt_seterr(err, errlen, "tensor %lld: bad name", (long long)g->n_tensors);
         return ST_EFORMAT;
     }
     t->name = xstrndup((const char *)s, (size_t)n);
     if (!rd(c, &t->n_dims, 4)) {
-        mdl__seterr(err, errlen, "tensor '%s': truncated info", t->name);
+        fmt_seterr(err, errlen, "tensor '%s': truncated info", t->name);
         return ST_EFORMAT;
     }
     if (t->n_dims == 0 || t->n_dims > 4) {
-        mdl__seterr(err, errlen, "tensor '%s': %u dimensions (1 to 4 allowed)", t->name,
+        fmt_seterr(err, errlen, "tensor '%s': %u dimensions (1 to 4 allowed)", t->name,
                     (unsigned)t->n_dims);
         return ST_EFORMAT;
     }
@@ -250,26 +250,26 @@ parse_tensor_info(gguf_file_t *g, cursor_t *c, gguf_tensor_t *t, uint64_t *offse
     }
     for (uint32_t d = 0; d < t->n_dims; d++) {
         if (!rd(c, &t->dims[d], 8)) {
-            mdl__seterr(err, errlen, "tensor '%s': truncated info", t->name);
+            fmt_seterr(err, errlen, "tensor '%s': truncated info", t->name);
             return ST_EFORMAT;
         }
         if (t->dims[d] == 0 || t->dims[d] > (1ull << 40) || nel > (1ull << 40) / t->dims[d]) {
-            mdl__seterr(err, errlen, "tensor '%s': bad dimension %llu", t->name,
+            fmt_seterr(err, errlen, "tensor '%s': bad dimension %llu", t->name,
                         (unsigned long long)t->dims[d]);
             return ST_EFORMAT;
         }
         nel *= t->dims[d];
     }
     if (!rd(c, &t->type, 4) || !rd(c, offset, 8)) {
-        mdl__seterr(err, errlen, "tensor '%s': truncated info", t->name);
+        fmt_seterr(err, errlen, "tensor '%s': truncated info", t->name);
         return ST_EFORMAT;
     }
     if (!ggml_type_info(t->type, &blk, &bytes, &tname)) {
-        mdl__seterr(err, errlen, "tensor '%s': unknown ggml type %u", t->name, (unsigned)t->type);
+        fmt_seterr(err, errlen, "tensor '%s': unknown ggml type %u", t->name, (unsigned)t->type);
         return ST_EFORMAT;
     }
     if (t->dims[0] % blk != 0) {
-        mdl__seterr(err, errlen, "tensor '%s': row of %llu is not a multiple of the %s block",
+        fmt_seterr(err, errlen, "tensor '%s': row of %llu is not a multiple of the %s block",
                     t->name, (unsigned long long)t->dims[0], tname);
         return ST_EFORMAT;
     }
@@ -319,7 +319,7 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
     int rc = ST_EFORMAT;
 
     if (len < 4 || memcmp(data, "GGUF", 4) != 0) {
-        mdl__seterr(err, errlen, "not a GGUF file (bad magic)");
+        fmt_seterr(err, errlen, "not a GGUF file (bad magic)");
         return ST_EFORMAT;
     }
     g = xcalloc(1, sizeof(*g));
@@ -328,21 +328,21 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
     skip(&c, 4);
     if (!rd(&c, &g->version, 4)) {
-        mdl__seterr(err, errlen, "truncated header");
+        fmt_seterr(err, errlen, "truncated header");
         goto fail;
     }
     if (g->version != 2 && g->version != 3) {
-        mdl__seterr(err, errlen, "unsupported GGUF version %u (2 and 3 are read)",
+        fmt_seterr(err, errlen, "unsupported GGUF version %u (2 and 3 are read)",
                     (unsigned)g->version);
         goto fail;
     }
     if (!rd(&c, &n_tensors, 8) || !rd(&c, &n_kv, 8)) {
-        mdl__seterr(err, errlen, "truncated header");
+        fmt_seterr(err, errlen, "truncated header");
         goto fail;
     }
     /* A key/value takes at least 13 bytes, a tensor info at least 24. */
     if (n_kv > c.left / 13 || n_tensors > c.left / 24) {
-        mdl__seterr(err, errlen,
+        fmt_seterr(err, errlen,
                     "header claims %llu keys and %llu tensors, more than the file "
                     "holds",
                     (unsigned long long)n_kv, (unsigned long long)n_tensors);
@@ -357,11 +357,11 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
         uint32_t type;
 
         if (!rd_str(&c, &s, &n) || !rd(&c, &type, 4)) {
-            mdl__seterr(err, errlen, "truncated key/value %llu", (unsigned long long)i);
+            fmt_seterr(err, errlen, "truncated key/value %llu", (unsigned long long)i);
             goto fail;
         }
         if (n == 0 || n > GGUF_MAX_NAME || memchr(s, '\0', (size_t)n) != NULL) {
-            mdl__seterr(err, errlen, "key/value %llu: bad key", (unsigned long long)i);
+            fmt_seterr(err, errlen, "key/value %llu: bad key", (unsigned long long)i);
             goto fail;
         }
         kv->key = xstrndup((const char *)s, (size_t)n);
@@ -375,7 +375,7 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
     }
     dup = first_dup(&g->kvs[0].key, sizeof(g->kvs[0]), g->n_kvs);
     if (dup != NULL) {
-        mdl__seterr(err, errlen, "duplicate key '%s'", dup);
+        fmt_seterr(err, errlen, "duplicate key '%s'", dup);
         goto fail;
     }
 
@@ -384,7 +384,7 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
         uint32_t a;
 
         if (gguf_get_u32(g, "general.alignment", &a) != ST_OK || a == 0 || (a & (a - 1)) != 0) {
-            mdl__seterr(err, errlen, "general.alignment must be a power of two");
+            fmt_seterr(err, errlen, "general.alignment must be a power of two");
             goto fail;
         }
         g->alignment = a;
@@ -404,7 +404,7 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
     }
     dup = first_dup((char *const *)&g->tensors[0].name, sizeof(g->tensors[0]), g->n_tensors);
     if (dup != NULL) {
-        mdl__seterr(err, errlen, "duplicate tensor '%s'", dup);
+        fmt_seterr(err, errlen, "duplicate tensor '%s'", dup);
         goto fail;
     }
 
@@ -414,13 +414,13 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
         gguf_tensor_t *t = &g->tensors[i];
 
         if (offsets[i] % g->alignment != 0) {
-            mdl__seterr(err, errlen, "tensor '%s': offset %llu is not aligned to %llu", t->name,
+            fmt_seterr(err, errlen, "tensor '%s': offset %llu is not aligned to %llu", t->name,
                         (unsigned long long)offsets[i], (unsigned long long)g->alignment);
             goto fail;
         }
         if (data_off > len || offsets[i] > len - data_off ||
             t->nbytes > len - data_off - offsets[i]) {
-            mdl__seterr(err, errlen,
+            fmt_seterr(err, errlen,
                         "tensor '%s': data [%llu, +%llu) outside the file "
                         "(%zu bytes)",
                         t->name, (unsigned long long)(data_off + offsets[i]),
@@ -447,14 +447,14 @@ gguf_open(const char *path, gguf_file_t **out, char *err, size_t errlen)
     char why[256];
     int rc;
 
-    rc = mdl__map_file(path, &data, &len, err, errlen);
+    rc = fmt_map_file(path, &data, &len, err, errlen);
     if (rc != ST_OK) {
         return rc;
     }
     rc = gguf_parse(data, len, out, why, sizeof(why));
     if (rc != ST_OK) {
-        mdl__seterr(err, errlen, "%s: %s", path, why);
-        mdl__unmap(data, len);
+        fmt_seterr(err, errlen, "%s: %s", path, why);
+        fmt_unmap(data, len);
         return rc;
     }
     (*out)->map = data;
@@ -477,7 +477,7 @@ gguf_close(gguf_file_t *g)
         free((char *)g->tensors[i].name);
     }
     free(g->tensors);
-    mdl__unmap(g->map, g->map_len);
+    fmt_unmap(g->map, g->map_len);
     free(g);
 }
 

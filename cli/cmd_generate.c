@@ -23,8 +23,8 @@
 #include "kvserve_config.h"
 #include "model/model.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
-#include "server/cmds.h"
+#include "text/tokenizer.h"
+#include "cli/cmds.h"
 
 #define GEN_BLOCK 16
 #define GEN_PREFILL_CHUNK 256

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 /* Token kinds (the GGUF tokenizer.ggml.token_type numbering). */
 enum tok_type {

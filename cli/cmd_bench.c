@@ -23,7 +23,7 @@
 #include "kvserve_config.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
-#include "server/cmds.h"
+#include "cli/cmds.h"
 
 #define BENCH_DEFAULT_MODEL "models/austen-2.7m"
 

@@ -26,9 +26,9 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_int.h"
+#include "formats/gguf.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_int.h"
 
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
 #define RE_LLAMA3                                                                                  \

@@ -34,8 +34,8 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_int.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_int.h"
 
 /* Nesting limit for Sequence components (real files use one level). */
 #define TOK_HF_MAX_DEPTH 8

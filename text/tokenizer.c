@@ -31,7 +31,7 @@
  */
 #define LOG_MODULE "tokenizer"
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,9 +39,10 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
-#include "model/tokenizer_int.h"
+#include "text/tokenizer_int.h"
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
@@ -127,105 +128,6 @@ sb_add(sb_t *b, const void *p, size_t n)
 
 static const char k_fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
 static const char k_meta[3] = {(char)0xE2, (char)0x96, (char)0x81}; /* U+2581 "▁" */
-
-/* UTF-8 structure: bytes a sequence led by b needs in all (0: not a lead). */
-static int
-u8_need(uint8_t b)
-{
-    if (b < 0x80) {
-        return 1;
-    }
-    if (b >= 0xC2 && b <= 0xDF) {
-        return 2;
-    }
-    if (b >= 0xE0 && b <= 0xEF) {
-        return 3;
-    }
-    if (b >= 0xF0 && b <= 0xF4) {
-        return 4;
-    }
-    return 0;
-}
-
-/* Whether b may be the byte at index idx (>= 1) of a sequence led by lead. */
-static int
-u8_cont_ok(uint8_t lead, int idx, uint8_t b)
-{
-    if (idx == 1) {
-        switch (lead) {
-        case 0xE0:
-            return b >= 0xA0 && b <= 0xBF;
-        case 0xED:
-            return b >= 0x80 && b <= 0x9F;
-        case 0xF0:
-            return b >= 0x90 && b <= 0xBF;
-        case 0xF4:
-            return b >= 0x80 && b <= 0x8F;
-        default:
-            break;
-        }
-    }
-    return b >= 0x80 && b <= 0xBF;
-}
-
-/* Length of the well-formed character at s[0..n), or 0 if s[0] does not
- * start one (n > 0). */
-static int
-u8_char_len(const uint8_t *s, size_t n)
-{
-    int need = u8_need(s[0]);
-
-    if (need == 0 || (size_t)need > n) {
-        return 0;
-    }
-    for (int i = 1; i < need; i++) {
-        if (!u8_cont_ok(s[0], i, s[i])) {
-            return 0;
-        }
-    }
-    return need;
-}
-
-static int
-u8_encode(uint32_t cp, char *out)
-{
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-static uint32_t
-u8_decode(const uint8_t *s, int len)
-{
-    switch (len) {
-    case 1:
-        return s[0];
-    case 2:
-        return ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3F);
-    case 3:
-        return ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
-    default:
-        return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
-               ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
-    }
-}
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves,
  * the other 68 bytes map to U+0100.. in byte order. */
@@ -506,13 +408,13 @@ build_piece(tok_tokenizer_t *t, tok_entry_t *e)
         const uint8_t *s = (const uint8_t *)e->text;
         size_t i = 0;
         while (i < e->len) {
-            int cl = u8_char_len(s + i, e->len - i);
-            if (cl == 0) {
+            uint32_t cp;
+            int cl = utf8_decode(s + i, e->len - i, &cp);
+            if (cl <= 0) {
                 sb_add(&b, s + i, 1);
                 i++;
                 continue;
             }
-            uint32_t cp = u8_decode(s + i, cl);
             int found = cp < 0x144 ? t->cp_byte[cp] : -1;
             if (found >= 0) {
                 char c = (char)found;
@@ -555,7 +457,7 @@ tok__finish(tok_tokenizer_t *t, char *err, size_t errlen)
     for (int b = 0; b < 256; b++) {
         if (t->byte_level) {
             char u[4];
-            int n = u8_encode(t->byte_cp[b], u);
+            int n = utf8_encode(t->byte_cp[b], u);
             t->byte_ids[b] = tok__find_n(t, u, (size_t)n);
         } else {
             char name[8];
@@ -953,7 +855,7 @@ enc_word_uncached(enc_t *e, const char *w, size_t n)
             e->word.n = 0;
             for (size_t i = 0; i < n; i++) {
                 char tmp[4];
-                int k = u8_encode(t->byte_cp[u[i]], tmp);
+                int k = utf8_encode(t->byte_cp[u[i]], tmp);
                 sb_add(&e->word, tmp, (size_t)k);
             }
             if (e->word.oom) {
@@ -985,7 +887,7 @@ enc_word_uncached(enc_t *e, const char *w, size_t n)
             cl = 1;
             id = t->byte_ids[u[i]];
         } else {
-            int k = u8_char_len(u + i, n - i);
+            int k = utf8_decode(u + i, n - i, NULL);
             cl = k > 0 ? (size_t)k : 1;
             id = tok__find_n(t, w + i, cl);
             if (id < 0 && t->algo == TOK_ALGO_BPE && t->byte_fallback) {
@@ -1105,7 +1007,7 @@ pre_split(enc_t *e, const tok_pre_t *p, const char *subj_all, int src)
                 me = ov[1];
                 if (me <= ms) {
                     /* Empty match: step over one character and retry. */
-                    int cl = u8_char_len((const uint8_t *)subj + pos, s.len - pos);
+                    int cl = utf8_decode((const uint8_t *)subj + pos, s.len - pos, NULL);
                     pos += cl > 0 ? (size_t)cl : 1;
                     continue;
                 }
@@ -1236,7 +1138,7 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
                 start = i;
             }
             prev_meta = is_meta;
-            int cl = u8_char_len(u + i, e->buf.n - i);
+            int cl = utf8_decode(u + i, e->buf.n - i, NULL);
             i += cl > 0 ? (size_t)cl : 1;
         }
         enc_word(e, e->buf.p + start, e->buf.n - start);
@@ -1257,7 +1159,7 @@ enc_segment(enc_t *e, const char *s, size_t n, int add_prefix)
             e->cap_map = e->buf.n * 3 + 1;
         }
         for (size_t i = 0; i < e->buf.n;) {
-            int cl = u8_char_len(u + i, e->buf.n - i);
+            int cl = utf8_decode(u + i, e->buf.n - i, NULL);
             size_t at = e->san.n;
             if (cl > 0) {
                 sb_add(&e->san, u + i, (size_t)cl);
@@ -1451,9 +1353,9 @@ utf8_feed(uint8_t *pend, size_t *n_pend, const uint8_t *in, size_t n, sb_t *out)
     for (size_t i = 0; i < n; i++) {
         uint8_t b = in[i];
         if (*n_pend > 0) {
-            if (u8_cont_ok(pend[0], (int)*n_pend, b)) {
+            if (utf8_cont_ok(pend[0], (int)*n_pend, b)) {
                 pend[(*n_pend)++] = b;
-                if ((int)*n_pend == u8_need(pend[0])) {
+                if ((int)*n_pend == utf8_lead_len(pend[0])) {
                     sb_add(out, pend, *n_pend);
                     *n_pend = 0;
                 }
@@ -1463,7 +1365,7 @@ utf8_feed(uint8_t *pend, size_t *n_pend, const uint8_t *in, size_t n, sb_t *out)
             *n_pend = 0;
             /* b starts afresh below. */
         }
-        int need = u8_need(b);
+        int need = utf8_lead_len(b);
         if (need == 1) {
             if (!sb_reserve(out, 1)) {
                 return;

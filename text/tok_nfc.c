@@ -13,10 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/utf8.h"
 #include "common/xmalloc.h"
-#include "model/tokenizer_int.h"
+#include "text/tokenizer_int.h"
 
-#include "model/tok_nfc_data.inc"
+#include "text/tok_nfc_data.inc"
 
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -170,70 +171,7 @@ utf8_put(uint32_t cp, char *out)
         out[0] = (char)(cp & 0xFF);
         return 1;
     }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-/* Decodes the well-formed character at s[0..n) into *cp; returns its
- * length, or 0 when s[0] does not start one. */
-static int
-utf8_get(const uint8_t *s, size_t n, uint32_t *cp)
-{
-    uint8_t b = s[0];
-    int need;
-    uint32_t v, min;
-
-    if (b < 0x80) {
-        *cp = b;
-        return 1;
-    }
-    if (b >= 0xC2 && b <= 0xDF) {
-        need = 2;
-        v = b & 0x1F;
-        min = 0x80;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-        need = 3;
-        v = b & 0x0F;
-        min = 0x800;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-        need = 4;
-        v = b & 0x07;
-        min = 0x10000;
-    } else {
-        return 0;
-    }
-    if ((size_t)need > n) {
-        return 0;
-    }
-    for (int i = 1; i < need; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
-            return 0;
-        }
-        v = (v << 6) | (s[i] & 0x3F);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v < 0xE000)) {
-        return 0;
-    }
-    *cp = v;
-    return need;
+    return (size_t)utf8_encode(cp, out);
 }
 
 char *
@@ -261,8 +199,8 @@ tok__nfc(const char *s, size_t n, size_t *out_len)
     }
     while (i < n) {
         uint32_t cp;
-        int len = utf8_get(u + i, n - i, &cp);
-        if (len == 0) {
+        int len = utf8_decode(u + i, n - i, &cp);
+        if (len <= 0) {
             cp = RAW_BYTE | u[i];
             len = 1;
         }
