@@ -11,7 +11,8 @@ within 1e-4 relative. Block-quantized GGUF weights (Q8_0 here): the
 log-prob rule of compare_types.py, because their kernels round the
 activations to 8 bits, which costs more than 1e-4: |dlogprob| within
 max(2e-2, twice what that rounding costs the reference itself) and
-greedy ids equal where the reference's margin exceeds 2.5 times that.
+greedy ids equal where the reference's top-2 margin exceeds max(0.05,
+twice the most that rounding changes a margin).
 
   qwen2-tied     Qwen2: q/k/v biases, tied embeddings
   mqa-headdim    one KV head, head_dim 32 with hidden 64 (q width != hidden)

@@ -428,6 +428,15 @@ def round_activations(x, qt):
     return _act_q8(x, 256 if qt.endswith("_k") else 32)
 
 
+def weight_types(w):
+    """The file types of every matrix of w ("f32" throughout for HF)."""
+    out = [w.get("types", {}).get("lm_head", "f32")]
+    for L in w["layers"]:
+        out += [L.get("types", {}).get(k, "f32") for k in ("wq", "wk", "wv", "wo", "wg", "wu",
+                                                            "wd")]
+    return out
+
+
 def _matmul(x, L, key, act_round):
     """x @ L[key].T; with act_round, the rows of x are first rounded the way
     a kernel for that weight's type may round its activations."""
