@@ -34,11 +34,17 @@ def prompts(vocab):
     return out
 
 
-def check_model(dump, model, label=None):
-    """Compares every prompt at chunk sizes 0 and 7; returns the failures."""
+def check_model(dump, model, label=None, logprob=False):
+    """Compares every prompt at chunk sizes 0 and 7; returns the failures.
+    logprob: judge by compare_types.LogprobRule (log-prob bound and greedy
+    ids, for block-quantized weights) instead of 1e-4 relative."""
     hp, w = llama_ref.load(model)
     vocab = w["lm_head"].shape[0]
     label = label or os.path.basename(model.rstrip("/")) or model
+    rule = None
+    if logprob:
+        import compare_types
+        rule = compare_types.LogprobRule(hp, w, prompts(vocab))
     failed = 0
     for ids in prompts(vocab):
         ref = llama_ref.forward(hp, w, ids)
@@ -55,6 +61,15 @@ def check_model(dump, model, label=None):
                 failed += 1
                 continue
             got = got.reshape(ref.shape)
+            if rule is not None:
+                lp = compare_types.log_softmax
+                worst, checked, bad = rule.check(lp(got), lp(ref))
+                ok = worst <= rule.bound and not bad
+                print("%s %s: %d ids, chunk %d: max |dlogprob| %.2e (bound %.3g), greedy %d/%d "
+                      "positions equal" % ("ok" if ok else "FAIL", label, len(ids), chunk, worst,
+                                           rule.bound, checked - len(bad), checked))
+                failed += not ok
+                continue
             err = np.abs(got - ref).max(axis=1) / np.abs(ref).max(axis=1)
             worst = float(err.max())
             same = int((got.argmax(axis=1) == ref.argmax(axis=1)).sum())
