@@ -1,16 +1,18 @@
 /* cmd_bench_forward.c - `kvserve bench-forward`: forward-pass throughput
  * on the CPU runtime. A benchmark, not a test: it prints figures.
  *
- * For batch 1 and batch B (default 16) it times
+ * For each batch size of --batch (default 1, 8 and 32) it times
  *   prefill: every sequence's P-token prompt in one step (B * P tokens),
  *   decode:  D steps of one new token per sequence,
  * each the best of BF_REPS runs (a shared host disturbs some of them),
  * and relates decode to the memory roofline: a decode step must read every
  * weight once plus each sequence's K and V so far, so its time is at least
- * bytes / bandwidth, with bandwidth measured here by a large memcpy
- * (STREAM "copy" convention: read + write bytes per second). Decode is
- * also given per CPU-second of the process, a figure a busy host disturbs
- * less than wall-clock time.
+ * bytes / bandwidth, with bandwidth measured here as the read rate of a
+ * 256 MiB buffer summed by every kernel thread (decode only reads
+ * weights). Decode is also given per CPU-second of the process, a figure
+ * a busy host disturbs less than wall-clock time. The weights stay in
+ * their file's type (--dtype converts at load, as serve does); the peak
+ * RSS of the process is printed at the end.
  *
  * --kv-cache-dtype picks the KV format (the compressed ones read fewer KV
  * bytes per decode step; the roofline counts the format's bytes per token,
@@ -22,6 +24,8 @@
 
 #include <getopt.h>
 #include <omp.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,53 +47,106 @@ static void
 bf_usage(FILE *f)
 {
     fprintf(f, "usage: kvserve bench-forward [--model PATH] [--prompt-len P] [--decode D]\n"
-               "                             [--batch B] [--threads N] [--kv-cache-dtype X]\n"
+               "                             [--batch B[,B...]] [--threads N] [--kv-cache-dtype X]\n"
+               "                             [--dtype T]\n"
                "\n"
                "  --model PATH     Hugging Face directory or .gguf (default " BF_DEFAULT_MODEL ")\n"
                "  --prompt-len P   prompt tokens per sequence (default 128)\n"
                "  --decode D       decode steps (default 64)\n"
-               "  --batch B        the larger batch (default 16; batch 1 always runs)\n"
+               "  --batch B[,B...] batch sizes (default 1,8,32)\n"
                "  --threads N      CPU threads (default: every core)\n"
                "  --kv-cache-dtype X  f32 f16 bf16 fp8_e4m3 int8 int4 (default f32)\n"
+               "  --dtype T        weights: auto (the file's type), f32, bf16, f16 (default auto)\n"
                "  --help           this text\n");
 }
 
-/* Copy bandwidth in bytes/s: best of a few 128 MiB memcpys split over
- * the kernel threads. */
+/* Read bandwidth in bytes/s: best of a few sums of a 1 GiB buffer (past
+ * any last-level cache) split over the kernel threads. */
 static double
-bf_copy_bandwidth(void)
+bf_read_bandwidth_here(void)
 {
-    size_t len = (size_t)128 << 20;
-    char *a = malloc(len), *b = malloc(len);
+    size_t len = (size_t)1 << 30, n = len / sizeof(uint64_t);
+    uint64_t *a = malloc(len);
     double best = 0.0;
     int nt = kn_cpu_threads();
+    volatile uint64_t sink = 0;
 
-    if (a == NULL || b == NULL) {
-        free(a);
-        free(b);
+    if (a == NULL) {
         return 0.0;
     }
-    memset(a, 1, len);
-    memset(b, 2, len);
+    for (size_t i = 0; i < n; i++) {
+        a[i] = i;
+    }
     for (int rep = 0; rep < 5; rep++) {
         double t0 = now_s();
+        uint64_t total = 0;
 
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) reduction(+ : total)
         {
-            int id = omp_get_thread_num(), n = omp_get_num_threads();
-            size_t per = len / (size_t)n;
+            int id = omp_get_thread_num(), k = omp_get_num_threads();
+            size_t per = n / (size_t)k;
+            const uint64_t *p = a + (size_t)id * per;
+            uint64_t acc[8] = {0};
 
-            memcpy(b + (size_t)id * per, a + (size_t)id * per, per);
+            for (size_t i = 0; i + 8 <= per; i += 8) {
+                for (int j = 0; j < 8; j++) {
+                    acc[j] += p[i + j];
+                }
+            }
+            for (int j = 0; j < 8; j++) {
+                total += acc[j];
+            }
         }
         double dt = now_s() - t0;
 
-        if (2.0 * (double)len / dt > best) {
-            best = 2.0 * (double)len / dt;
+        sink += total;
+        if ((double)len / dt > best) {
+            best = (double)len / dt;
         }
     }
+    (void)sink;
     free(a);
-    free(b);
     return best;
+}
+
+/* bf_read_bandwidth_here() in a child process, so that its buffer does not
+ * count in this process's peak RSS. */
+static double
+bf_read_bandwidth(int threads)
+{
+    int fd[2];
+    double bw = 0.0;
+    pid_t pid;
+
+    if (pipe(fd) != 0) {
+        return 0.0;
+    }
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        kn_cpu_init(threads);
+        bw = bf_read_bandwidth_here();
+        _exit(write(fd[1], &bw, sizeof(bw)) == (ssize_t)sizeof(bw) ? 0 : 1);
+    }
+    close(fd[1]);
+    if (pid < 0 || read(fd[0], &bw, sizeof(bw)) != (ssize_t)sizeof(bw)) {
+        bw = 0.0;
+    }
+    close(fd[0]);
+    if (pid > 0) {
+        waitpid(pid, NULL, 0);
+    }
+    return bw;
+}
+
+/* Peak resident set of the process, bytes. */
+static double
+bf_peak_rss(void)
+{
+    struct rusage ru;
+
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss * 1024.0;
 }
 
 /* CPU time of the whole process: on a busy host, wall-clock figures
@@ -250,12 +307,16 @@ cmd_bench_forward(int argc, char **argv)
         {"batch", required_argument, NULL, 'b'},
         {"threads", required_argument, NULL, 't'},
         {"kv-cache-dtype", required_argument, NULL, 'k'},
+        {"dtype", required_argument, NULL, 'w'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *model = NULL;
-    int32_t plen = 128, dec = 64, batch = 16, threads = 0;
+    int32_t plen = 128, dec = 64, threads = 0;
+    int32_t batches[16] = {1, 8, 32};
+    int n_batches = 3;
     mdl_kv_dtype_t kvdt = MDL_KV_F32;
+    mdl_load_opts_t lo = {0};
     char defpath[4096], err[512] = "";
     mdl_model_t *m = NULL;
     int c;
@@ -266,7 +327,7 @@ cmd_bench_forward(int argc, char **argv)
         char *end = NULL;
         long v = 0;
 
-        if (c != 'm' && c != 'k' && c != 'h' && c != '?') {
+        if (c != 'm' && c != 'k' && c != 'w' && c != 'b' && c != 'h' && c != '?') {
             v = strtol(optarg, &end, 10);
             if (*end != '\0' || v < (c == 't' ? 0 : 1) || v > 1000000) {
                 fprintf(stderr, "kvserve bench-forward: bad value '%s'\n", optarg);
@@ -285,7 +346,26 @@ cmd_bench_forward(int argc, char **argv)
             dec = (int32_t)v;
             break;
         case 'b':
-            batch = (int32_t)v;
+            n_batches = 0;
+            for (char *p = optarg; n_batches < 16; p = end + 1) {
+                v = strtol(p, &end, 10);
+                if (end == p || (*end != ',' && *end != '\0') || v < 1 || v > 4096) {
+                    fprintf(stderr, "kvserve bench-forward: bad --batch '%s'\n", optarg);
+                    bf_usage(stderr);
+                    return 2;
+                }
+                batches[n_batches++] = (int32_t)v;
+                if (*end == '\0') {
+                    break;
+                }
+            }
+            break;
+        case 'w':
+            if (mdl_dtype_parse(optarg, &lo.dtype) != ST_OK) {
+                fprintf(stderr, "kvserve bench-forward: bad --dtype '%s'\n", optarg);
+                bf_usage(stderr);
+                return 2;
+            }
             break;
         case 't':
             threads = (int32_t)v;
@@ -315,7 +395,7 @@ cmd_bench_forward(int argc, char **argv)
         snprintf(defpath, sizeof(defpath), "%s/%s", KVSERVE_SOURCE_ROOT, BF_DEFAULT_MODEL);
         model = access(defpath, R_OK) == 0 ? defpath : BF_DEFAULT_MODEL;
     }
-    if (mdl_model_load(model, &m, err, sizeof(err)) != ST_OK) {
+    if (mdl_model_load_opts(model, &lo, &m, err, sizeof(err)) != ST_OK) {
         fprintf(stderr, "kvserve bench-forward: %s\n", err);
         return 1;
     }
@@ -327,13 +407,17 @@ cmd_bench_forward(int argc, char **argv)
         mdl_model_destroy(m);
         return 2;
     }
-    kn_cpu_init(threads);
-    double bw = bf_copy_bandwidth();
+    double bw = bf_read_bandwidth(threads); /* before the kernel threads start: fork-safe */
 
-    printf("model %s: %d layers, dim %d, %d/%d heads, ffn %d, vocab %d, %.1f MB f32 weights\n",
-           model, mc->n_layers, mc->dim, mc->n_heads, mc->n_kv_heads, mc->ffn_dim, mc->vocab_size,
-           (double)mdl_model_weight_bytes(m) / 1e6);
-    printf("cpu: %s kernels, %d threads; copy bandwidth %.2f GB/s\n", kn_isa_name(kn_cpu_isa()),
+    kn_cpu_init(threads);
+    char types[256];
+
+    mdl_model_weight_types(m, types, sizeof(types));
+    printf("model %s: %d layers, dim %d, %d/%d heads, ffn %d, vocab %d\n", model, mc->n_layers,
+           mc->dim, mc->n_heads, mc->n_kv_heads, mc->ffn_dim, mc->vocab_size);
+    printf("weights: %s; %.1f MB read per token; RSS after load %.1f MiB\n", types,
+           (double)mdl_model_weight_bytes(m) / 1e6, bf_peak_rss() / 1048576.0);
+    printf("cpu: %s kernels, %d threads; read bandwidth %.2f GB/s\n", kn_isa_name(kn_cpu_isa()),
            kn_cpu_threads(), bw / 1e9);
     long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
 
@@ -346,9 +430,7 @@ cmd_bench_forward(int argc, char **argv)
            mdl_kv_dtype_name(kvdt), (double)mdl_kv_block_bytes(mc, BF_BLOCK, kvdt) / BF_BLOCK);
     printf("%6s %14s %14s %16s %18s\n", "batch", "prefill tok/s", "decode tok/s", "decode/roofline",
            "decode tok/cpu-s");
-    int32_t batches[2] = {1, batch};
-
-    for (int i = 0; i < (batch == 1 ? 1 : 2); i++) {
+    for (int i = 0; i < n_batches; i++) {
         bf_run_t r = {0};
         int st = bf_run(m, batches[i], plen, dec, threads, kvdt, bw, &r, err, sizeof(err));
 
@@ -362,6 +444,7 @@ cmd_bench_forward(int argc, char **argv)
                100.0 * r.roofline_frac, r.decode_cpu_tps);
         fflush(stdout);
     }
+    printf("peak RSS %.1f MiB\n", bf_peak_rss() / 1048576.0);
     mdl_model_destroy(m);
     return 0;
 }
