@@ -822,6 +822,17 @@ static kn_qrows_fn
 kn_qrows_for_isa(kn_isa_t isa)
 {
 #if defined(__x86_64__) || defined(__i386__)
+    static int f16c = -1;
+
+    /* The SIMD decoders convert f16 scales with F16C, which every AVX2 CPU
+     * shipped has; checked anyway, since the ISA levels do not name it. */
+    if (f16c < 0) {
+        __builtin_cpu_init();
+        f16c = __builtin_cpu_supports("f16c") != 0;
+    }
+    if (!f16c) {
+        return kn__qrows_generic;
+    }
     switch (isa) {
     case KN_ISA_AVX2:
         return kn__qrows_avx2;

@@ -5,7 +5,8 @@
  * random and outlier-heavy data, and kn_matmul_w at every ISA level this
  * CPU has x thread counts 1 and 2 x every type x n_tok in {1, 2, 3, 4, 5,
  * 8, 17, 64} x shapes whose rows are not multiples of the 4-row tile and
- * whose columns are 256, 512 and 1280, against kn_matmul_w_ref and
+ * whose columns are 256, 512 and 1280 (and 576, 96, 37 for the types
+ * whose blocks divide them), against kn_matmul_w_ref and
  * against an f32 product over the dequantized weights; bias and
  * accumulate; one activation shared by every type; the embedding lookup.
  *
@@ -327,14 +328,19 @@ check_matmul_case(int32_t rows, int32_t cols, int32_t n_tok, int outliers, int m
     float *xam = malloc(sizeof(float) * (size_t)n_tok * cols);
 
     fill(x, (size_t)n_tok * cols, outliers);
-    for (size_t i = 0; i < (size_t)n_tok * cols; i += 32) { /* each 32-block's absmax */
-        float m = 0;
+    for (int32_t tk = 0; tk < n_tok; tk++) { /* each 32-block's absmax */
+        const float *xt = x + (size_t)tk * cols;
 
-        for (size_t l = i; l < i + 32; l++) {
-            m = fmaxf(m, fabsf(x[l]));
-        }
-        for (size_t l = i; l < i + 32; l++) {
-            xam[l] = m;
+        for (int32_t i = 0; i < cols; i += 32) {
+            int32_t e = i + 32 < cols ? i + 32 : cols;
+            float m = 0;
+
+            for (int32_t l = i; l < e; l++) {
+                m = fmaxf(m, fabsf(xt[l]));
+            }
+            for (int32_t l = i; l < e; l++) {
+                xam[(size_t)tk * cols + l] = m;
+            }
         }
     }
     fill(bias, (size_t)rows, 0);
@@ -343,6 +349,9 @@ check_matmul_case(int32_t rows, int32_t cols, int32_t n_tok, int outliers, int m
      * first use and shared. */
     kn_act_init(&act, x, n_tok, cols, abuf);
     for (int t = 0; t < KN_W_NTYPES; t++) {
+        if (cols % kn_wtype_block_elems((kn_wtype_t)t) != 0) {
+            continue; /* K-quants need a multiple of 256 */
+        }
         kn_weight_t w = make_weight((kn_wtype_t)t, rows, cols, 0, deq);
 
         memcpy(yr, y0, sizeof(float) * ny);
@@ -443,6 +452,20 @@ END_TEST
 
 /* Large enough to run on two threads (>= 2^19 multiply-adds): the row
  * split of a decode-shaped GEMV and of a batch. */
+/* Rows of q8_0 / q4_0 / f16 / bf16 that end inside a 256-column slice
+ * (SmolLM's 576, a 96) and a 16-bit row of an odd length. */
+START_TEST(test_matmul_partial_slices)
+{
+    static const int32_t nts[] = {1, 3, 8};
+
+    for (int i = 0; i < 3; i++) {
+        check_matmul_case(9, 576, nts[i], i % 2, i);
+        check_matmul_case(6, 96, nts[i], 1, 2 - i);
+        check_matmul_case(7, 37, nts[i], 0, 1);
+    }
+}
+END_TEST
+
 START_TEST(test_matmul_threads)
 {
     check_matmul_case(300, 2048, 1, 0, 1);
@@ -479,6 +502,7 @@ quant_suite(void)
     tcase_add_test(tc, test_dequant_hand);
     tcase_add_test(tc, test_roundtrip);
     tcase_add_test(tc, test_matmul_matrix);
+    tcase_add_test(tc, test_matmul_partial_slices);
     tcase_add_test(tc, test_matmul_threads);
     tcase_add_test(tc, test_embed);
     suite_add_tcase(s, tc);
