@@ -192,7 +192,8 @@ main(int argc, char **argv)
 
                     /* Passes over every copy (the first one warms up); each call
                      * quantizes its activations anew (no sharing: the worst case). */
-                    for (int pass = 0; pass < (hot ? 1000000 : 6) && (pass < 2 || spent < ms_budget * 1e-3);
+                    for (int pass = 0;
+                         pass < (hot ? 1000000 : 6) && (pass < 2 || spent < ms_budget * 1e-3);
                          pass++) {
                         double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID), dt, dc;
 

@@ -103,7 +103,7 @@ START_TEST(test_dequant_hand)
     /* q4_0, d = 2: byte l holds element l (low nibble) and l + 16 (high). */
     memset(b, 0, sizeof(b));
     put16(b, 0x4000);
-    b[2] = 0xF0; /* element 0: q 0 -> -16; element 16: q 15 -> 14 */
+    b[2] = 0xF0;  /* element 0: q 0 -> -16; element 16: q 15 -> 14 */
     b[17] = 0x89; /* element 15: q 9 -> 2; element 31: q 8 -> 0 */
     kn_dequant_row(KN_W_Q4_0, b, y, 32);
     ck_assert(y[0] == -16.0f && y[16] == 14.0f && y[15] == 2.0f && y[31] == 0.0f && y[1] == -16.0f);
@@ -122,8 +122,8 @@ START_TEST(test_dequant_hand)
     b[4 + 1] = (uint8_t)(2 << 6);
     b[4 + 5] = (uint8_t)(3 << 6);
     b[4 + 9] = (uint8_t)(0xA | (1 << 4));
-    b[16 + 0] = 0x07;       /* element 0: q 7; element 32: q 0 */
-    b[16 + 64 + 3] = 0xB0;  /* element 128 + 3: q 0 (sub 4); element 160 + 3: q 11 */
+    b[16 + 0] = 0x07;      /* element 0: q 7; element 32: q 0 */
+    b[16 + 64 + 3] = 0xB0; /* element 128 + 3: q 0 (sub 4); element 160 + 3: q 11 */
     kn_dequant_row(KN_W_Q4_K, b, y, 256);
     ck_assert(y[0] == -0.25f * 3 * 7 + 2.0f * 5);
     ck_assert(y[1] == 2.0f * 5);
@@ -138,13 +138,13 @@ START_TEST(test_dequant_hand)
     memset(b, 0, sizeof(b));
     put16(b, 0x3800);
     put16(b + 2, 0x3c00);
-    b[4 + 0] = 10;      /* sub 0: sc 10 */
-    b[4 + 4] = 63;      /* sub 0: m 63 */
-    b[4 + 3] = 7;       /* sub 3: sc 7 */
-    b[4 + 7] = 1;       /* sub 3: m 1 */
-    b[16 + 2] = 0x01;   /* qh[2] bit 0 */
-    b[16 + 1] = 0x08;   /* qh[1] bit 3 */
-    b[48 + 2] = 0x05;   /* element 2 low nibble 5 */
+    b[4 + 0] = 10;         /* sub 0: sc 10 */
+    b[4 + 4] = 63;         /* sub 0: m 63 */
+    b[4 + 3] = 7;          /* sub 3: sc 7 */
+    b[4 + 7] = 1;          /* sub 3: m 1 */
+    b[16 + 2] = 0x01;      /* qh[2] bit 0 */
+    b[16 + 1] = 0x08;      /* qh[1] bit 3 */
+    b[48 + 2] = 0x05;      /* element 2 low nibble 5 */
     b[48 + 32 + 1] = 0x90; /* element 97: high nibble 9 */
     kn_dequant_row(KN_W_Q5_K, b, y, 256);
     ck_assert(y[2] == 0.5f * 10 * (5 + 16) - 63.0f);
@@ -159,9 +159,9 @@ START_TEST(test_dequant_hand)
     put16(b + 208, 0x3800);
     b[192 + 3] = (uint8_t)(int8_t)-7;
     b[192 + 12] = 100;
-    b[17 + 32] = 0x0C;              /* low 12 */
-    b[128 + 17] = (uint8_t)(2 << 2); /* high 2 -> q = 12 + 32 = 44 */
-    b[64 + 5] = 0x30;               /* high nibble 3 */
+    b[17 + 32] = 0x0C;                   /* low 12 */
+    b[128 + 17] = (uint8_t)(2 << 2);     /* high 2 -> q = 12 + 32 = 44 */
+    b[64 + 5] = 0x30;                    /* high nibble 3 */
     b[128 + 32 + 5] = (uint8_t)(3 << 4); /* q = 3 + 48 = 51 */
     kn_dequant_row(KN_W_Q6_K, b, y, 256);
     ck_assert(y[49] == 0.5f * -7 * (44 - 32));
@@ -271,8 +271,14 @@ START_TEST(test_roundtrip)
      * 2/64 (-32..31 over absmax); f16 / bf16 half-ulp relative. Outlier
      * data: only the per-block bounds (its RMS is dominated by outliers). */
     static const double rms_max[KN_W_NTYPES] = {
-        0, 1.3 * 2.0 / 2048 / 1.7, 1.3 * 2.0 / 256 / 1.7, 1.3 * 0.00787 * 1.0,
-        1.3 * 0.0625 * 1.0, 1.3 * 0.0667, 1.3 * 0.0323, 1.3 * 0.0156,
+        0,
+        1.3 * 2.0 / 2048 / 1.7,
+        1.3 * 2.0 / 256 / 1.7,
+        1.3 * 0.00787 * 1.0,
+        1.3 * 0.0625 * 1.0,
+        1.3 * 0.0667,
+        1.3 * 0.0323,
+        1.3 * 0.0156,
     };
 
     for (int t = KN_W_F16; t < KN_W_NTYPES; t++) {
@@ -369,8 +375,8 @@ check_matmul_case(int32_t rows, int32_t cols, int32_t n_tok, int outliers, int m
                     sq += wv * amax / 254.0;
                     sh += wv * fabs(xv) / 512.0;
                 }
-                double base = fabs(y0[(size_t)tk * rows + o]) * accumulate +
-                              (bp != NULL ? fabs(bias[o]) : 0);
+                double base =
+                    fabs(y0[(size_t)tk * rows + o]) * accumulate + (bp != NULL ? fabs(bias[o]) : 0);
                 size_t k = (size_t)tk * rows + o;
 
                 /* vs the reference: both take the same integer dots and the
@@ -413,9 +419,8 @@ check_matmul_case(int32_t rows, int32_t cols, int32_t n_tok, int outliers, int m
                                   kn_wtype_name((kn_wtype_t)t), kn_isa_name((kn_isa_t)isa), nt,
                                   rows, cols, n_tok, mode, i, y[i], yr[i], tol_ref[i]);
                     ck_assert_msg(fabs((double)y[i] - yf[i]) <= tol_f32[i],
-                                  "%s %s vs f32 at %zu: %g vs %g",
-                                  kn_wtype_name((kn_wtype_t)t), kn_isa_name((kn_isa_t)isa), i,
-                                  y[i], yf[i]);
+                                  "%s %s vs f32 at %zu: %g vs %g", kn_wtype_name((kn_wtype_t)t),
+                                  kn_isa_name((kn_isa_t)isa), i, y[i], yf[i]);
                 }
             }
         }
