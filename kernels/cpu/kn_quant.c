@@ -22,6 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_cpu.h"
 #include "kernels/cpu/kn_int.h"
@@ -826,9 +830,10 @@ kn_qrows_for_isa(kn_isa_t isa)
 
     /* The SIMD decoders convert f16 scales with F16C, which every AVX2 CPU
      * shipped has; checked anyway, since the ISA levels do not name it. */
-    if (f16c < 0) {
-        __builtin_cpu_init();
-        f16c = __builtin_cpu_supports("f16c") != 0;
+    if (f16c < 0) { /* cpuid leaf 1, ecx bit 29 (clang 14 has no "f16c" builtin name) */
+        unsigned int eax, ebx, ecx = 0, edx;
+
+        f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
     }
     if (!f16c) {
         return kn__qrows_generic;
