@@ -379,15 +379,17 @@ check_matmul_case(int32_t rows, int32_t cols, int32_t n_tok, int outliers, int m
                     fabs(y0[(size_t)tk * rows + o]) * accumulate + (bp != NULL ? fabs(bias[o]) : 0);
                 size_t k = (size_t)tk * rows + o;
 
-                /* vs the reference: both take the same integer dots and the
-                 * same f32 scale products; the fast path sums them in f32 in
+                /* vs the reference: both take exact integer dots and the same
+                 * f32 scale products; the fast path sums them in f32 in
                  * another order: at most ~30 roundings of 2^-24 (20 products
                  * per lane at 1280 columns, a 16-lane tree, slice partials,
-                 * the base) on sums bounded by the terms' magnitudes, which
-                 * exceed |w x| by at most the q4_K / q5_K min offsets'
-                 * cancellation (under 10x): 30 * 6e-8 * 10 = 2e-5; 1e-4
-                 * leaves 5x margin. A wrong block scale or code is off by a
-                 * whole term, far above this. */
+                 * the base) on sums bounded by the terms' magnitudes. Those
+                 * exceed |w x| where the SIMD decoders split a value into a
+                 * code and an offset (q8_0 q + 128, q4_0 q - 8, q6_K q - 32,
+                 * the K-quant mins; kn_quant_body.inc): by about 2 to 4x on
+                 * these weights, 10x allowed: 30 * 6e-8 * 10 = 2e-5, and
+                 * 1e-4 leaves 5x margin. A wrong block scale or code is off
+                 * by a whole term, far above this. */
                 tol_ref[k] = 1e-4 * (s + base) + 1e-6;
                 /* vs f32 over the dequantized weights: the activation's
                  * 8-bit rounding moves each x by at most half its block's
