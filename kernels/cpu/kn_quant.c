@@ -22,6 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_cpu.h"
 #include "kernels/cpu/kn_int.h"
@@ -35,9 +39,9 @@ static const struct {
     int32_t elems;
     size_t bytes;
 } kn_wtypes[KN_W_NTYPES] = {
-    [KN_W_F32] = {"f32", 1, 4},      [KN_W_F16] = {"f16", 1, 2},
-    [KN_W_BF16] = {"bf16", 1, 2},    [KN_W_Q8_0] = {"q8_0", 32, 34},
-    [KN_W_Q4_0] = {"q4_0", 32, 18},  [KN_W_Q4_K] = {"q4_k", 256, 144},
+    [KN_W_F32] = {"f32", 1, 4},       [KN_W_F16] = {"f16", 1, 2},
+    [KN_W_BF16] = {"bf16", 1, 2},     [KN_W_Q8_0] = {"q8_0", 32, 34},
+    [KN_W_Q4_0] = {"q4_0", 32, 18},   [KN_W_Q4_K] = {"q4_k", 256, 144},
     [KN_W_Q5_K] = {"q5_k", 256, 176}, [KN_W_Q6_K] = {"q6_k", 256, 210},
 };
 
@@ -822,6 +826,18 @@ static kn_qrows_fn
 kn_qrows_for_isa(kn_isa_t isa)
 {
 #if defined(__x86_64__) || defined(__i386__)
+    static int f16c = -1;
+
+    /* The SIMD decoders convert f16 scales with F16C, which every AVX2 CPU
+     * shipped has; checked anyway, since the ISA levels do not name it. */
+    if (f16c < 0) { /* cpuid leaf 1, ecx bit 29 (clang 14 has no "f16c" builtin name) */
+        unsigned int eax, ebx, ecx = 0, edx;
+
+        f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+    }
+    if (!f16c) {
+        return kn__qrows_generic;
+    }
     switch (isa) {
     case KN_ISA_AVX2:
         return kn__qrows_avx2;

@@ -8,9 +8,10 @@
  * per input (kn_act_t: blocks of 32 with an f32 scale, shared by every
  * weight reading that input) and run integer dot products: AVX512-VNNI
  * vpdpbusd, else AVX2 / AVX-512BW vpmaddubsw, else C. Every block is read
- * through one decoded form, value = a * s + c per element, with s an int8
- * code, a a scale per 16 elements and c an offset per 16 (non-zero only
- * for the q4_K / q5_K mins):
+ * through one decoded form, value = a * s + c per element, with s an 8-bit
+ * code, a a scale per 16 elements and c an offset per 16 (the q4_K / q5_K
+ * mins, and in the SIMD kernels the zero points they move out of the
+ * codes, see kn_quant_body.inc):
  *
  *   dot(row, x) = sum over 16-groups h of  dx_h * (a_h * sum_h(s * xq))
  *                                        + c_h * (dx_h * sum_h(xq))

@@ -4,7 +4,9 @@
  * The SIMD kernels read a weight row through 256-column slices decoded
  * into kn_qdec_t: value = a4[i / 4] * s[i] + c16[i / 16] for column i of
  * the slice (a4 holds each 16-group's scale four times: the 32-bit lane
- * layout of the integer dot products, one lane per 4 codes).
+ * layout of the integer dot products, one lane per 4 codes). s holds
+ * signed codes from the C decoder and, from the SIMD decoders, unsigned
+ * ones (bytes 0..255) with the zero points in c16 (kn_quant_body.inc).
  *
  * Thread: constant tables; the row functions work on the rows they are
  * given, single-threaded.

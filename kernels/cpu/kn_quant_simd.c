@@ -3,6 +3,8 @@
  * AVX-512 F/BW/VL, and AVX-512 VNNI + BF16. kn_quant.c picks one from
  * kn_cpu_isa() at each call, so the binary never needs -march. As in
  * kn_simd.c, clang gets the targets through "#pragma clang attribute".
+ *
+ * Thread: no state; see kn_quant_int.h.
  */
 #include <stdint.h>
 #include <string.h>
@@ -41,7 +43,8 @@
 #endif
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))),   \
+                             apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
@@ -60,7 +63,9 @@
 #endif
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16,avx2,fma,f16c"))), apply_to = function)
+#pragma clang attribute push(                                                                      \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16,avx2,fma,f16c"))),      \
+    apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16,avx2,fma,f16c")

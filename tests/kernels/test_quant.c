@@ -5,7 +5,8 @@
  * random and outlier-heavy data, and kn_matmul_w at every ISA level this
  * CPU has x thread counts 1 and 2 x every type x n_tok in {1, 2, 3, 4, 5,
  * 8, 17, 64} x shapes whose rows are not multiples of the 4-row tile and
- * whose columns are 256, 512 and 1280, against kn_matmul_w_ref and
+ * whose columns are 256, 512 and 1280 (and 576, 96, 37 for the types
+ * whose blocks divide them), against kn_matmul_w_ref and
  * against an f32 product over the dequantized weights; bias and
  * accumulate; one activation shared by every type; the embedding lookup.
  *
@@ -102,7 +103,7 @@ START_TEST(test_dequant_hand)
     /* q4_0, d = 2: byte l holds element l (low nibble) and l + 16 (high). */
     memset(b, 0, sizeof(b));
     put16(b, 0x4000);
-    b[2] = 0xF0; /* element 0: q 0 -> -16; element 16: q 15 -> 14 */
+    b[2] = 0xF0;  /* element 0: q 0 -> -16; element 16: q 15 -> 14 */
     b[17] = 0x89; /* element 15: q 9 -> 2; element 31: q 8 -> 0 */
     kn_dequant_row(KN_W_Q4_0, b, y, 32);
     ck_assert(y[0] == -16.0f && y[16] == 14.0f && y[15] == 2.0f && y[31] == 0.0f && y[1] == -16.0f);
@@ -121,8 +122,8 @@ START_TEST(test_dequant_hand)
     b[4 + 1] = (uint8_t)(2 << 6);
     b[4 + 5] = (uint8_t)(3 << 6);
     b[4 + 9] = (uint8_t)(0xA | (1 << 4));
-    b[16 + 0] = 0x07;       /* element 0: q 7; element 32: q 0 */
-    b[16 + 64 + 3] = 0xB0;  /* element 128 + 3: q 0 (sub 4); element 160 + 3: q 11 */
+    b[16 + 0] = 0x07;      /* element 0: q 7; element 32: q 0 */
+    b[16 + 64 + 3] = 0xB0; /* element 128 + 3: q 0 (sub 4); element 160 + 3: q 11 */
     kn_dequant_row(KN_W_Q4_K, b, y, 256);
     ck_assert(y[0] == -0.25f * 3 * 7 + 2.0f * 5);
     ck_assert(y[1] == 2.0f * 5);
@@ -137,13 +138,13 @@ START_TEST(test_dequant_hand)
     memset(b, 0, sizeof(b));
     put16(b, 0x3800);
     put16(b + 2, 0x3c00);
-    b[4 + 0] = 10;      /* sub 0: sc 10 */
-    b[4 + 4] = 63;      /* sub 0: m 63 */
-    b[4 + 3] = 7;       /* sub 3: sc 7 */
-    b[4 + 7] = 1;       /* sub 3: m 1 */
-    b[16 + 2] = 0x01;   /* qh[2] bit 0 */
-    b[16 + 1] = 0x08;   /* qh[1] bit 3 */
-    b[48 + 2] = 0x05;   /* element 2 low nibble 5 */
+    b[4 + 0] = 10;         /* sub 0: sc 10 */
+    b[4 + 4] = 63;         /* sub 0: m 63 */
+    b[4 + 3] = 7;          /* sub 3: sc 7 */
+    b[4 + 7] = 1;          /* sub 3: m 1 */
+    b[16 + 2] = 0x01;      /* qh[2] bit 0 */
+    b[16 + 1] = 0x08;      /* qh[1] bit 3 */
+    b[48 + 2] = 0x05;      /* element 2 low nibble 5 */
     b[48 + 32 + 1] = 0x90; /* element 97: high nibble 9 */
     kn_dequant_row(KN_W_Q5_K, b, y, 256);
     ck_assert(y[2] == 0.5f * 10 * (5 + 16) - 63.0f);
@@ -158,9 +159,9 @@ START_TEST(test_dequant_hand)
     put16(b + 208, 0x3800);
     b[192 + 3] = (uint8_t)(int8_t)-7;
     b[192 + 12] = 100;
-    b[17 + 32] = 0x0C;              /* low 12 */
-    b[128 + 17] = (uint8_t)(2 << 2); /* high 2 -> q = 12 + 32 = 44 */
-    b[64 + 5] = 0x30;               /* high nibble 3 */
+    b[17 + 32] = 0x0C;                   /* low 12 */
+    b[128 + 17] = (uint8_t)(2 << 2);     /* high 2 -> q = 12 + 32 = 44 */
+    b[64 + 5] = 0x30;                    /* high nibble 3 */
     b[128 + 32 + 5] = (uint8_t)(3 << 4); /* q = 3 + 48 = 51 */
     kn_dequant_row(KN_W_Q6_K, b, y, 256);
     ck_assert(y[49] == 0.5f * -7 * (44 - 32));
@@ -270,8 +271,14 @@ START_TEST(test_roundtrip)
      * 2/64 (-32..31 over absmax); f16 / bf16 half-ulp relative. Outlier
      * data: only the per-block bounds (its RMS is dominated by outliers). */
     static const double rms_max[KN_W_NTYPES] = {
-        0, 1.3 * 2.0 / 2048 / 1.7, 1.3 * 2.0 / 256 / 1.7, 1.3 * 0.00787 * 1.0,
-        1.3 * 0.0625 * 1.0, 1.3 * 0.0667, 1.3 * 0.0323, 1.3 * 0.0156,
+        0,
+        1.3 * 2.0 / 2048 / 1.7,
+        1.3 * 2.0 / 256 / 1.7,
+        1.3 * 0.00787 * 1.0,
+        1.3 * 0.0625 * 1.0,
+        1.3 * 0.0667,
+        1.3 * 0.0323,
+        1.3 * 0.0156,
     };
 
     for (int t = KN_W_F16; t < KN_W_NTYPES; t++) {
@@ -327,14 +334,19 @@ check_matmul_case(int32_t rows, int32_t cols, int32_t n_tok, int outliers, int m
     float *xam = malloc(sizeof(float) * (size_t)n_tok * cols);
 
     fill(x, (size_t)n_tok * cols, outliers);
-    for (size_t i = 0; i < (size_t)n_tok * cols; i += 32) { /* each 32-block's absmax */
-        float m = 0;
+    for (int32_t tk = 0; tk < n_tok; tk++) { /* each 32-block's absmax */
+        const float *xt = x + (size_t)tk * cols;
 
-        for (size_t l = i; l < i + 32; l++) {
-            m = fmaxf(m, fabsf(x[l]));
-        }
-        for (size_t l = i; l < i + 32; l++) {
-            xam[l] = m;
+        for (int32_t i = 0; i < cols; i += 32) {
+            int32_t e = i + 32 < cols ? i + 32 : cols;
+            float m = 0;
+
+            for (int32_t l = i; l < e; l++) {
+                m = fmaxf(m, fabsf(xt[l]));
+            }
+            for (int32_t l = i; l < e; l++) {
+                xam[(size_t)tk * cols + l] = m;
+            }
         }
     }
     fill(bias, (size_t)rows, 0);
@@ -343,6 +355,9 @@ check_matmul_case(int32_t rows, int32_t cols, int32_t n_tok, int outliers, int m
      * first use and shared. */
     kn_act_init(&act, x, n_tok, cols, abuf);
     for (int t = 0; t < KN_W_NTYPES; t++) {
+        if (cols % kn_wtype_block_elems((kn_wtype_t)t) != 0) {
+            continue; /* K-quants need a multiple of 256 */
+        }
         kn_weight_t w = make_weight((kn_wtype_t)t, rows, cols, 0, deq);
 
         memcpy(yr, y0, sizeof(float) * ny);
@@ -360,19 +375,21 @@ check_matmul_case(int32_t rows, int32_t cols, int32_t n_tok, int outliers, int m
                     sq += wv * amax / 254.0;
                     sh += wv * fabs(xv) / 512.0;
                 }
-                double base = fabs(y0[(size_t)tk * rows + o]) * accumulate +
-                              (bp != NULL ? fabs(bias[o]) : 0);
+                double base =
+                    fabs(y0[(size_t)tk * rows + o]) * accumulate + (bp != NULL ? fabs(bias[o]) : 0);
                 size_t k = (size_t)tk * rows + o;
 
-                /* vs the reference: both take the same integer dots and the
-                 * same f32 scale products; the fast path sums them in f32 in
+                /* vs the reference: both take exact integer dots and the same
+                 * f32 scale products; the fast path sums them in f32 in
                  * another order: at most ~30 roundings of 2^-24 (20 products
                  * per lane at 1280 columns, a 16-lane tree, slice partials,
-                 * the base) on sums bounded by the terms' magnitudes, which
-                 * exceed |w x| by at most the q4_K / q5_K min offsets'
-                 * cancellation (under 10x): 30 * 6e-8 * 10 = 2e-5; 1e-4
-                 * leaves 5x margin. A wrong block scale or code is off by a
-                 * whole term, far above this. */
+                 * the base) on sums bounded by the terms' magnitudes. Those
+                 * exceed |w x| where the SIMD decoders split a value into a
+                 * code and an offset (q8_0 q + 128, q4_0 q - 8, q6_K q - 32,
+                 * the K-quant mins; kn_quant_body.inc): by about 2 to 4x on
+                 * these weights, 10x allowed: 30 * 6e-8 * 10 = 2e-5, and
+                 * 1e-4 leaves 5x margin. A wrong block scale or code is off
+                 * by a whole term, far above this. */
                 tol_ref[k] = 1e-4 * (s + base) + 1e-6;
                 /* vs f32 over the dequantized weights: the activation's
                  * 8-bit rounding moves each x by at most half its block's
@@ -404,9 +421,8 @@ check_matmul_case(int32_t rows, int32_t cols, int32_t n_tok, int outliers, int m
                                   kn_wtype_name((kn_wtype_t)t), kn_isa_name((kn_isa_t)isa), nt,
                                   rows, cols, n_tok, mode, i, y[i], yr[i], tol_ref[i]);
                     ck_assert_msg(fabs((double)y[i] - yf[i]) <= tol_f32[i],
-                                  "%s %s vs f32 at %zu: %g vs %g",
-                                  kn_wtype_name((kn_wtype_t)t), kn_isa_name((kn_isa_t)isa), i,
-                                  y[i], yf[i]);
+                                  "%s %s vs f32 at %zu: %g vs %g", kn_wtype_name((kn_wtype_t)t),
+                                  kn_isa_name((kn_isa_t)isa), i, y[i], yf[i]);
                 }
             }
         }
@@ -443,6 +459,20 @@ END_TEST
 
 /* Large enough to run on two threads (>= 2^19 multiply-adds): the row
  * split of a decode-shaped GEMV and of a batch. */
+/* Rows of q8_0 / q4_0 / f16 / bf16 that end inside a 256-column slice
+ * (SmolLM's 576, a 96) and a 16-bit row of an odd length. */
+START_TEST(test_matmul_partial_slices)
+{
+    static const int32_t nts[] = {1, 3, 8};
+
+    for (int i = 0; i < 3; i++) {
+        check_matmul_case(9, 576, nts[i], i % 2, i);
+        check_matmul_case(6, 96, nts[i], 1, 2 - i);
+        check_matmul_case(7, 37, nts[i], 0, 1);
+    }
+}
+END_TEST
+
 START_TEST(test_matmul_threads)
 {
     check_matmul_case(300, 2048, 1, 0, 1);
@@ -479,6 +509,7 @@ quant_suite(void)
     tcase_add_test(tc, test_dequant_hand);
     tcase_add_test(tc, test_roundtrip);
     tcase_add_test(tc, test_matmul_matrix);
+    tcase_add_test(tc, test_matmul_partial_slices);
     tcase_add_test(tc, test_matmul_threads);
     tcase_add_test(tc, test_embed);
     suite_add_tcase(s, tc);
