@@ -15,7 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "model/sampler.h"
-#include "scheduler/engine.h"
+#include "scheduler/proto.h"
 
 /* ---- growable byte buffer ---------------------------------------------------- */
 
