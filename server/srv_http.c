@@ -39,27 +39,6 @@
  * at a moment that depends on how fast the client reads). */
 #define SRV_STREAM_RESERVE (16 * 1024)
 
-typedef struct route {
-    const char *path;
-    const char *method;
-    int ep;
-    int is_public_health;
-    int is_public_metrics;
-} route_t;
-
-static const route_t routes[] = {
-    {"/v1/completions", "POST", SRV_EP_COMPLETIONS, 0, 0},
-    {"/v1/chat/completions", "POST", SRV_EP_CHAT, 0, 0},
-    {"/v1/models", "GET", SRV_EP_MODELS, 0, 0},
-    {"/health", "GET", SRV_EP_HEALTH, 1, 0},
-    {"/metrics", "GET", SRV_EP_METRICS, 0, 1},
-    {"/tokenize", "POST", SRV_EP_TOKENIZE, 0, 0},
-    {"/detokenize", "POST", SRV_EP_DETOKENIZE, 0, 0},
-    {"/version", "GET", SRV_EP_VERSION, 0, 0},
-};
-
-#define N_ROUTES ((int)(sizeof(routes) / sizeof(routes[0])))
-
 /* ---- job table --------------------------------------------------------------- */
 
 static srv_job_t **
@@ -239,9 +218,9 @@ queue_body(srv_req_t *r, int status, char *body, const char *ctype, int retry_af
         MHD_add_response_header(resp, "Retry-After", ra);
     }
     if (status == 405) {
-        for (int i = 0; i < N_ROUTES; i++) {
-            if (routes[i].ep == r->ep) {
-                MHD_add_response_header(resp, "Allow", routes[i].method);
+        for (const srv_route_t *rt = srv_routes; rt->path != NULL; rt++) {
+            if (rt->ep == r->ep) {
+                MHD_add_response_header(resp, "Allow", rt->method);
             }
         }
     }
@@ -375,26 +354,15 @@ static enum MHD_Result
 first_call(srv_req_t *r, const char *url, const char *method)
 {
     srv_t *s = r->s;
-    const route_t *rt = NULL;
-    int path_known = 0;
+    const srv_route_t *rt;
     hdr_scan_t hs = {0};
     const char *cl;
-    int is_head = strcmp(method, "HEAD") == 0;
 
     r->ep = SRV_EP_OTHER;
     if (s->test_hooks && strncmp(url, "/debug/", 7) == 0) {
         return do_debug(r, url, method);
     }
-    for (int i = 0; i < N_ROUTES; i++) {
-        if (strcmp(url, routes[i].path) == 0) {
-            path_known = 1;
-            r->ep = routes[i].ep;
-            if (strcmp(method, routes[i].method) == 0 ||
-                (is_head && strcmp(routes[i].method, "GET") == 0)) {
-                rt = &routes[i];
-            }
-        }
-    }
+    rt = srv_route_find(url, method, &r->ep);
     MHD_get_connection_values(r->mc, MHD_HEADER_KIND, scan_header, &hs);
     if (hs.n_content_length > 1) {
         return queue_error_msg(r, 400, NULL, "duplicate Content-Length header");
@@ -409,7 +377,7 @@ first_call(srv_req_t *r, const char *url, const char *method)
     if (s->draining) {
         return queue_error_msg(r, 503, NULL, "the server is shutting down");
     }
-    if (!path_known) {
+    if (r->ep == SRV_EP_OTHER) {
         srv_error_t err;
         srv_err_set(&err, 404, NULL, "no route for %.200s %.200s", method, url);
         err.code = "unknown_url";
@@ -433,8 +401,8 @@ first_call(srv_req_t *r, const char *url, const char *method)
         }
         r->content_length = (size_t)v;
     }
-    if (!((rt->is_public_health && s->cfg->public_health) ||
-          (rt->is_public_metrics && s->cfg->public_metrics))) {
+    if (!((rt->access == SRV_ACCESS_PUBLIC_HEALTH && s->cfg->public_health) ||
+          (rt->access == SRV_ACCESS_PUBLIC_METRICS && s->cfg->public_metrics))) {
         r->tenant = auth_tenant(r);
         if (r->tenant < 0) {
             r->tenant = 0;
@@ -1714,13 +1682,9 @@ queue_oom_norecord(srv_t *s, struct MHD_Connection *mc, const char *url)
 {
     struct MHD_Response *resp;
     enum MHD_Result ret;
-    int ep = SRV_EP_OTHER;
+    int ep;
 
-    for (int i = 0; i < N_ROUTES; i++) {
-        if (strcmp(url, routes[i].path) == 0) {
-            ep = routes[i].ep;
-        }
-    }
+    (void)srv_route_find(url, NULL, &ep);
     LOG_WARN("503 out of memory for a request record (%.100s)", url);
     resp = MHD_create_response_from_buffer(strlen(srv_oom_json), (void *)srv_oom_json,
                                            MHD_RESPMEM_PERSISTENT);

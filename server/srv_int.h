@@ -197,6 +197,50 @@ void srv_sse_data(srv_buf_t *out, const char *json);
 /* Appends "data: [DONE]\n\n". */
 void srv_sse_done(srv_buf_t *out);
 
+/* ---- routes ------------------------------------------------------------------ */
+
+/* Endpoints: what the route table (srv_route.c) maps a path to, and what
+ * the per-endpoint metrics count under. */
+enum {
+    SRV_EP_COMPLETIONS = 0,
+    SRV_EP_CHAT,
+    SRV_EP_MODELS,
+    SRV_EP_HEALTH,
+    SRV_EP_METRICS,
+    SRV_EP_TOKENIZE,
+    SRV_EP_DETOKENIZE,
+    SRV_EP_VERSION,
+    SRV_EP_OTHER, /* no route: 404 */
+    SRV_EP_COUNT,
+};
+
+/* Who may call a route. */
+enum srv_access {
+    SRV_ACCESS_KEY = 0,        /* a tenant's API key (when auth is required) */
+    SRV_ACCESS_PUBLIC_HEALTH,  /* anyone when the config sets public_health */
+    SRV_ACCESS_PUBLIC_METRICS, /* anyone when the config sets public_metrics */
+};
+
+typedef struct srv_route {
+    const char *path;
+    const char *method; /* HEAD is answered wherever GET is */
+    int ep;             /* SRV_EP_* */
+    int access;         /* enum srv_access */
+} srv_route_t;
+
+/* The route table, ended by a NULL path: every route the server serves,
+ * written once (api/openapi.yaml lists the same routes, and the openapi
+ * integration test reads this table to check it). */
+extern const srv_route_t srv_routes[];
+
+/* The route that serves method on path (HEAD matches GET), or NULL. *ep
+ * receives the endpoint of path whatever the method (a 405 counts under
+ * it), or SRV_EP_OTHER when no route has that path (404). method NULL:
+ * only *ep. */
+const srv_route_t *srv_route_find(const char *path, const char *method, int *ep);
+/* The endpoint's label in metrics: its path, or "other". Never NULL. */
+const char *srv_route_label(int ep);
+
 /* ---- metrics ----------------------------------------------------------------- */
 
 #define SRV_HIST_MAX_BUCKETS 24
@@ -214,19 +258,6 @@ void srv_hist_observe(srv_hist_t *h, double v);
 /* Prometheus text: name_bucket{labels,le=...} cumulative, _sum, _count.
  * labels is "" or 'tenant="x"' (no braces). */
 void srv_hist_format(const srv_hist_t *h, const char *name, const char *labels, srv_buf_t *out);
-
-enum {
-    SRV_EP_COMPLETIONS = 0,
-    SRV_EP_CHAT,
-    SRV_EP_MODELS,
-    SRV_EP_HEALTH,
-    SRV_EP_METRICS,
-    SRV_EP_TOKENIZE,
-    SRV_EP_DETOKENIZE,
-    SRV_EP_VERSION,
-    SRV_EP_OTHER,
-    SRV_EP_COUNT,
-};
 
 typedef struct srv_tenant_metrics {
     srv_hist_t ttft;
