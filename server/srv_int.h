@@ -2,9 +2,9 @@
  * the unit tests in tests/server/.
  *
  * The pure parts (request parsing and validation, stop-string matching,
- * SSE framing, metrics formatting, error bodies) take no locks and touch no
- * sockets, so they are tested directly. Everything here runs on the loop
- * thread.
+ * SSE framing, the route table, metrics formatting, error bodies, fallible
+ * JSON building) take no locks and touch no sockets, so they are tested
+ * directly. Everything here runs on the loop thread.
  */
 #ifndef SERVER_SRV_INT_H
 #define SERVER_SRV_INT_H
@@ -292,6 +292,21 @@ char *srv_chat_render_plain(const srv_chat_msg_t *msgs, int32_t n, int add_gener
                             const char *bos);
 
 /* ---- JSON building helpers --------------------------------------------------- */
+
+/* Building a cJSON tree fallibly: take a mark before, add nodes with
+ * srv_json_add / srv_json_push (which delete what they cannot attach),
+ * and print with srv_json_print, which answers NULL when any fallible
+ * allocation failed since the mark (a cJSON builder then silently drops
+ * the node it could not make). */
+unsigned long srv_json_mark(void);
+/* Adds item under key; deletes it when that fails. item NULL: no-op. */
+void srv_json_add(cJSON *obj, const char *key, cJSON *item);
+/* Appends item to arr (which may be NULL when its own creation failed);
+ * deletes it when that fails. item NULL: no-op. */
+void srv_json_push(cJSON *arr, cJSON *item);
+/* Prints and deletes root (malloc'd), or NULL when any allocation since
+ * mark failed. */
+char *srv_json_print(cJSON *root, unsigned long mark);
 
 /* Token text for logprobs: the token's bytes with invalid UTF-8 replaced
  * by U+FFFD (written to out, NUL-terminated; out->oom when it could not). */

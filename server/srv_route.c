@@ -5,7 +5,7 @@
  * for a known path and another method), the per-route metrics labels
  * (srv_metrics.c) and the openapi integration test (which reads this table
  * and compares it with api/openapi.yaml) all read it. What each endpoint
- * does is bound to it by srv_http.c (dispatch).
+ * does is bound to it in srv_endpoints.c.
  *
  * Thread: immutable data; the lookups are pure.
  */
