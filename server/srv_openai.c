@@ -100,10 +100,21 @@ finite_lp(float v)
     return v < -9999.0f || v != v ? -9999.0 : (double)v;
 }
 
-static int32_t
-n_top(const srv_resp_t *rs, const smp_result_t *t)
+/* Calls add(into, raw, txt, logprob) for each alternative of t the
+ * request asked for (top_logprobs), in the sampler's order. */
+static void
+lp_each_top(const srv_resp_t *rs, const smp_result_t *t, cJSON *into,
+            void (*add)(cJSON *into, const srv_buf_t *raw, const srv_buf_t *txt, double logprob))
 {
-    return t->n_top < rs->p->top_logprobs ? t->n_top : rs->p->top_logprobs;
+    int32_t ntop = t->n_top < rs->p->top_logprobs ? t->n_top : rs->p->top_logprobs;
+
+    for (int32_t k = 0; k < ntop; k++) {
+        srv_buf_t raw = {0}, txt = {0};
+        token_piece(rs, t->top_ids[k], &raw, &txt);
+        add(into, &raw, &txt, finite_lp(t->top_logprobs[k]));
+        srv_buf_free(&raw);
+        srv_buf_free(&txt);
+    }
 }
 
 /* The prompt of choice ci as text (echo): as given, or decoded from ids. */
@@ -139,11 +150,23 @@ cmpl_lp_new(void)
     return lp;
 }
 
+/* Completions' top_logprobs are an object keyed by token text: the first
+ * (most likely) of tokens with the same text wins. */
+static void
+cmpl_top_add(cJSON *tops, const srv_buf_t *raw, const srv_buf_t *txt, double logprob)
+{
+    const char *key = txt->data ? txt->data : "";
+
+    (void)raw;
+    if (cJSON_GetObjectItemCaseSensitive(tops, key) == NULL) {
+        cJSON_AddNumberToObject(tops, key, logprob);
+    }
+}
+
 static void
 cmpl_lp_add(const srv_resp_t *rs, srv_choice_t *ch, cJSON *lp, const smp_result_t *t)
 {
     srv_buf_t raw = {0}, txt = {0};
-    int32_t ntop = n_top(rs, t);
 
     token_piece(rs, t->token, &raw, &txt);
     srv_json_push(cJSON_GetObjectItemCaseSensitive(lp, "tokens"),
@@ -151,16 +174,7 @@ cmpl_lp_add(const srv_resp_t *rs, srv_choice_t *ch, cJSON *lp, const smp_result_
     srv_json_push(cJSON_GetObjectItemCaseSensitive(lp, "token_logprobs"),
                   cJSON_CreateNumber(finite_lp(t->logprob)));
     cJSON *tops = cJSON_CreateObject();
-    for (int32_t k = 0; k < ntop; k++) {
-        srv_buf_t r2 = {0}, t2 = {0};
-        token_piece(rs, t->top_ids[k], &r2, &t2);
-        const char *key = t2.data ? t2.data : "";
-        if (cJSON_GetObjectItemCaseSensitive(tops, key) == NULL) {
-            cJSON_AddNumberToObject(tops, key, finite_lp(t->top_logprobs[k]));
-        }
-        srv_buf_free(&r2);
-        srv_buf_free(&t2);
-    }
+    lp_each_top(rs, t, tops, cmpl_top_add);
     srv_json_push(cJSON_GetObjectItemCaseSensitive(lp, "top_logprobs"), tops);
     srv_json_push(cJSON_GetObjectItemCaseSensitive(lp, "text_offset"),
                   cJSON_CreateNumber(ch->text_offset));
@@ -258,30 +272,34 @@ chat_lp_new(void)
     return lp;
 }
 
+/* A chat logprobs entry: {"token","logprob","bytes"}. */
+static cJSON *
+chat_lp_entry(const srv_buf_t *raw, const srv_buf_t *txt, double logprob)
+{
+    cJSON *e = cJSON_CreateObject();
+
+    cJSON_AddStringToObject(e, "token", txt->data ? txt->data : "");
+    cJSON_AddNumberToObject(e, "logprob", logprob);
+    srv_json_add(e, "bytes", bytes_array(raw));
+    return e;
+}
+
+static void
+chat_top_add(cJSON *tops, const srv_buf_t *raw, const srv_buf_t *txt, double logprob)
+{
+    srv_json_push(tops, chat_lp_entry(raw, txt, logprob));
+}
+
 static void
 chat_lp_add(const srv_resp_t *rs, srv_choice_t *ch, cJSON *lp, const smp_result_t *t)
 {
     srv_buf_t raw = {0}, txt = {0};
-    int32_t ntop = n_top(rs, t);
 
     (void)ch;
     token_piece(rs, t->token, &raw, &txt);
-    cJSON *e = cJSON_CreateObject();
-    cJSON_AddStringToObject(e, "token", txt.data ? txt.data : "");
-    cJSON_AddNumberToObject(e, "logprob", finite_lp(t->logprob));
-    srv_json_add(e, "bytes", bytes_array(&raw));
+    cJSON *e = chat_lp_entry(&raw, &txt, finite_lp(t->logprob));
     cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
-    for (int32_t k = 0; k < ntop; k++) {
-        srv_buf_t r2 = {0}, t2 = {0};
-        token_piece(rs, t->top_ids[k], &r2, &t2);
-        cJSON *te = cJSON_CreateObject();
-        cJSON_AddStringToObject(te, "token", t2.data ? t2.data : "");
-        cJSON_AddNumberToObject(te, "logprob", finite_lp(t->top_logprobs[k]));
-        srv_json_add(te, "bytes", bytes_array(&r2));
-        srv_json_push(tops, te);
-        srv_buf_free(&r2);
-        srv_buf_free(&t2);
-    }
+    lp_each_top(rs, t, tops, chat_top_add);
     srv_json_push(cJSON_GetObjectItemCaseSensitive(lp, "content"), e);
     srv_buf_free(&raw);
     srv_buf_free(&txt);
