@@ -31,7 +31,7 @@
 
 #include "common/chan.h"
 #include "model/model.h"
-#include "model/sampler.h"
+#include "sampler/sampler.h"
 
 enum eng_msg_type {
     /* inbox */

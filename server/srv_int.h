@@ -14,7 +14,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "model/sampler.h"
+#include "sampler/sampler.h"
 #include "scheduler/engine.h"
 
 /* ---- growable byte buffer ---------------------------------------------------- */

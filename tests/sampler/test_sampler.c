@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/sampler.h"
+#include "sampler/sampler.h"
 
 #define N_DRAWS 100000
 
