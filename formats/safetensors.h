@@ -11,8 +11,8 @@
  *
  * Thread: a parsed file is immutable; any thread may read it.
  */
-#ifndef MODEL_SAFETENSORS_H
-#define MODEL_SAFETENSORS_H
+#ifndef FORMATS_SAFETENSORS_H
+#define FORMATS_SAFETENSORS_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -74,4 +74,4 @@ int sft_to_f32(sft_dtype_t dt, const void *src, uint64_t n, float *dst);
 float sft_f16_to_f32(uint16_t h);
 float sft_bf16_to_f32(uint16_t h);
 
-#endif /* MODEL_SAFETENSORS_H */
+#endif /* FORMATS_SAFETENSORS_H */
