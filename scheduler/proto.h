@@ -36,7 +36,7 @@
 #include <stdint.h>
 
 #include "common/chan.h"
-#include "model/sampler.h"
+#include "sampler/sampler.h"
 
 enum eng_msg_type {
     /* inbox */

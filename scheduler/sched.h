@@ -63,7 +63,7 @@
 
 #include "blockmgr/blockmgr.h"
 #include "model/model.h"
-#include "model/sampler.h"
+#include "sampler/sampler.h"
 #include "scheduler/proto.h"
 
 typedef struct sched sched_t;

@@ -14,7 +14,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "model/sampler.h"
+#include "sampler/sampler.h"
 #include "scheduler/proto.h"
 
 /* ---- growable byte buffer ---------------------------------------------------- */
