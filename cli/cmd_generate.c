@@ -22,7 +22,7 @@
 #include "common/xmalloc.h"
 #include "kvserve_config.h"
 #include "model/model.h"
-#include "model/sampler.h"
+#include "sampler/sampler.h"
 #include "text/tokenizer.h"
 #include "cli/cmds.h"
 

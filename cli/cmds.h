@@ -6,8 +6,8 @@
  *
  * Thread: main thread.
  */
-#ifndef SERVER_CMDS_H
-#define SERVER_CMDS_H
+#ifndef CLI_CMDS_H
+#define CLI_CMDS_H
 
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
@@ -17,4 +17,4 @@ int cmd_hash_key(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_bench_forward(int argc, char **argv);
 
-#endif /* SERVER_CMDS_H */
+#endif /* CLI_CMDS_H */

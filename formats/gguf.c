@@ -164,7 +164,7 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
         esz = scalar_size(kv->type);
         if (esz == 0) {
             fmt_seterr(err, errlen, "key '%s': unknown value type %u", kv->key,
-                        (unsigned)kv->type);
+                       (unsigned)kv->type);
             return ST_EFORMAT;
         }
         kv->val = c->p;
@@ -186,7 +186,7 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
         /* Each element needs at least its 8-byte length. */
         if (n > c->left / 8) {
             fmt_seterr(err, errlen, "key '%s': %llu strings do not fit in the file", kv->key,
-                        (unsigned long long)n);
+                       (unsigned long long)n);
             return ST_EFORMAT;
         }
         kv->strs = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(*kv->strs));
@@ -197,7 +197,7 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
             kv->strs[i] = c->p;
             if (!rd_str(c, &s, &sl)) {
                 fmt_seterr(err, errlen, "key '%s': truncated string %llu", kv->key,
-                            (unsigned long long)i);
+                           (unsigned long long)i);
                 return ST_EFORMAT;
             }
         }
@@ -206,12 +206,12 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
     esz = scalar_size(et);
     if (esz == 0) {
         fmt_seterr(err, errlen, "key '%s': unsupported array element type %u", kv->key,
-                    (unsigned)et);
+                   (unsigned)et);
         return ST_EFORMAT;
     }
     if (n > c->left / esz) {
         fmt_seterr(err, errlen, "key '%s': array of %llu elements runs past the end", kv->key,
-                    (unsigned long long)n);
+                   (unsigned long long)n);
         return ST_EFORMAT;
     }
     skip(c, n * esz);
@@ -242,7 +242,7 @@ parse_tensor_info(gguf_file_t *g, cursor_t *c, gguf_tensor_t *t, uint64_t *offse
     }
     if (t->n_dims == 0 || t->n_dims > 4) {
         fmt_seterr(err, errlen, "tensor '%s': %u dimensions (1 to 4 allowed)", t->name,
-                    (unsigned)t->n_dims);
+                   (unsigned)t->n_dims);
         return ST_EFORMAT;
     }
     for (uint32_t d = 0; d < 4; d++) {
@@ -255,7 +255,7 @@ parse_tensor_info(gguf_file_t *g, cursor_t *c, gguf_tensor_t *t, uint64_t *offse
         }
         if (t->dims[d] == 0 || t->dims[d] > (1ull << 40) || nel > (1ull << 40) / t->dims[d]) {
             fmt_seterr(err, errlen, "tensor '%s': bad dimension %llu", t->name,
-                        (unsigned long long)t->dims[d]);
+                       (unsigned long long)t->dims[d]);
             return ST_EFORMAT;
         }
         nel *= t->dims[d];
@@ -270,7 +270,7 @@ parse_tensor_info(gguf_file_t *g, cursor_t *c, gguf_tensor_t *t, uint64_t *offse
     }
     if (t->dims[0] % blk != 0) {
         fmt_seterr(err, errlen, "tensor '%s': row of %llu is not a multiple of the %s block",
-                    t->name, (unsigned long long)t->dims[0], tname);
+                   t->name, (unsigned long long)t->dims[0], tname);
         return ST_EFORMAT;
     }
     t->nbytes = nel / blk * bytes;
@@ -333,7 +333,7 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
     }
     if (g->version != 2 && g->version != 3) {
         fmt_seterr(err, errlen, "unsupported GGUF version %u (2 and 3 are read)",
-                    (unsigned)g->version);
+                   (unsigned)g->version);
         goto fail;
     }
     if (!rd(&c, &n_tensors, 8) || !rd(&c, &n_kv, 8)) {
@@ -343,9 +343,9 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
     /* A key/value takes at least 13 bytes, a tensor info at least 24. */
     if (n_kv > c.left / 13 || n_tensors > c.left / 24) {
         fmt_seterr(err, errlen,
-                    "header claims %llu keys and %llu tensors, more than the file "
-                    "holds",
-                    (unsigned long long)n_kv, (unsigned long long)n_tensors);
+                   "header claims %llu keys and %llu tensors, more than the file "
+                   "holds",
+                   (unsigned long long)n_kv, (unsigned long long)n_tensors);
         goto fail;
     }
 
@@ -415,16 +415,16 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
 
         if (offsets[i] % g->alignment != 0) {
             fmt_seterr(err, errlen, "tensor '%s': offset %llu is not aligned to %llu", t->name,
-                        (unsigned long long)offsets[i], (unsigned long long)g->alignment);
+                       (unsigned long long)offsets[i], (unsigned long long)g->alignment);
             goto fail;
         }
         if (data_off > len || offsets[i] > len - data_off ||
             t->nbytes > len - data_off - offsets[i]) {
             fmt_seterr(err, errlen,
-                        "tensor '%s': data [%llu, +%llu) outside the file "
-                        "(%zu bytes)",
-                        t->name, (unsigned long long)(data_off + offsets[i]),
-                        (unsigned long long)t->nbytes, len);
+                       "tensor '%s': data [%llu, +%llu) outside the file "
+                       "(%zu bytes)",
+                       t->name, (unsigned long long)(data_off + offsets[i]),
+                       (unsigned long long)t->nbytes, len);
             goto fail;
         }
         t->data = g->data + data_off + offsets[i];
@@ -778,7 +778,7 @@ half_at(const unsigned char *p)
     uint16_t h;
 
     memcpy(&h, p, 2);
-    return st_f16_to_f32(h);
+    return sft_f16_to_f32(h);
 }
 
 /* 32-element blocks: Q8_0 {d, q[32]}; Q4_0 {d, nibbles}: element j < 16
@@ -949,9 +949,9 @@ gguf_tensor_to_f32(const gguf_tensor_t *t, float *dst)
         memcpy(dst, p, n * 4);
         return ST_OK;
     case GGUF_TENSOR_F16:
-        return st_to_f32(ST_DTYPE_F16, p, n, dst);
+        return sft_to_f32(SFT_DTYPE_F16, p, n, dst);
     case GGUF_TENSOR_BF16:
-        return st_to_f32(ST_DTYPE_BF16, p, n, dst);
+        return sft_to_f32(SFT_DTYPE_BF16, p, n, dst);
     case GGUF_TENSOR_Q8_0:
     case GGUF_TENSOR_Q4_0:
     case GGUF_TENSOR_Q4_1:

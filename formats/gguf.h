@@ -10,8 +10,8 @@
  *
  * Thread: a parsed file is immutable; any thread may read it.
  */
-#ifndef MODEL_GGUF_H
-#define MODEL_GGUF_H
+#ifndef FORMATS_GGUF_H
+#define FORMATS_GGUF_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -122,4 +122,4 @@ int gguf_tensor_convertible(uint32_t type);
  * floats. ST_EFORMAT for other types. */
 int gguf_tensor_to_f32(const gguf_tensor_t *t, float *dst);
 
-#endif /* MODEL_GGUF_H */
+#endif /* FORMATS_GGUF_H */

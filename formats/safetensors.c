@@ -28,48 +28,48 @@
 #include "common/xmalloc.h"
 #include "formats/fmt_util.h"
 
-struct st_file {
-    st_tensor_t *tensors;
+struct sft_file {
+    sft_tensor_t *tensors;
     int64_t n_tensors;
-    void *map; /* set by st_open only */
+    void *map; /* set by sft_open only */
     size_t map_len;
 };
 
 static const struct {
     const char *name;
-    st_dtype_t dt;
+    sft_dtype_t dt;
     size_t size;
-} st_dtypes[] = {
-    {"F32", ST_DTYPE_F32, 4},   {"F16", ST_DTYPE_F16, 2}, {"BF16", ST_DTYPE_BF16, 2},
-    {"F64", ST_DTYPE_F64, 8},   {"I8", ST_DTYPE_I8, 1},   {"U8", ST_DTYPE_U8, 1},
-    {"I16", ST_DTYPE_I16, 2},   {"I32", ST_DTYPE_I32, 4}, {"I64", ST_DTYPE_I64, 8},
-    {"BOOL", ST_DTYPE_BOOL, 1},
+} sft_dtypes[] = {
+    {"F32", SFT_DTYPE_F32, 4},   {"F16", SFT_DTYPE_F16, 2}, {"BF16", SFT_DTYPE_BF16, 2},
+    {"F64", SFT_DTYPE_F64, 8},   {"I8", SFT_DTYPE_I8, 1},   {"U8", SFT_DTYPE_U8, 1},
+    {"I16", SFT_DTYPE_I16, 2},   {"I32", SFT_DTYPE_I32, 4}, {"I64", SFT_DTYPE_I64, 8},
+    {"BOOL", SFT_DTYPE_BOOL, 1},
 };
 
 const char *
-st_dtype_name(st_dtype_t dt)
+sft_dtype_name(sft_dtype_t dt)
 {
-    for (size_t i = 0; i < sizeof(st_dtypes) / sizeof(st_dtypes[0]); i++) {
-        if (st_dtypes[i].dt == dt) {
-            return st_dtypes[i].name;
+    for (size_t i = 0; i < sizeof(sft_dtypes) / sizeof(sft_dtypes[0]); i++) {
+        if (sft_dtypes[i].dt == dt) {
+            return sft_dtypes[i].name;
         }
     }
     return "?";
 }
 
 size_t
-st_dtype_size(st_dtype_t dt)
+sft_dtype_size(sft_dtype_t dt)
 {
-    for (size_t i = 0; i < sizeof(st_dtypes) / sizeof(st_dtypes[0]); i++) {
-        if (st_dtypes[i].dt == dt) {
-            return st_dtypes[i].size;
+    for (size_t i = 0; i < sizeof(sft_dtypes) / sizeof(sft_dtypes[0]); i++) {
+        if (sft_dtypes[i].dt == dt) {
+            return sft_dtypes[i].size;
         }
     }
     return 0;
 }
 
 float
-st_f16_to_f32(uint16_t h)
+sft_f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
@@ -92,7 +92,7 @@ st_f16_to_f32(uint16_t h)
 }
 
 float
-st_bf16_to_f32(uint16_t h)
+sft_bf16_to_f32(uint16_t h)
 {
     uint32_t bits = (uint32_t)h << 16;
     float f;
@@ -102,7 +102,7 @@ st_bf16_to_f32(uint16_t h)
 }
 
 /* Every f16 value as f32 (256 KB), built once: a lookup beats the
- * branches of st_f16_to_f32 by several times on bulk conversions. */
+ * branches of sft_f16_to_f32 by several times on bulk conversions. */
 static float f16_table[65536];
 static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
 
@@ -110,21 +110,21 @@ static void
 f16_table_init(void)
 {
     for (uint32_t i = 0; i < 65536; i++) {
-        f16_table[i] = st_f16_to_f32((uint16_t)i);
+        f16_table[i] = sft_f16_to_f32((uint16_t)i);
     }
 }
 
 int
-st_to_f32(st_dtype_t dt, const void *src, uint64_t n, float *dst)
+sft_to_f32(sft_dtype_t dt, const void *src, uint64_t n, float *dst)
 {
     const unsigned char *p = src;
     int64_t nn = (int64_t)n;
 
     switch (dt) {
-    case ST_DTYPE_F32:
+    case SFT_DTYPE_F32:
         memcpy(dst, src, n * sizeof(float));
         return ST_OK;
-    case ST_DTYPE_F16:
+    case SFT_DTYPE_F16:
         pthread_once(&f16_once, f16_table_init);
         for (int64_t i = 0; i < nn; i++) {
             uint16_t h;
@@ -133,12 +133,12 @@ st_to_f32(st_dtype_t dt, const void *src, uint64_t n, float *dst)
             dst[i] = f16_table[h];
         }
         return ST_OK;
-    case ST_DTYPE_BF16:
+    case SFT_DTYPE_BF16:
         for (int64_t i = 0; i < nn; i++) {
             uint16_t h;
 
             memcpy(&h, p + 2 * i, 2);
-            dst[i] = st_bf16_to_f32(h);
+            dst[i] = sft_bf16_to_f32(h);
         }
         return ST_OK;
     default:
@@ -167,8 +167,8 @@ json_u64(const cJSON *j, uint64_t *out)
 static int
 cmp_range(const void *a, const void *b)
 {
-    const st_tensor_t *x = *(const st_tensor_t *const *)a;
-    const st_tensor_t *y = *(const st_tensor_t *const *)b;
+    const sft_tensor_t *x = *(const sft_tensor_t *const *)a;
+    const sft_tensor_t *y = *(const sft_tensor_t *const *)b;
     uintptr_t px = (uintptr_t)x->data, py = (uintptr_t)y->data;
 
     if (px != py) {
@@ -180,14 +180,14 @@ cmp_range(const void *a, const void *b)
 static int
 cmp_name(const void *a, const void *b)
 {
-    const st_tensor_t *x = *(const st_tensor_t *const *)a;
-    const st_tensor_t *y = *(const st_tensor_t *const *)b;
+    const sft_tensor_t *x = *(const sft_tensor_t *const *)a;
+    const sft_tensor_t *y = *(const sft_tensor_t *const *)b;
 
     return strcmp(x->name, y->name);
 }
 
 static int
-parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len, st_tensor_t *t,
+parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len, sft_tensor_t *t,
              char *err, size_t errlen)
 {
     const cJSON *dtype, *shape, *offs, *dim;
@@ -206,9 +206,9 @@ parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len
         fmt_seterr(err, errlen, "tensor '%s': needs dtype, shape and data_offsets", t->name);
         return ST_EFORMAT;
     }
-    for (k = 0; k < sizeof(st_dtypes) / sizeof(st_dtypes[0]); k++) {
-        if (strcmp(st_dtypes[k].name, dtype->valuestring) == 0) {
-            t->dtype = st_dtypes[k].dt;
+    for (k = 0; k < sizeof(sft_dtypes) / sizeof(sft_dtypes[0]); k++) {
+        if (strcmp(sft_dtypes[k].name, dtype->valuestring) == 0) {
+            t->dtype = sft_dtypes[k].dt;
             found = 1;
             break;
         }
@@ -217,9 +217,9 @@ parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len
         fmt_seterr(err, errlen, "tensor '%s': unknown dtype '%.16s'", t->name, dtype->valuestring);
         return ST_EFORMAT;
     }
-    esz = st_dtypes[k].size;
-    if (cJSON_GetArraySize(shape) > ST_MAX_DIMS) {
-        fmt_seterr(err, errlen, "tensor '%s': more than %d dimensions", t->name, ST_MAX_DIMS);
+    esz = sft_dtypes[k].size;
+    if (cJSON_GetArraySize(shape) > SFT_MAX_DIMS) {
+        fmt_seterr(err, errlen, "tensor '%s': more than %d dimensions", t->name, SFT_MAX_DIMS);
         return ST_EFORMAT;
     }
     t->n_dims = 0;
@@ -243,14 +243,14 @@ parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len
     }
     if (begin > end || end > data_len) {
         fmt_seterr(err, errlen,
-                    "tensor '%s': data_offsets [%llu, %llu] outside the data section (%llu bytes)",
-                    t->name, (unsigned long long)begin, (unsigned long long)end,
-                    (unsigned long long)data_len);
+                   "tensor '%s': data_offsets [%llu, %llu] outside the data section (%llu bytes)",
+                   t->name, (unsigned long long)begin, (unsigned long long)end,
+                   (unsigned long long)data_len);
         return ST_EFORMAT;
     }
     if (n > UINT64_MAX / esz || n * esz != end - begin) {
         fmt_seterr(err, errlen, "tensor '%s': shape does not match its %llu bytes of %s", t->name,
-                    (unsigned long long)(end - begin), st_dtypes[k].name);
+                   (unsigned long long)(end - begin), sft_dtypes[k].name);
         return ST_EFORMAT;
     }
     t->n_elems = n;
@@ -260,14 +260,14 @@ parse_tensor(const cJSON *item, const unsigned char *data_sec, uint64_t data_len
 }
 
 int
-st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t errlen)
+sft_parse_header(const void *data, size_t len, sft_file_t **out, char *err, size_t errlen)
 {
     const unsigned char *p = data;
     uint64_t hlen = 0;
     cJSON *root = NULL;
     const cJSON *item;
-    st_file_t *f = NULL;
-    st_tensor_t **sorted = NULL;
+    sft_file_t *f = NULL;
+    sft_tensor_t **sorted = NULL;
     int64_t n, i;
     int rc;
 
@@ -278,14 +278,14 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
     for (int b = 7; b >= 0; b--) {
         hlen = (hlen << 8) | p[b];
     }
-    if (hlen > ST_MAX_HEADER) {
+    if (hlen > SFT_MAX_HEADER) {
         fmt_seterr(err, errlen, "header length %llu is larger than the %u limit",
-                    (unsigned long long)hlen, ST_MAX_HEADER);
+                   (unsigned long long)hlen, SFT_MAX_HEADER);
         return ST_EFORMAT;
     }
     if (hlen > len - 8) {
         fmt_seterr(err, errlen, "truncated: header length %llu exceeds the %zu bytes of the file",
-                    (unsigned long long)hlen, len - 8);
+                   (unsigned long long)hlen, len - 8);
         return ST_EFORMAT;
     }
     if (hlen < 2 || p[8] != '{') {
@@ -313,7 +313,7 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
     f->tensors = xcalloc((size_t)(n > 0 ? n : 1), sizeof(*f->tensors));
     cJSON_ArrayForEach(item, root)
     {
-        st_tensor_t *t;
+        sft_tensor_t *t;
 
         if (item->string == NULL) {
             fmt_seterr(err, errlen, "header entry without a name");
@@ -351,7 +351,7 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
             (const unsigned char *)sorted[i - 1]->data + sorted[i - 1]->nbytes;
         if (sorted[i]->nbytes > 0 && (const unsigned char *)sorted[i]->data < prev_end) {
             fmt_seterr(err, errlen, "tensors '%s' and '%s' overlap", sorted[i - 1]->name,
-                        sorted[i]->name);
+                       sorted[i]->name);
             rc = ST_EFORMAT;
             goto fail;
         }
@@ -364,12 +364,12 @@ st_parse_header(const void *data, size_t len, st_file_t **out, char *err, size_t
 fail:
     free(sorted);
     cJSON_Delete(root);
-    st_close(f);
+    sft_close(f);
     return rc;
 }
 
 int
-st_open(const char *path, st_file_t **out, char *err, size_t errlen)
+sft_open(const char *path, sft_file_t **out, char *err, size_t errlen)
 {
     void *data;
     size_t len;
@@ -380,7 +380,7 @@ st_open(const char *path, st_file_t **out, char *err, size_t errlen)
     if (rc != ST_OK) {
         return rc;
     }
-    rc = st_parse_header(data, len, out, why, sizeof(why));
+    rc = sft_parse_header(data, len, out, why, sizeof(why));
     if (rc != ST_OK) {
         fmt_seterr(err, errlen, "%s: %s", path, why);
         fmt_unmap(data, len);
@@ -392,7 +392,7 @@ st_open(const char *path, st_file_t **out, char *err, size_t errlen)
 }
 
 void
-st_close(st_file_t *f)
+sft_close(sft_file_t *f)
 {
     if (f == NULL) {
         return;
@@ -406,13 +406,13 @@ st_close(st_file_t *f)
 }
 
 int64_t
-st_n_tensors(const st_file_t *f)
+sft_n_tensors(const sft_file_t *f)
 {
     return f->n_tensors;
 }
 
-const st_tensor_t *
-st_tensor(const st_file_t *f, int64_t i)
+const sft_tensor_t *
+sft_tensor(const sft_file_t *f, int64_t i)
 {
     if (i < 0 || i >= f->n_tensors) {
         return NULL;
@@ -420,8 +420,8 @@ st_tensor(const st_file_t *f, int64_t i)
     return &f->tensors[i];
 }
 
-const st_tensor_t *
-st_find(const st_file_t *f, const char *name)
+const sft_tensor_t *
+sft_find(const sft_file_t *f, const char *name)
 {
     for (int64_t i = 0; i < f->n_tensors; i++) {
         if (strcmp(f->tensors[i].name, name) == 0) {

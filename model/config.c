@@ -175,7 +175,7 @@ parse_rope_scaling(const cJSON *root, mdl_config_t *cfg, char *err, size_t errle
         cfg->rope_scaling = MDL_ROPE_LLAMA3;
     } else {
         fmt_seterr(err, errlen, "config.json: unsupported rope_scaling type '%.32s'",
-                    type->valuestring);
+                   type->valuestring);
         return ST_EUNSUPPORTED;
     }
     if (get_f32(rs, "factor", &cfg->rope_factor, err, errlen) != 1 || !(cfg->rope_factor > 0)) {
@@ -188,16 +188,16 @@ parse_rope_scaling(const cJSON *root, mdl_config_t *cfg, char *err, size_t errle
             get_i32(rs, "original_max_position_embeddings", &cfg->rope_orig_max_pos, err, errlen) !=
                 1) {
             fmt_seterr(err, errlen,
-                        "config.json: llama3 rope_scaling needs factor, "
-                        "low_freq_factor, high_freq_factor and "
-                        "original_max_position_embeddings");
+                       "config.json: llama3 rope_scaling needs factor, "
+                       "low_freq_factor, high_freq_factor and "
+                       "original_max_position_embeddings");
             return ST_EFORMAT;
         }
         if (!(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
             cfg->rope_orig_max_pos <= 0) {
             fmt_seterr(err, errlen,
-                        "config.json: llama3 rope_scaling needs high_freq_factor "
-                        "> low_freq_factor and a positive original length");
+                       "config.json: llama3 rope_scaling needs high_freq_factor "
+                       "> low_freq_factor and a positive original length");
             return ST_EFORMAT;
         }
     }
@@ -237,7 +237,7 @@ mdl__config_check(const mdl_config_t *cfg, char *err, size_t errlen)
     if (cfg->n_kv_heads <= 0 || cfg->n_kv_heads > cfg->n_heads ||
         cfg->n_heads % cfg->n_kv_heads != 0) {
         fmt_seterr(err, errlen, "num_key_value_heads %d must divide num_attention_heads %d",
-                    cfg->n_kv_heads, cfg->n_heads);
+                   cfg->n_kv_heads, cfg->n_heads);
         return ST_EFORMAT;
     }
     if (cfg->head_dim <= 0 || cfg->head_dim > 1024 || cfg->head_dim % 2 != 0) {
@@ -267,13 +267,13 @@ mdl__config_check(const mdl_config_t *cfg, char *err, size_t errlen)
     for (int32_t i = 0; i < cfg->n_eos; i++) {
         if (cfg->eos_ids[i] >= cfg->vocab_size) {
             fmt_seterr(err, errlen, "eos id %d outside the vocabulary (%d)", cfg->eos_ids[i],
-                        cfg->vocab_size);
+                       cfg->vocab_size);
             return ST_EFORMAT;
         }
     }
     if (cfg->bos_id >= cfg->vocab_size) {
         fmt_seterr(err, errlen, "bos id %d outside the vocabulary (%d)", cfg->bos_id,
-                    cfg->vocab_size);
+                   cfg->vocab_size);
         return ST_EFORMAT;
     }
     return ST_OK;
@@ -312,16 +312,16 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
             snprintf(cfg.arch, sizeof(cfg.arch), "qwen2");
         } else {
             fmt_seterr(err, errlen,
-                        "config.json: no model_type and unknown architectures "
-                        "'%.40s'",
-                        name);
+                       "config.json: no model_type and unknown architectures "
+                       "'%.40s'",
+                       name);
             rc = ST_EUNSUPPORTED;
             goto fail;
         }
     }
     if (!arch_known(cfg.arch)) {
         fmt_seterr(err, errlen, "config.json: unknown architecture '%s' (llama, mistral, qwen2)",
-                    cfg.arch);
+                   cfg.arch);
         rc = ST_EUNSUPPORTED;
         goto fail;
     }
@@ -332,8 +332,8 @@ mdl__config_parse_hf(const char *config_json, size_t config_len, const char *gen
         get_i32(root, "num_attention_heads", &cfg.n_heads, err, errlen) != 1 ||
         get_i32(root, "intermediate_size", &cfg.ffn_dim, err, errlen) != 1) {
         fmt_seterr(err, errlen,
-                    "config.json: needs integer vocab_size, hidden_size, "
-                    "num_hidden_layers, num_attention_heads, intermediate_size");
+                   "config.json: needs integer vocab_size, hidden_size, "
+                   "num_hidden_layers, num_attention_heads, intermediate_size");
         goto fail;
     }
     cfg.n_kv_heads = cfg.n_heads;
@@ -505,7 +505,7 @@ llama3_from_rope_freqs(const gguf_tensor_t *t, mdl_config_t *cfg, char *err, siz
         memcpy(&f, (const float *)t->data + i, sizeof(f));
         if (!(f >= 1.0f) || !isfinite(f)) {
             fmt_seterr(err, errlen, "rope_freqs.weight[%d] = %g is not a llama3 factor", i,
-                        (double)f);
+                       (double)f);
             return ST_EUNSUPPORTED;
         }
         factor = fmax(factor, (double)f);
@@ -531,9 +531,9 @@ llama3_from_rope_freqs(const gguf_tensor_t *t, mdl_config_t *cfg, char *err, siz
     }
     if (n_mid < 2 || x0 == x1) {
         fmt_seterr(err, errlen,
-                    "rope_freqs.weight has %d in-between factors; 2 are needed to "
-                    "recover the llama3 rope parameters",
-                    n_mid);
+                   "rope_freqs.weight has %d in-between factors; 2 are needed to "
+                   "recover the llama3 rope parameters",
+                   n_mid);
         return ST_EUNSUPPORTED;
     }
     /* s = A * inv_wl - B */
@@ -589,9 +589,9 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
         gguf_arch_i32(g, cfg.arch, "feed_forward_length", &cfg.ffn_dim, err, errlen) != 1 ||
         gguf_arch_i32(g, cfg.arch, "attention.head_count", &cfg.n_heads, err, errlen) != 1) {
         fmt_seterr(err, errlen,
-                    "needs %s.embedding_length, block_count, feed_forward_length "
-                    "and attention.head_count",
-                    cfg.arch);
+                   "needs %s.embedding_length, block_count, feed_forward_length "
+                   "and attention.head_count",
+                   cfg.arch);
         return ST_EFORMAT;
     }
     cfg.n_kv_heads = cfg.n_heads;
@@ -609,7 +609,7 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
     }
     if (rope_dims != 0 && rope_dims != cfg.head_dim) {
         fmt_seterr(err, errlen, "partial rotary embedding (%d of %d dims) is not supported",
-                    rope_dims, cfg.head_dim);
+                   rope_dims, cfg.head_dim);
         return ST_EUNSUPPORTED;
     }
     snprintf(key, sizeof(key), "%s.rope.scaling.type", cfg.arch);
@@ -624,7 +624,7 @@ mdl__config_from_gguf(const gguf_file_t *g, mdl_config_t *out, char *err, size_t
             }
         } else {
             fmt_seterr(err, errlen, "unsupported rope scaling type '%.*s'", (int)(n > 32 ? 32 : n),
-                        s);
+                       s);
             return ST_EUNSUPPORTED;
         }
     }

@@ -49,7 +49,7 @@
 typedef struct wsrc {
     mdl_model_t *m;
     const char *path;   /* for messages */
-    st_file_t **shards; /* HF */
+    sft_file_t **shards; /* HF */
     char **shard_names;
     int *shard_map; /* shard -> index in m->maps */
     int n_shards;
@@ -140,11 +140,11 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
 
     shape_str(want, sizeof(want), wd, cols > 0 ? 2 : 1, 0);
     if (ws->g == NULL) {
-        const st_tensor_t *t = NULL;
+        const sft_tensor_t *t = NULL;
         int shard = -1;
 
         for (int i = 0; i < ws->n_shards && t == NULL; i++) {
-            t = st_find(ws->shards[i], hf_name);
+            t = sft_find(ws->shards[i], hf_name);
             shard = i;
         }
         if (t == NULL) {
@@ -155,15 +155,15 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
             (cols > 0 && t->dims[1] != (uint64_t)cols)) {
             shape_str(got, sizeof(got), t->dims, t->n_dims, 0);
             fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s",
-                        ws->shard_names[shard], hf_name, got, want);
+                       ws->shard_names[shard], hf_name, got, want);
             return ST_EFORMAT;
         }
-        if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_F16 && t->dtype != ST_DTYPE_BF16) {
+        if (t->dtype != SFT_DTYPE_F32 && t->dtype != SFT_DTYPE_F16 && t->dtype != SFT_DTYPE_BF16) {
             fmt_seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
-                        ws->shard_names[shard], hf_name, st_dtype_name(t->dtype));
+                       ws->shard_names[shard], hf_name, sft_dtype_name(t->dtype));
             return ST_EFORMAT;
         }
-        if (t->dtype == ST_DTYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
+        if (t->dtype == SFT_DTYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
             ws->map_used[ws->shard_map[shard]] = 1;
             *out = t->data;
             return ST_OK;
@@ -173,7 +173,7 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
             fmt_seterr(err, errlen, "%s: out of memory for '%s'", ws->path, hf_name);
             return ST_ENOMEM;
         }
-        rc = st_to_f32(t->dtype, t->data, n, dst);
+        rc = sft_to_f32(t->dtype, t->data, n, dst);
         CHECK(rc == ST_OK);
         *out = dst;
         return ST_OK;
@@ -189,14 +189,14 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
                       : t->dims[0] != (uint64_t)rows)) {
             shape_str(got, sizeof(got), t->dims, t->n_dims, 1);
             fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
-                        got, want);
+                       got, want);
             return ST_EFORMAT;
         }
         if (!gguf_tensor_convertible(t->type)) {
             fmt_seterr(err, errlen,
-                        "%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                        "Q5_0, Q5_1, Q4_K, Q5_K or Q6_K expected",
-                        ws->path, gg_name, gguf_tensor_type_name(t->type));
+                       "%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+                       "Q5_0, Q5_1, Q4_K, Q5_K or Q6_K expected",
+                       ws->path, gg_name, gguf_tensor_type_name(t->type));
             return ST_EFORMAT;
         }
         if (t->type == GGUF_TENSOR_F32 && permute_heads == 0 &&
@@ -569,7 +569,7 @@ read_index(const char *dir, char ***names, int *n_names, char *err, size_t errle
 
         if (!cJSON_IsString(e)) {
             fmt_seterr(err, errlen, "%s: weight_map value of '%s' is not a string", path,
-                        e->string ? e->string : "?");
+                       e->string ? e->string : "?");
             rc = ST_EFORMAT;
             goto fail;
         }
@@ -674,7 +674,7 @@ check_tokenizer(mdl_model_t *m, char *err, size_t errlen)
 
     if (nv > m->cfg.vocab_size) {
         fmt_seterr(err, errlen, "%s: tokenizer has %d tokens but the model's vocab_size is %d",
-                    m->path, nv, m->cfg.vocab_size);
+                   m->path, nv, m->cfg.vocab_size);
         return ST_EFORMAT;
     }
     if (m->cfg.n_eos == 0 && tok_eos_id(m->tok) >= 0) {
@@ -709,7 +709,7 @@ load_hf(mdl_model_t *m, const char *dir, kn_wtype_t force, char *err, size_t err
         snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         if (!file_exists(path)) {
             fmt_seterr(err, errlen, "%s: no model.safetensors or model.safetensors.index.json",
-                        dir);
+                       dir);
             return ST_ENOENT;
         }
         names = xmalloc(sizeof(*names));
@@ -733,7 +733,7 @@ load_hf(mdl_model_t *m, const char *dir, kn_wtype_t force, char *err, size_t err
             goto out;
         }
         ws.shard_map[i] = add_map(m, data, len);
-        rc = st_parse_header(data, len, &ws.shards[i], why, sizeof(why));
+        rc = sft_parse_header(data, len, &ws.shards[i], why, sizeof(why));
         if (rc != ST_OK) {
             fmt_seterr(err, errlen, "%s: %s", path, why);
             goto out;
@@ -763,7 +763,7 @@ out:
     for (int i = 0; i < n_names; i++) {
         free(names[i]);
         free(ws.shard_names[i]);
-        st_close(ws.shards[i]);
+        sft_close(ws.shards[i]);
     }
     free(names);
     free(ws.shards);
@@ -898,9 +898,9 @@ mdl_model_load_opts(const char *path, const mdl_load_opts_t *opts, mdl_model_t *
 
         if (fp == NULL || fread(magic, 1, 4, fp) != 4 || memcmp(magic, "GGUF", 4) != 0) {
             fmt_seterr(err, errlen,
-                        "%s: not a Hugging Face directory or a GGUF file (bad "
-                        "magic)",
-                        path);
+                       "%s: not a Hugging Face directory or a GGUF file (bad "
+                       "magic)",
+                       path);
             rc = ST_EFORMAT;
         } else {
             rc = load_gguf(m, path, force, err, errlen);

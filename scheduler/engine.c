@@ -95,23 +95,9 @@ out_flush(engine_t *e)
     }
 }
 
-void
-eng_msg_free(msg_t *m)
-{
-    if (m == NULL) {
-        return;
-    }
-    if (m->type == ENG_MSG_SUBMIT) {
-        eng_msg_submit_t *sm = (eng_msg_submit_t *)m;
-        free(sm->req.prompt);
-        free((void *)sm->req.sampling.bias);
-    }
-    free(m);
-}
-
 /* Turns a SUBMIT message (its prompt and bias already released or handed
  * on) into the ERROR for its request and queues it: answering never
- * allocates (engine.h). */
+ * allocates (proto.h). */
 static void answer_error(engine_t *e, eng_msg_submit_t *sm, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

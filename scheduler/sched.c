@@ -140,7 +140,7 @@ struct sched {
     uint64_t preempt_swap, preempt_recompute;
     uint64_t prompt_tokens, generation_tokens;
 
-    /* Per-step arrays, allocated at creation (the step allocates nothing). */
+    /* Per-step arrays, allocated at creation (the step never grows them). */
     int32_t max_blocks_per_seq;
     int32_t *b_tokens;       /* [max_num_batched_tokens] */
     int32_t *b_positions;    /* [max_num_batched_tokens] */

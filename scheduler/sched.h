@@ -63,8 +63,8 @@
 
 #include "blockmgr/blockmgr.h"
 #include "model/model.h"
-#include "model/sampler.h"
-#include "scheduler/engine.h"
+#include "sampler/sampler.h"
+#include "scheduler/proto.h"
 
 typedef struct sched sched_t;
 typedef struct sched_seq sched_seq_t; /* opaque */
@@ -217,7 +217,16 @@ int sched_idle(const sched_t *s);
 /* Plans the next step (see DESIGN above). Queued blockmgr ops (copies,
  * swaps) must run before the forward pass. plan->batch.n_tokens may be 0
  * when nothing can run (all waiting for blocks), but then the step still
- * changed nothing. Always ST_OK today. */
+ * changed nothing. The batch arrays were allocated by sched_create, but
+ * what grows with a sequence is allocated in blockmgr during the step,
+ * fallibly: its record at admission (bm_seq_create), its block table,
+ * token array and op-queue room (bm_seq_reserve), and for a swap the op
+ * room and shared blocks' tenant records. When an admission or a reserve
+ * fails for lack of memory, that request alone ends with an ERROR event
+ * carrying ST_ENOMEM (at once, or at the end of this step's sched_commit
+ * when a choice of it is already in the batch); a failed swap-out falls
+ * back to recompute and a failed swap-in is retried in a later step.
+ * Always ST_OK today. */
 int sched_step(sched_t *s, sched_plan_t *plan);
 
 /* Fills v for plan->samples[i]. */
@@ -233,8 +242,10 @@ void sched_sample_mask(const sched_t *s, const sched_plan_t *plan, int32_t i, fl
  * TOKEN events, then FINISHED for every choice that hit EOS, a stop token,
  * max_tokens or the context length (its blocks are freed here). A request
  * whose TOKEN event failed (see sched_emit_cb) gets no more events in this
- * call but one ERROR ST_ENOMEM at its end, and is freed. Allocates
- * nothing. */
+ * call but one ERROR ST_ENOMEM at its end, and is freed. The only
+ * allocations are the forks' (bm_seq_fork: each child's blockmgr record
+ * and block table, fallibly); a fork that fails ends its request the same
+ * way, with ERROR ST_ENOMEM at the end of this call. */
 void sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results);
 
 void sched_get_stats(const sched_t *s, sched_stats_t *out);

@@ -2,9 +2,9 @@
  * the unit tests in tests/server/.
  *
  * The pure parts (request parsing and validation, stop-string matching,
- * SSE framing, metrics formatting, error bodies) take no locks and touch no
- * sockets, so they are tested directly. Everything here runs on the loop
- * thread.
+ * SSE framing, the route table, metrics formatting, error bodies, fallible
+ * JSON building) take no locks and touch no sockets, so they are tested
+ * directly. Everything here runs on the loop thread.
  */
 #ifndef SERVER_SRV_INT_H
 #define SERVER_SRV_INT_H
@@ -14,8 +14,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "model/sampler.h"
-#include "scheduler/engine.h"
+#include "sampler/sampler.h"
+#include "scheduler/proto.h"
 
 /* ---- growable byte buffer ---------------------------------------------------- */
 
@@ -197,6 +197,50 @@ void srv_sse_data(srv_buf_t *out, const char *json);
 /* Appends "data: [DONE]\n\n". */
 void srv_sse_done(srv_buf_t *out);
 
+/* ---- routes ------------------------------------------------------------------ */
+
+/* Endpoints: what the route table (srv_route.c) maps a path to, and what
+ * the per-endpoint metrics count under. */
+enum {
+    SRV_EP_COMPLETIONS = 0,
+    SRV_EP_CHAT,
+    SRV_EP_MODELS,
+    SRV_EP_HEALTH,
+    SRV_EP_METRICS,
+    SRV_EP_TOKENIZE,
+    SRV_EP_DETOKENIZE,
+    SRV_EP_VERSION,
+    SRV_EP_OTHER, /* no route: 404 */
+    SRV_EP_COUNT,
+};
+
+/* Who may call a route. */
+enum srv_access {
+    SRV_ACCESS_KEY = 0,        /* a tenant's API key (when auth is required) */
+    SRV_ACCESS_PUBLIC_HEALTH,  /* anyone when the config sets public_health */
+    SRV_ACCESS_PUBLIC_METRICS, /* anyone when the config sets public_metrics */
+};
+
+typedef struct srv_route {
+    const char *path;
+    const char *method; /* HEAD is answered wherever GET is */
+    int ep;             /* SRV_EP_* */
+    int access;         /* enum srv_access */
+} srv_route_t;
+
+/* The route table, ended by a NULL path: every route the server serves,
+ * written once (api/openapi.yaml lists the same routes, and the openapi
+ * integration test reads this table to check it). */
+extern const srv_route_t srv_routes[];
+
+/* The route that serves method on path (HEAD matches GET), or NULL. *ep
+ * receives the endpoint of path whatever the method (a 405 counts under
+ * it), or SRV_EP_OTHER when no route has that path (404). method NULL:
+ * only *ep. */
+const srv_route_t *srv_route_find(const char *path, const char *method, int *ep);
+/* The endpoint's label in metrics: its path, or "other". Never NULL. */
+const char *srv_route_label(int ep);
+
 /* ---- metrics ----------------------------------------------------------------- */
 
 #define SRV_HIST_MAX_BUCKETS 24
@@ -214,19 +258,6 @@ void srv_hist_observe(srv_hist_t *h, double v);
 /* Prometheus text: name_bucket{labels,le=...} cumulative, _sum, _count.
  * labels is "" or 'tenant="x"' (no braces). */
 void srv_hist_format(const srv_hist_t *h, const char *name, const char *labels, srv_buf_t *out);
-
-enum {
-    SRV_EP_COMPLETIONS = 0,
-    SRV_EP_CHAT,
-    SRV_EP_MODELS,
-    SRV_EP_HEALTH,
-    SRV_EP_METRICS,
-    SRV_EP_TOKENIZE,
-    SRV_EP_DETOKENIZE,
-    SRV_EP_VERSION,
-    SRV_EP_OTHER,
-    SRV_EP_COUNT,
-};
 
 typedef struct srv_tenant_metrics {
     srv_hist_t ttft;
@@ -261,6 +292,21 @@ char *srv_chat_render_plain(const srv_chat_msg_t *msgs, int32_t n, int add_gener
                             const char *bos);
 
 /* ---- JSON building helpers --------------------------------------------------- */
+
+/* Building a cJSON tree fallibly: take a mark before, add nodes with
+ * srv_json_add / srv_json_push (which delete what they cannot attach),
+ * and print with srv_json_print, which answers NULL when any fallible
+ * allocation failed since the mark (a cJSON builder then silently drops
+ * the node it could not make). */
+unsigned long srv_json_mark(void);
+/* Adds item under key; deletes it when that fails. item NULL: no-op. */
+void srv_json_add(cJSON *obj, const char *key, cJSON *item);
+/* Appends item to arr (which may be NULL when its own creation failed);
+ * deletes it when that fails. item NULL: no-op. */
+void srv_json_push(cJSON *arr, cJSON *item);
+/* Prints and deletes root (malloc'd), or NULL when any allocation since
+ * mark failed. */
+char *srv_json_print(cJSON *root, unsigned long mark);
 
 /* Token text for logprobs: the token's bytes with invalid UTF-8 replaced
  * by U+FFFD (written to out, NUL-terminated; out->oom when it could not). */

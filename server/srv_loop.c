@@ -10,9 +10,11 @@
  *   uv_async_send only on empty -> non-empty; the async callback detaches the
  *   whole list.
  *
- *   A request waiting for the engine is a suspended connection. MHD does not
- *   watch a suspended socket, so a uv_poll_t with UV_DISCONNECT watches it
- *   for hang-up; when the client goes away its jobs are cancelled at once.
+ *   A request waiting for the engine is a suspended connection (srv_loop.h:
+ *   the loop knows it only by its srv_hold_t). MHD does not watch a
+ *   suspended socket, so a uv_poll_t with UV_DISCONNECT watches it for
+ *   hang-up; when the client goes away the request's on_hangup cancels its
+ *   jobs at once.
  *
  *   SIGTERM / SIGINT: MHD_quiesce_daemon() stops accepting, new requests on
  *   kept-alive connections get 503, and in-flight requests finish. When none
@@ -37,7 +39,7 @@
 #include "common/thread.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
-#include "server/srv_loop.h"
+#include "server/srv_state.h"
 
 #define SRV_SOCKET_SNDBUF (64 * 1024)
 /* After the drain timeout: time for the final error events to reach clients. */
@@ -88,6 +90,33 @@ srv_loop_run_mhd(srv_t *s)
 
 /* ---- suspend / resume with a hang-up watch ----------------------------------- */
 
+void
+srv_hold_init(srv_hold_t *h, srv_t *s, struct MHD_Connection *mc, void (*on_hangup)(void *arg),
+              void *arg)
+{
+    memset(h, 0, sizeof(*h));
+    h->s = s;
+    h->mc = mc;
+    h->on_hangup = on_hangup;
+    h->arg = arg;
+}
+
+int
+srv_hold_reserve(srv_hold_t *h)
+{
+    if (h->hup_mem == NULL) {
+        h->hup_mem = xmalloc_try(sizeof(*h->hup_mem));
+    }
+    return h->hup_mem != NULL;
+}
+
+void
+srv_hold_fini(srv_hold_t *h)
+{
+    free(h->hup_mem);
+    h->hup_mem = NULL;
+}
+
 static void
 on_hup_closed(uv_handle_t *h)
 {
@@ -95,20 +124,18 @@ on_hup_closed(uv_handle_t *h)
 }
 
 static void
-on_hup(uv_poll_t *h, int status, int events)
+on_hup(uv_poll_t *p, int status, int events)
 {
-    srv_req_t *r = h->data;
+    srv_hold_t *h = p->data;
 
     if (status >= 0 && !(events & UV_DISCONNECT)) {
         return;
     }
     /* Level-triggered: stop before the hang-up fires again. */
-    uv_poll_stop(h);
-    if (!r->client_gone) {
-        r->client_gone = 1;
-        r->s->metrics.disconnects++;
-        REQ_INFO(r->id, "client disconnected, cancelling");
-        srv_http_client_gone(r);
+    uv_poll_stop(p);
+    if (!h->hung_up) {
+        h->hung_up = 1;
+        h->on_hangup(h->arg);
         /* libmicrohttpd 0.9.75 (Debian 12) leaves a connection whose
          * content reader ended it with an error in the CLOSED state
          * without moving it to its cleanup list; with the peer gone no
@@ -117,68 +144,71 @@ on_hup(uv_poll_t *h, int status, int events)
          * up to the idle timeout), counting against the per-IP limit.
          * Connections with their own timeout are visited on every
          * MHD_run(): a 1 s timeout gets this one closed on the next run. */
-        if (r->mc != NULL) {
-            MHD_set_connection_option(r->mc, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
+        if (h->mc != NULL) {
+            MHD_set_connection_option(h->mc, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
         }
     }
     /* Resuming lets MHD notice the dead socket and complete the request. */
-    srv_loop_resume(r);
-    srv_loop_run_mhd(r->s);
+    srv_loop_resume(h);
+    srv_loop_run_mhd(h->s);
 }
 
-/* The hang-up watch starts with the request's first suspension and lasts
- * until MHD completes the request (srv_loop_unwatch), so a streaming
- * response that suspends once per token does not re-register it each time;
- * while the connection is not suspended MHD watches the socket as well. */
 void
-srv_loop_suspend(srv_req_t *r)
+srv_loop_suspend(srv_hold_t *h)
 {
     const union MHD_ConnectionInfo *ci;
 
-    if (r->suspended) {
+    if (h->suspended) {
         return;
     }
-    MHD_suspend_connection(r->mc);
-    r->suspended = 1;
-    if (r->hup != NULL || r->client_gone) {
+    MHD_suspend_connection(h->mc);
+    h->suspended = 1;
+    list_push_back(&h->s->suspended, &h->node);
+    if (h->hup != NULL || h->hung_up) {
         return;
     }
-    ci = MHD_get_connection_info(r->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    ci = MHD_get_connection_info(h->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci == NULL) {
         return;
     }
-    /* Allocated (fallibly) by the request before it first suspends. */
-    r->hup = r->hup_mem;
-    r->hup_mem = NULL;
-    if (r->hup == NULL) {
+    /* Reserved (fallibly) by the request before it first suspends. */
+    h->hup = h->hup_mem;
+    h->hup_mem = NULL;
+    if (h->hup == NULL) {
         return;
     }
-    if (uv_poll_init_socket(&r->s->loop, r->hup, ci->connect_fd) != 0) {
-        free(r->hup);
-        r->hup = NULL;
+    if (uv_poll_init_socket(&h->s->loop, h->hup, ci->connect_fd) != 0) {
+        free(h->hup);
+        h->hup = NULL;
         return;
     }
-    r->hup->data = r;
-    uv_poll_start(r->hup, UV_DISCONNECT, on_hup);
+    h->hup->data = h;
+    uv_poll_start(h->hup, UV_DISCONNECT, on_hup);
 }
 
 void
-srv_loop_resume(srv_req_t *r)
+srv_loop_resume(srv_hold_t *h)
 {
-    if (r->suspended) {
-        r->suspended = 0;
-        MHD_resume_connection(r->mc);
+    if (h->suspended) {
+        h->suspended = 0;
+        list_remove(&h->node);
+        MHD_resume_connection(h->mc);
     }
 }
 
 void
-srv_loop_unwatch(srv_req_t *r)
+srv_loop_release(srv_hold_t *h)
 {
-    if (r->hup != NULL) {
-        uv_poll_stop(r->hup);
-        uv_close((uv_handle_t *)r->hup, on_hup_closed);
-        r->hup = NULL;
+    if (h->hup != NULL) {
+        uv_poll_stop(h->hup);
+        uv_close((uv_handle_t *)h->hup, on_hup_closed);
+        h->hup = NULL;
     }
+    if (h->suspended) {
+        h->suspended = 0;
+        list_remove(&h->node);
+    }
+    h->mc = NULL;
 }
 
 /* ---- outbox ------------------------------------------------------------------ */
@@ -235,9 +265,6 @@ on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
         *socket_context = c;
         s->metrics.open_connections++;
     } else if (c != NULL) {
-        if (c->req != NULL) {
-            c->req->conn = NULL;
-        }
         list_remove(&c->node);
         free(c);
         *socket_context = NULL;
@@ -256,18 +283,14 @@ close_cb_noop(uv_handle_t *h)
 static void
 stop_everything(srv_t *s)
 {
-    list_node_t *it;
-
     if (s->stopping) {
         return;
     }
     s->stopping = 1;
     LOG_INFO("stopping: %u connections open", s->metrics.open_connections);
     /* MHD must not be stopped with suspended connections. */
-    LIST_FOREACH(it, &s->reqs)
-    {
-        srv_req_t *r = LIST_ENTRY(it, srv_req_t, node);
-        srv_loop_resume(r);
+    while (!list_empty(&s->suspended)) {
+        srv_loop_resume(LIST_ENTRY(s->suspended.next, srv_hold_t, node));
     }
     if (s->mhd != NULL) {
         uv_poll_stop(&s->mhd_poll);
@@ -487,6 +510,7 @@ srv_init(srv_t *s, const srv_setup_t *setup)
     s->started = time(NULL);
     list_init(&s->conns);
     list_init(&s->reqs);
+    list_init(&s->suspended);
     if (cfg->served_model_name[0] != '\0') {
         snprintf(s->model_name, sizeof(s->model_name), "%s", cfg->served_model_name);
     } else {
@@ -552,7 +576,7 @@ srv_run(const srv_setup_t *setup)
     uv_signal_init(&s->loop, &s->sig_int);
     s->sig_int.data = s;
 
-    rc = srv_http_chat_init(s);
+    rc = srv_chat_init(s);
     if (rc != ST_OK) {
         goto out;
     }
@@ -614,7 +638,7 @@ out:
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
     chan_fini(&s->outbox);
-    srv_http_chat_fini(s);
+    srv_chat_fini(s);
     LOG_INFO("stopped");
     free(s);
     return rc;

@@ -86,11 +86,6 @@ header(srv_buf_t *out, const char *name, const char *type, const char *help)
     srv_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static const char *ep_names[SRV_EP_COUNT] = {
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-    "/tokenize",       "/detokenize",          "/version",   "other",
-};
-
 void
 srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *model_name,
                    srv_buf_t *out)
@@ -234,7 +229,7 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
             if (m->http_requests[ep][c] > 0) {
                 srv_buf_printf(out,
                                "kvserve:http_requests_total{route=\"%s\",code=\"%dxx\"} %llu\n",
-                               ep_names[ep], c, (unsigned long long)m->http_requests[ep][c]);
+                               srv_route_label(ep), c, (unsigned long long)m->http_requests[ep][c]);
             }
         }
     }

@@ -1,6 +1,6 @@
 /* srv_util.c - byte buffers, OpenAI error bodies, the JSON pre-check that
- * runs before cJSON, stop-string matching, SSE framing and the plain chat
- * template. All pure; loop thread.
+ * runs before cJSON, fallible cJSON building, stop-string matching, SSE
+ * framing and the plain chat template. All pure; loop thread.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -521,4 +521,41 @@ srv_chat_render_plain(const srv_chat_msg_t *msgs, int32_t n, int add_generation_
         return NULL;
     }
     return b.data;
+}
+
+/* ---- fallible cJSON building ------------------------------------------------- */
+
+unsigned long
+srv_json_mark(void)
+{
+    return xmalloc_try_failures();
+}
+
+void
+srv_json_add(cJSON *obj, const char *key, cJSON *item)
+{
+    if (item != NULL && !cJSON_AddItemToObject(obj, key, item)) {
+        cJSON_Delete(item);
+    }
+}
+
+void
+srv_json_push(cJSON *arr, cJSON *item)
+{
+    if (item != NULL && !cJSON_AddItemToArray(arr, item)) {
+        cJSON_Delete(item);
+    }
+}
+
+char *
+srv_json_print(cJSON *root, unsigned long mark)
+{
+    char *out = xmalloc_try_failures() == mark ? cJSON_PrintUnformatted(root) : NULL;
+
+    cJSON_Delete(root);
+    if (out != NULL && xmalloc_try_failures() != mark) {
+        free(out);
+        out = NULL;
+    }
+    return out;
 }

@@ -36,8 +36,8 @@
  * Thread: a compiled template is immutable and may be rendered from several
  * threads at once; each render uses its own memory.
  */
-#ifndef MODEL_CHAT_H
-#define MODEL_CHAT_H
+#ifndef TEXT_CHAT_H
+#define TEXT_CHAT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -82,4 +82,4 @@ int chat_template_render(const chat_template_t *t, const chat_message_t *msgs, s
 /* Frees t; NULL is fine. */
 void chat_template_destroy(chat_template_t *t);
 
-#endif /* MODEL_CHAT_H */
+#endif /* TEXT_CHAT_H */

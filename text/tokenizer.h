@@ -12,8 +12,8 @@
  * Thread: a loaded tokenizer is immutable and shared; tok_stream_t belongs
  * to one thread.
  */
-#ifndef MODEL_TOKENIZER_H
-#define MODEL_TOKENIZER_H
+#ifndef TEXT_TOKENIZER_H
+#define TEXT_TOKENIZER_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -73,4 +73,4 @@ int tok_stream_push(tok_stream_t *s, int32_t id, char *out, size_t cap);
 /* Emits whatever is pending (invalid tail bytes become U+FFFD). */
 int tok_stream_flush(tok_stream_t *s, char *out, size_t cap);
 
-#endif /* MODEL_TOKENIZER_H */
+#endif /* TEXT_TOKENIZER_H */

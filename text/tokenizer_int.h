@@ -9,8 +9,8 @@
  *
  * Thread: loading happens on one thread; a finished tokenizer is read-only.
  */
-#ifndef MODEL_TOKENIZER_INT_H
-#define MODEL_TOKENIZER_INT_H
+#ifndef TEXT_TOKENIZER_INT_H
+#define TEXT_TOKENIZER_INT_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -159,4 +159,4 @@ char *tok__nfc(const char *s, size_t n, size_t *out_len);
 /* The GPT-2 byte-level alphabet: the code point standing for byte b. */
 uint32_t tok__byte_to_cp(uint8_t b);
 
-#endif /* MODEL_TOKENIZER_INT_H */
+#endif /* TEXT_TOKENIZER_INT_H */

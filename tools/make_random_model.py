@@ -455,7 +455,7 @@ def quant_q5_1(v):
 
 def _pack_k_scales(sc, mn):
     """8 six-bit scales and mins per super-block into the 12-byte layout
-    Q4_K/Q5_K use (see k_scale_min in model/gguf.c)."""
+    Q4_K/Q5_K use (see k_scale_min in formats/gguf.c)."""
     out = np.zeros((sc.shape[0], 12), dtype=np.uint8)
     out[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
     out[:, 4:8] = (mn[:, 0:4] & 63) | ((mn[:, 4:8] >> 4) << 6)

@@ -1,4 +1,4 @@
-/* test_chat_api.c - model/chat: rendering basics, whitespace control,
+/* test_chat_api.c - text/chat: rendering basics, whitespace control,
  * Python semantics, errors, and the limits that keep untrusted templates
  * from crashing or running away. The jinja2 conformance over the real
  * templates is test_chat.py. */

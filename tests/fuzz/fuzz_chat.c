@@ -1,4 +1,4 @@
-/* fuzz_chat.c - fuzz target: the chat template interpreter (model/chat.h),
+/* fuzz_chat.c - fuzz target: the chat template interpreter (text/chat.h),
  * on fuzzed template source and on the checked-in real templates with
  * fuzzed messages.
  *

@@ -1,10 +1,10 @@
-/* fuzz_safetensors.c - fuzz target: st_parse_header() on a whole
+/* fuzz_safetensors.c - fuzz target: sft_parse_header() on a whole
  * safetensors file held in memory.
  *
  * Properties: a parsed file has tensor names that are valid UTF-8 (the
- * header is JSON), known dtypes, n_dims <= ST_MAX_DIMS, n_elems equal to the
+ * header is JSON), known dtypes, n_dims <= SFT_MAX_DIMS, n_elems equal to the
  * product of dims, nbytes = n_elems * dtype size, and data lying inside the
- * buffer; st_find() finds each tensor by its name; a failure is ST_EFORMAT
+ * buffer; sft_find() finds each tensor by its name; a failure is ST_EFORMAT
  * with a reason. Parsing is linear in the header size.
  */
 #include <string.h>
@@ -16,41 +16,41 @@
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    st_file_t *f = NULL;
+    sft_file_t *f = NULL;
     char err[256] = "";
-    int rc = st_parse_header(data, size, &f, err, sizeof(err));
+    int rc = sft_parse_header(data, size, &f, err, sizeof(err));
 
     if (rc != ST_OK) {
         FUZZ_CHECK(rc == ST_EFORMAT, "rc %d", rc);
         FUZZ_CHECK(err[0] != '\0', "no reason");
         return 0;
     }
-    int64_t n = st_n_tensors(f);
+    int64_t n = sft_n_tensors(f);
     FUZZ_CHECK(n >= 0, "n_tensors %lld", (long long)n);
     for (int64_t i = 0; i < n; i++) {
-        const st_tensor_t *t = st_tensor(f, i);
+        const sft_tensor_t *t = sft_tensor(f, i);
         FUZZ_CHECK(t != NULL && t->name != NULL, "tensor %lld", (long long)i);
         FUZZ_CHECK(fuzz_utf8_valid(t->name, strlen(t->name)), "name not UTF-8");
-        FUZZ_CHECK((int)t->dtype >= ST_DTYPE_F32 && (int)t->dtype <= ST_DTYPE_BOOL, "dtype");
-        FUZZ_CHECK(t->n_dims <= ST_MAX_DIMS, "n_dims %u", t->n_dims);
+        FUZZ_CHECK((int)t->dtype >= SFT_DTYPE_F32 && (int)t->dtype <= SFT_DTYPE_BOOL, "dtype");
+        FUZZ_CHECK(t->n_dims <= SFT_MAX_DIMS, "n_dims %u", t->n_dims);
         unsigned __int128 prod = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) {
             prod *= t->dims[d];
             FUZZ_CHECK(prod <= UINT64_MAX, "dims overflow");
         }
         FUZZ_CHECK(prod == t->n_elems, "n_elems %llu", (unsigned long long)t->n_elems);
-        FUZZ_CHECK((unsigned __int128)t->n_elems * st_dtype_size(t->dtype) == t->nbytes,
+        FUZZ_CHECK((unsigned __int128)t->n_elems * sft_dtype_size(t->dtype) == t->nbytes,
                    "nbytes %llu", (unsigned long long)t->nbytes);
         if (t->nbytes > 0) {
             const uint8_t *p = t->data;
             FUZZ_CHECK(p >= data && t->nbytes <= size && (size_t)(p - data) <= size - t->nbytes,
                        "data outside the buffer");
         }
-        const st_tensor_t *found = st_find(f, t->name);
-        FUZZ_CHECK(found != NULL && strcmp(found->name, t->name) == 0, "st_find %s", t->name);
+        const sft_tensor_t *found = sft_find(f, t->name);
+        FUZZ_CHECK(found != NULL && strcmp(found->name, t->name) == 0, "sft_find %s", t->name);
     }
-    FUZZ_CHECK(st_tensor(f, n) == NULL && st_tensor(f, -1) == NULL, "out of range");
-    st_close(f);
+    FUZZ_CHECK(sft_tensor(f, n) == NULL && sft_tensor(f, -1) == NULL, "out of range");
+    sft_close(f);
     return 0;
 }
 
@@ -84,11 +84,11 @@ gen_tensors(size_t k, size_t *len)
 static void
 run_st(const uint8_t *data, size_t len)
 {
-    st_file_t *f = NULL;
+    sft_file_t *f = NULL;
     char err[256];
 
-    FUZZ_CHECK(st_parse_header(data, len, &f, err, sizeof(err)) == ST_OK, "%s", err);
-    st_close(f);
+    FUZZ_CHECK(sft_parse_header(data, len, &f, err, sizeof(err)) == ST_OK, "%s", err);
+    sft_close(f);
 }
 
 const fuzz_linear_case_t fuzz_linear_cases[] = {

@@ -1,6 +1,6 @@
 // openapi.test.mjs - api/openapi.yaml describes exactly what is served: every
 // route it lists answers (neither 404 nor 405), and every route in the
-// server's route table (server/srv_http.c) is listed.
+// server's route table (server/srv_route.c) is listed.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -25,8 +25,8 @@ function specRoutes() {
 
 // The route table of the server: lines like {"/v1/models", "GET", SRV_EP_MODELS, ...}.
 function servedRoutes() {
-  const src = fs.readFileSync(path.join(SRC_ROOT, 'server', 'srv_http.c'), 'utf8');
-  const table = src.slice(src.indexOf('static const route_t routes[]'));
+  const src = fs.readFileSync(path.join(SRC_ROOT, 'server', 'srv_route.c'), 'utf8');
+  const table = src.slice(src.indexOf('const srv_route_t srv_routes[]'));
   const body = table.slice(0, table.indexOf('};'));
   const out = [];
   for (const m of body.matchAll(/\{"([^"]+)", "([A-Z]+)", SRV_EP_/g)) {

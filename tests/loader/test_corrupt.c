@@ -16,16 +16,16 @@
 #include "formats/safetensors.h"
 
 static char *tmp;
-static unsigned char *st_bytes; /* the default model's model.safetensors */
-static size_t st_len;
-static uint64_t st_hlen;
+static unsigned char *sft_bytes; /* the default model's model.safetensors */
+static size_t sft_len;
+static uint64_t sft_hlen;
 
 static void
 corrupt_setup(void)
 {
     tmp = lt_mkdtemp("loader-corrupt");
-    st_bytes = lt_read(lt_src("models/austen-2.7m/model.safetensors"), &st_len);
-    memcpy(&st_hlen, st_bytes, 8);
+    sft_bytes = lt_read(lt_src("models/austen-2.7m/model.safetensors"), &sft_len);
+    memcpy(&sft_hlen, sft_bytes, 8);
 }
 
 static void
@@ -33,7 +33,7 @@ corrupt_teardown(void)
 {
     lt_rmtree(tmp);
     free(tmp);
-    free(st_bytes);
+    free(sft_bytes);
 }
 
 /* tmp/name/ with links to the default model's tokenizer and configs;
@@ -66,22 +66,22 @@ write_st_header(const char *dir, const char *fname, const char *json)
     char path[4096];
     size_t jl = strlen(json), pad = (8 - jl % 8) % 8;
     uint64_t hl = jl + pad;
-    size_t data_len = st_len - 8 - st_hlen;
+    size_t data_len = sft_len - 8 - sft_hlen;
     unsigned char *buf = malloc(8 + hl + data_len);
 
     memcpy(buf, &hl, 8);
     memcpy(buf + 8, json, jl);
     memset(buf + 8 + jl, ' ', pad);
-    memcpy(buf + 8 + hl, st_bytes + 8 + st_hlen, data_len);
+    memcpy(buf + 8 + hl, sft_bytes + 8 + sft_hlen, data_len);
     snprintf(path, sizeof(path), "%s/%s", dir, fname);
     lt_write(path, buf, 8 + hl + data_len);
     free(buf);
 }
 
 static cJSON *
-st_header(void)
+sft_header(void)
 {
-    cJSON *h = cJSON_ParseWithLength((const char *)st_bytes + 8, st_hlen);
+    cJSON *h = cJSON_ParseWithLength((const char *)sft_bytes + 8, sft_hlen);
 
     ck_assert_ptr_nonnull(h);
     return h;
@@ -142,7 +142,7 @@ offsets_of(cJSON *h, const char *tensor, double *a, double *b)
 START_TEST(test_st_wrong_dtype)
 {
     const char *d = variant_dir("dtype", 1);
-    cJSON *h = st_header();
+    cJSON *h = sft_header();
 
     set_dtype(h, QP, "I32"); /* same size, wrong kind */
     write_header_json(d, h);
@@ -153,7 +153,7 @@ END_TEST
 START_TEST(test_st_unknown_dtype)
 {
     const char *d = variant_dir("dtype2", 1);
-    cJSON *h = st_header();
+    cJSON *h = sft_header();
 
     set_dtype(h, QP, "F7");
     write_header_json(d, h);
@@ -165,7 +165,7 @@ END_TEST
 START_TEST(test_st_wrong_shape)
 {
     const char *d = variant_dir("shape", 1);
-    cJSON *h = st_header();
+    cJSON *h = sft_header();
 
     set_shape(h, QP, 96, 384); /* same bytes, wrong shape */
     write_header_json(d, h);
@@ -177,7 +177,7 @@ END_TEST
 START_TEST(test_st_shape_size_mismatch)
 {
     const char *d = variant_dir("shape2", 1);
-    cJSON *h = st_header();
+    cJSON *h = sft_header();
 
     set_shape(h, QP, 192, 191);
     write_header_json(d, h);
@@ -188,7 +188,7 @@ END_TEST
 START_TEST(test_st_missing_tensor)
 {
     const char *d = variant_dir("missing", 1);
-    cJSON *h = st_header();
+    cJSON *h = sft_header();
     cJSON *t = cJSON_DetachItemFromObjectCaseSensitive(h, UP);
 
     cJSON_AddItemToObject(h, "renamed.weight", t);
@@ -200,8 +200,8 @@ END_TEST
 START_TEST(test_st_offsets_out_of_bounds)
 {
     const char *d = variant_dir("oob", 1);
-    cJSON *h = st_header();
-    double data_len = (double)(st_len - 8 - st_hlen), a, b;
+    cJSON *h = sft_header();
+    double data_len = (double)(sft_len - 8 - sft_hlen), a, b;
 
     offsets_of(h, KP, &a, &b);
     set_offsets(h, KP, data_len - (b - a) + 4, data_len + 4);
@@ -214,7 +214,7 @@ START_TEST(test_st_offsets_reversed_or_fractional)
 {
     const char *d = variant_dir("rev", 1);
     const char *d2;
-    cJSON *h = st_header();
+    cJSON *h = sft_header();
     double a, b;
 
     offsets_of(h, KP, &a, &b);
@@ -223,7 +223,7 @@ START_TEST(test_st_offsets_reversed_or_fractional)
     ck_assert_int_eq(lt_expect_load_error(d, "outside the data section", KP), ST_EFORMAT);
 
     d2 = variant_dir("frac", 1);
-    h = st_header();
+    h = sft_header();
     set_offsets(h, KP, a + 0.5, b + 0.5);
     write_header_json(d2, h);
     ck_assert_int_eq(lt_expect_load_error(d2, "data_offsets must be two integers", KP), ST_EFORMAT);
@@ -233,7 +233,7 @@ END_TEST
 START_TEST(test_st_overlap)
 {
     const char *d = variant_dir("overlap", 1);
-    cJSON *h = st_header();
+    cJSON *h = sft_header();
     double a, b;
 
     offsets_of(h, KP, &a, &b);
@@ -249,12 +249,12 @@ START_TEST(test_st_misaligned_data_is_copied)
 {
     const char *d = variant_dir("misaligned", 1);
     char *s, dir[4096];
-    size_t jl, data_len = st_len - 8 - st_hlen;
+    size_t jl, data_len = sft_len - 8 - sft_hlen;
     uint64_t hl;
     unsigned char *buf;
     char path[4200], err[512];
     mdl_model_t *a = NULL, *b = NULL;
-    cJSON *h = st_header();
+    cJSON *h = sft_header();
 
     snprintf(dir, sizeof(dir), "%s", d);
     s = cJSON_PrintUnformatted(h);
@@ -265,7 +265,7 @@ START_TEST(test_st_misaligned_data_is_copied)
     memcpy(buf, &hl, 8);
     memset(buf + 8, ' ', hl);
     memcpy(buf + 8, s, jl);
-    memcpy(buf + 8 + hl, st_bytes + 8 + st_hlen, data_len);
+    memcpy(buf + 8 + hl, sft_bytes + 8 + sft_hlen, data_len);
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
     lt_write(path, buf, 8 + hl + data_len);
     free(buf);
@@ -318,13 +318,13 @@ START_TEST(test_st_parse_in_memory)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         size_t jl = strlen(cases[i][0]);
         uint64_t hl = jl;
-        st_file_t *f = NULL;
+        sft_file_t *f = NULL;
         char err[256] = "";
 
         memcpy(buf, &hl, 8);
         memcpy(buf + 8, cases[i][0], jl);
         memset(buf + 8 + jl, 0, 8);
-        ck_assert_int_eq(st_parse_header(buf, 8 + jl + 8, &f, err, sizeof(err)), ST_EFORMAT);
+        ck_assert_int_eq(sft_parse_header(buf, 8 + jl + 8, &f, err, sizeof(err)), ST_EFORMAT);
         ck_assert_ptr_null(f);
         ck_assert_msg(strstr(err, cases[i][1]) != NULL, "case %zu: '%s' lacks '%s'", i, err,
                       cases[i][1]);
@@ -335,24 +335,24 @@ START_TEST(test_st_parse_in_memory)
                         "\"x\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]},"
                         "\"y\":{\"dtype\":\"BF16\",\"shape\":[1,1],\"data_offsets\":[2,4]}}";
         uint64_t hl = strlen(j);
-        st_file_t *f = NULL;
+        sft_file_t *f = NULL;
         char err[256];
         float v;
 
         memcpy(buf, &hl, 8);
         memcpy(buf + 8, j, hl);
         memcpy(buf + 8 + hl, "\x00\x3c\x80\xbf", 4); /* f16 1.0, bf16 -1.0 */
-        ck_assert_int_eq(st_parse_header(buf, 8 + hl + 4, &f, err, sizeof(err)), ST_OK);
-        ck_assert_int_eq(st_n_tensors(f), 2);
-        ck_assert_ptr_null(st_find(f, "__metadata__"));
-        ck_assert_int_eq(st_to_f32(st_find(f, "x")->dtype, st_find(f, "x")->data, 1, &v), ST_OK);
+        ck_assert_int_eq(sft_parse_header(buf, 8 + hl + 4, &f, err, sizeof(err)), ST_OK);
+        ck_assert_int_eq(sft_n_tensors(f), 2);
+        ck_assert_ptr_null(sft_find(f, "__metadata__"));
+        ck_assert_int_eq(sft_to_f32(sft_find(f, "x")->dtype, sft_find(f, "x")->data, 1, &v), ST_OK);
         ck_assert(v == 1.0f);
-        ck_assert_int_eq(st_to_f32(st_find(f, "y")->dtype, st_find(f, "y")->data, 1, &v), ST_OK);
+        ck_assert_int_eq(sft_to_f32(sft_find(f, "y")->dtype, sft_find(f, "y")->data, 1, &v), ST_OK);
         ck_assert(v == -1.0f);
-        ck_assert_uint_eq(st_find(f, "y")->n_dims, 2);
-        ck_assert_ptr_null(st_tensor(f, 2));
-        st_close(f);
-        st_close(NULL);
+        ck_assert_uint_eq(sft_find(f, "y")->n_dims, 2);
+        ck_assert_ptr_null(sft_tensor(f, 2));
+        sft_close(f);
+        sft_close(NULL);
     }
 }
 END_TEST
@@ -369,7 +369,7 @@ write_raw(const char *dir, const void *data, size_t len)
 START_TEST(test_st_header_length_overflow)
 {
     static const uint64_t lens[] = {UINT64_MAX, UINT64_MAX - 7, 1ull << 40, 1ull << 62};
-    unsigned char *buf = malloc(st_len);
+    unsigned char *buf = malloc(sft_len);
     char name[64];
 
     for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
@@ -377,9 +377,9 @@ START_TEST(test_st_header_length_overflow)
 
         snprintf(name, sizeof(name), "hlen%zu", i);
         d = variant_dir(name, 1);
-        memcpy(buf, st_bytes, st_len);
+        memcpy(buf, sft_bytes, sft_len);
         memcpy(buf, &lens[i], 8);
-        write_raw(d, buf, st_len);
+        write_raw(d, buf, sft_len);
         ck_assert_int_eq(lt_expect_load_error(d, "header length", "model.safetensors"), ST_EFORMAT);
     }
     free(buf);
@@ -389,8 +389,8 @@ END_TEST
 START_TEST(test_st_truncated)
 {
     const char *d;
-    size_t cuts[] = {0,          4,         8, 100, 8 + (size_t)st_hlen - 1, 8 + (size_t)st_hlen,
-                     st_len / 2, st_len - 1};
+    size_t cuts[] = {0,          4,         8, 100, 8 + (size_t)sft_hlen - 1, 8 + (size_t)sft_hlen,
+                     sft_len / 2, sft_len - 1};
     const char *needles[] = {"empty file",
                              "truncated",
                              "truncated",
@@ -404,7 +404,7 @@ START_TEST(test_st_truncated)
     for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
         snprintf(name, sizeof(name), "trunc%zu", i);
         d = variant_dir(name, 1);
-        write_raw(d, st_bytes, cuts[i]);
+        write_raw(d, sft_bytes, cuts[i]);
         ck_assert_int_eq(lt_expect_load_error(d, needles[i], "model.safetensors"), ST_EFORMAT);
     }
 }
@@ -492,36 +492,36 @@ END_TEST
  * that succeeds still yields tensors inside the buffer. */
 START_TEST(test_st_mutation_sweep)
 {
-    size_t n = (size_t)(8 + st_hlen);
-    unsigned char *buf = malloc(st_len);
+    size_t n = (size_t)(8 + sft_hlen);
+    unsigned char *buf = malloc(sft_len);
     uint64_t x = 0x9e3779b97f4a7c15ull;
     char err[256];
     int ok = 0;
 
     for (int it = 0; it < 3000; it++) {
-        st_file_t *f = NULL;
+        sft_file_t *f = NULL;
         int flips = 1 + it % 4, rc;
 
-        memcpy(buf, st_bytes, st_len);
+        memcpy(buf, sft_bytes, sft_len);
         for (int k = 0; k < flips; k++) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             buf[x % n] = (unsigned char)(x >> 32);
         }
-        rc = st_parse_header(buf, st_len, &f, err, sizeof(err));
+        rc = sft_parse_header(buf, sft_len, &f, err, sizeof(err));
         if (rc != ST_OK && rc != ST_EFORMAT) {
             ck_abort_msg("iteration %d: status %d", it, rc);
         }
         if (rc == ST_OK) {
             ok++;
-            for (int64_t i = 0; i < st_n_tensors(f); i++) {
-                const st_tensor_t *t = st_tensor(f, i);
+            for (int64_t i = 0; i < sft_n_tensors(f); i++) {
+                const sft_tensor_t *t = sft_tensor(f, i);
                 const unsigned char *p = t->data;
 
-                if (!(p >= buf && p + t->nbytes <= buf + st_len)) {
+                if (!(p >= buf && p + t->nbytes <= buf + sft_len)) {
                     ck_abort_msg("iteration %d: tensor %s outside the buffer", it, t->name);
                 }
             }
-            st_close(f);
+            sft_close(f);
         } else if (err[0] == '\0') {
             ck_abort_msg("iteration %d: failure without a message", it);
         }

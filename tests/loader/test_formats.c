@@ -112,19 +112,19 @@ END_TEST
 START_TEST(test_austen_gguf_rows_are_permuted)
 {
     gguf_file_t *g = NULL;
-    st_file_t *s = NULL;
+    sft_file_t *s = NULL;
     char err[512];
     const gguf_tensor_t *gq;
-    const st_tensor_t *sq;
+    const sft_tensor_t *sq;
     const float *gr, *sr;
     const int hd = 32, dim = 192;
 
     ck_assert_int_eq(gguf_open(lt_src("models/austen-2.7m/model-f32.gguf"), &g, err, sizeof(err)),
                      ST_OK);
-    ck_assert_int_eq(st_open(lt_src("models/austen-2.7m/model.safetensors"), &s, err, sizeof(err)),
+    ck_assert_int_eq(sft_open(lt_src("models/austen-2.7m/model.safetensors"), &s, err, sizeof(err)),
                      ST_OK);
     gq = gguf_find_tensor(g, "blk.0.attn_q.weight");
-    sq = st_find(s, "model.layers.0.self_attn.q_proj.weight");
+    sq = sft_find(s, "model.layers.0.self_attn.q_proj.weight");
     ck_assert_ptr_nonnull(gq);
     ck_assert_ptr_nonnull(sq);
     ck_assert_uint_eq(gq->type, GGUF_TENSOR_F32);
@@ -143,7 +143,7 @@ START_TEST(test_austen_gguf_rows_are_permuted)
     /* and row 1 is not row 1 */
     ck_assert(memcmp(gr + dim, sr + dim, dim * sizeof(float)) != 0);
     gguf_close(g);
-    st_close(s);
+    sft_close(s);
 }
 END_TEST
 

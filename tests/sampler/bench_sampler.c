@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "common/status.h"
-#include "model/sampler.h"
+#include "sampler/sampler.h"
 
 static double
 now_s(void)

@@ -1,5 +1,5 @@
 /* test_sampler.c - greedy, seeding, sampling statistics, truncation,
- * penalties, bias and logprobs of model/sampler.
+ * penalties, bias and logprobs of sampler/.
  *
  * The statistical tests draw 100k tokens with a fixed seed, so they are
  * deterministic; their bound is still the one a chi-square test would use:
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/sampler.h"
+#include "sampler/sampler.h"
 
 #define N_DRAWS 100000
 

@@ -22,7 +22,7 @@
 //    a DELTA per token). At the end no KV block is in use, no request is
 //    in flight, the 5xx counters match and the daemon exits 0.
 //  * The same for prompts with combining characters under a tokenizer that
-//    normalizes to NFC (model/tok_nfc.c), on a copy of the default model
+//    normalizes to NFC (text/tok_nfc.c), on a copy of the default model
 //    whose tokenizer.json adds the NFC normalizer.
 //  * KVSERVE_FAIL_ALLOC_AFTER=N arms the same failure from the start.
 //  * A forward failure is the server's fault: 500, never 4xx.
@@ -265,7 +265,7 @@ function nfcModel() {
 }
 
 // Combining acute accents (U+0301) that NFC composes: the prompt goes
-// through model/tok_nfc.c, whose allocations fail like any other.
+// through text/tok_nfc.c, whose allocations fail like any other.
 const DECOMPOSED = 'Emma Woodhouse, handsome, cafe\u0301 and ble\u0301 clever';
 const PRECOMPOSED = 'Emma Woodhouse, handsome, caf\u00e9 and bl\u00e9 clever';
 const NFC_KINDS = [

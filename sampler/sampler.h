@@ -9,8 +9,8 @@
  *
  * Thread: a smp_ctx_t belongs to one thread (the engine's).
  */
-#ifndef MODEL_SAMPLER_H
-#define MODEL_SAMPLER_H
+#ifndef SAMPLER_SAMPLER_H
+#define SAMPLER_SAMPLER_H
 
 #include <stdint.h>
 
@@ -62,4 +62,4 @@ void smp_ctx_destroy(smp_ctx_t *c);
 int smp_sample(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, float *logits,
                const int32_t *history, int32_t n_hist, int32_t n_prompt, smp_result_t *out);
 
-#endif /* MODEL_SAMPLER_H */
+#endif /* SAMPLER_SAMPLER_H */

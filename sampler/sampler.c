@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "model/sampler.h"
+#include "sampler/sampler.h"
 
 /* Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS). */
 #define SMP_TEMP_EPS 1e-5f
