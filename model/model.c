@@ -299,12 +299,12 @@ load_matrix(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
 
     shape_str(want, sizeof(want), wd, 2, 0);
     if (ws->g == NULL) {
-        const st_tensor_t *t = NULL;
+        const sft_tensor_t *t = NULL;
         int shard = -1;
 
         name = hf_name;
         for (int i = 0; i < ws->n_shards && t == NULL; i++) {
-            t = st_find(ws->shards[i], hf_name);
+            t = sft_find(ws->shards[i], hf_name);
             shard = i;
         }
         if (t == NULL) {
@@ -318,12 +318,12 @@ load_matrix(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
                         got, want);
             return ST_EFORMAT;
         }
-        if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_F16 && t->dtype != ST_DTYPE_BF16) {
+        if (t->dtype != SFT_DTYPE_F32 && t->dtype != SFT_DTYPE_F16 && t->dtype != SFT_DTYPE_BF16) {
             fmt_seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
-                        file, hf_name, st_dtype_name(t->dtype));
+                        file, hf_name, sft_dtype_name(t->dtype));
             return ST_EFORMAT;
         }
-        type = t->dtype == ST_DTYPE_F32 ? KN_W_F32 : t->dtype == ST_DTYPE_F16 ? KN_W_F16 : KN_W_BF16;
+        type = t->dtype == SFT_DTYPE_F32 ? KN_W_F32 : t->dtype == SFT_DTYPE_F16 ? KN_W_F16 : KN_W_BF16;
         src = t->data;
         src_row_bytes = kn_wtype_row_bytes(type, cols);
         map = ws->shard_map[shard];
