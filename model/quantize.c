@@ -284,20 +284,13 @@ write_matrix(qctx_t *c, const msrc_t *s, kn_wtype_t t, char *err, size_t errlen)
 /* GGUF in. */
 
 static int
-quantize_gguf(qctx_t *c, const char *in, char *err, size_t errlen)
+quantize_gguf(qctx_t *c, const char *in, gguf_file_t *g, char *err, size_t errlen)
 {
-    gguf_file_t *g = NULL;
     kn_wtype_t *types = NULL;
-    char why[256];
     int64_t nt;
-    int rc;
+    int rc = ST_OK;
     uint32_t u;
 
-    rc = gguf_open(in, &g, why, sizeof(why));
-    if (rc != ST_OK) {
-        fmt_seterr(err, errlen, "%s", why);
-        return rc;
-    }
     nt = gguf_n_tensors(g);
     c->has_output = gguf_find_tensor(g, "output.weight") != NULL;
     {
@@ -377,7 +370,6 @@ quantize_gguf(qctx_t *c, const char *in, char *err, size_t errlen)
         }
     }
     free(types);
-    gguf_close(g);
     return rc;
 }
 
@@ -605,21 +597,16 @@ set_hparams(qctx_t *c, const mdl_config_t *cfg, const char *arch, const char *di
 }
 
 static int
-quantize_hf(qctx_t *c, const char *in, char *err, size_t errlen)
+quantize_hf(qctx_t *c, const char *in, const mdl_model_t *m, char *err, size_t errlen)
 {
-    mdl_model_t *m = NULL;
     const mdl_config_t *cfg;
     hplan_t p = {0};
     float *rope_freqs = NULL;
     const char *arch;
     int64_t pq, pk;
     char nm[64];
-    int rc;
+    int rc = ST_OK;
 
-    rc = mdl_model_load(in, &m, err, errlen);
-    if (rc != ST_OK) {
-        return rc;
-    }
     cfg = mdl_model_config(m);
     arch = strcmp(cfg->arch, "qwen2") == 0 ? "qwen2" : "llama";
     pq = strcmp(arch, "llama") == 0 ? cfg->n_heads : 0;
@@ -699,7 +686,6 @@ quantize_hf(qctx_t *c, const char *in, char *err, size_t errlen)
     }
     free(p.t);
     free(rope_freqs);
-    mdl_model_destroy(m);
     return rc;
 }
 
@@ -709,6 +695,8 @@ int
 mdl_quantize(const char *in, const char *out, mdl_quant_t q, char *err, size_t errlen)
 {
     qctx_t c = {.q = q, .out_path = out};
+    mdl_model_t *m = NULL;
+    gguf_file_t *g = NULL;
     struct stat si, so;
     int is_dir, rc;
 
@@ -739,15 +727,30 @@ mdl_quantize(const char *in, const char *out, mdl_quant_t q, char *err, size_t e
             return ST_EFORMAT;
         }
     }
-    rc = gguf_w_create(out, &c.w, err, errlen);
-    if (rc != ST_OK) {
-        return rc;
+    /* The source is opened (and checked) before OUT is touched. */
+    if (is_dir) {
+        rc = mdl_model_load(in, &m, err, errlen);
+    } else {
+        char why[256];
+
+        rc = gguf_open(in, &g, why, sizeof(why));
+        if (rc != ST_OK) {
+            fmt_seterr(err, errlen, "%s", why);
+        }
     }
-    rc = is_dir ? quantize_hf(&c, in, err, errlen) : quantize_gguf(&c, in, err, errlen);
+    if (rc == ST_OK) {
+        rc = gguf_w_create(out, &c.w, err, errlen);
+    }
+    if (rc == ST_OK) {
+        rc = is_dir ? quantize_hf(&c, in, m, err, errlen)
+                    : quantize_gguf(&c, in, g, err, errlen);
+    }
     if (rc == ST_OK) {
         rc = gguf_w_finish(c.w, err, errlen);
     }
     gguf_w_destroy(c.w); /* removes OUT unless finished */
+    gguf_close(g);
+    mdl_model_destroy(m);
     if (rc == ST_OK) {
         char types[256];
         size_t off = 0;
