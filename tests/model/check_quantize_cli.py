@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """check_quantize_cli.py - `kvserve quantize` from the command line.
 
-    check_quantize_cli.py KVSERVE LOGITS_DUMP MODEL_DIR
+    check_quantize_cli.py KVSERVE LOGITS_DUMP MODEL_DIR [MAKE_RANDOM_MODEL]
 
   * --help exits 0;
   * bad input gives exactly one line on stderr, starting "kvserve
@@ -14,8 +14,15 @@
     directory name, and tokenizer.chat_template, which the directory has
     and the shipped file lacks), the same token ids (`kvserve tokenize`)
     and bit-identical logits (tests/model/logits_dump) as the directory.
+  * with MAKE_RANDOM_MODEL (and numpy): random Hugging Face directories with
+    a byte-level BPE tokenizer ("gpt2" with merges and tokenizer.ggml.pre),
+    (a) qwen2 (q/k/v biases, not permuted), tied embeddings, BF16 weights,
+    written as bf16, (b) llama with llama3 RoPE scaling (rope_freqs.weight)
+    and head_dim != dim / heads, written as f32: the same token ids and
+    bit-identical logits as the directory.
 
-Needs only the standard library. Exit 0 pass, 1 fail.
+Needs only the standard library (numpy for MAKE_RANDOM_MODEL). Exit 0
+pass, 1 fail.
 """
 import os
 import shutil
@@ -72,6 +79,40 @@ def gguf_kv(path):
 
 def run(args, **kw):
     return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def check_random(kvserve, dump, make, tmp):
+    try:
+        import numpy  # noqa: F401  (make_random_model needs it)
+    except ImportError:
+        print("skip random models: numpy is not installed")
+        return
+    shape = ["--tokenizer", "bpe", "--dim", "256", "--heads", "4", "--kv-heads", "2",
+             "--ffn", "512", "--layers", "2"]
+    cases = [("qwen2-tied-bf16", ["--arch", "qwen2", "--tie", "--dtype", "bf16"], "bf16"),
+             ("llama3-rope", ["--arch", "llama", "--rope-llama3", "8,1,4,8192",
+                              "--head-dim", "32"], "f32")]
+    for name, extra, qt in cases:
+        d = os.path.join(tmp, name)
+        out = d + ".gguf"
+        r = run([sys.executable, make, "--hf-dir", d] + shape + extra)
+        check(r.returncode == 0, "%s: make_random_model: %s" % (name, r.stderr.decode()[-300:]))
+        r = run([kvserve, "quantize", d, out, "--type", qt])
+        check(r.returncode == 0, "%s: quantize: %s" % (name, r.stderr.decode()[-300:]))
+        if r.returncode != 0:
+            continue
+        for t in ["Hello world, it's 2024!", "  tabs\tand \u00fcn\u00efc\u00f6d\u00e9 "
+                  "<|im_start|>user\nhi<|im_end|>"]:
+            ids = [run([kvserve, "tokenize", "--model", m, "--text", t]).stdout for m in (d, out)]
+            check(ids[0] == ids[1] and ids[0].startswith(b"["),
+                  "%s tokenize %r: %r vs %r" % (name, t, ids[0], ids[1]))
+        prompt = [str(i) for i in (3, 500, 17, 923, 260, 5, 1000, 42)]
+        la = run([dump, d, "0"] + prompt)
+        lb = run([dump, out, "0"] + prompt)
+        check(la.returncode == 0 and len(la.stdout) > 0 and la.stdout == lb.stdout,
+              "%s: logits of the HF dir and its %s GGUF differ" % (name, qt))
+        print("%s -> %s GGUF: tokenize and %d bytes of logits compared" %
+              (name, qt, len(la.stdout)))
 
 
 def main(argv):
@@ -140,6 +181,9 @@ def main(argv):
               la.stdout == lb.stdout, "logits of the HF dir and its f32 GGUF differ")
         print("HF dir -> f32 GGUF: %d keys, tokenize and %d bytes of logits compared" %
               (len(b), len(la.stdout)))
+
+        if len(argv) > 4:
+            check_random(kvserve, dump, argv[4], tmp)
 
     print("PASS" if not FAILS else "FAIL: %d checks" % len(FAILS))
     return 0 if not FAILS else 1
