@@ -511,7 +511,8 @@ set_tokenizer(qctx_t *c, const mdl_model_t *m, const char *dir)
 
         nm = tok_merges(tok, pairs);
         for (uint32_t i = 0; i < nm; i++) {
-            const char *a = tok_token_str(tok, pairs[2 * i]), *b = tok_token_str(tok, pairs[2 * i + 1]);
+            const char *a = tok_token_str(tok, pairs[2 * i]);
+            const char *b = tok_token_str(tok, pairs[2 * i + 1]);
             size_t la = strlen(a), lb = strlen(b);
 
             ms[i] = xmalloc(la + lb + 2);
