@@ -16,5 +16,6 @@ int cmd_serve(int argc, char **argv);
 int cmd_hash_key(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_bench_forward(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 #endif /* CLI_CMDS_H */

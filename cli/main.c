@@ -20,6 +20,7 @@ static const cmd_t cmds[] = {
     {"generate", cmd_generate, "generate text from a prompt on the CPU"},
     {"bench-forward", cmd_bench_forward, "forward-pass tokens/s and memory roofline"},
     {"perplexity", cmd_perplexity, "perplexity of a text under a KV cache dtype and policy"},
+    {"quantize", cmd_quantize, "write a model as a GGUF file in a weight type (q4_k_m, q8_0, ...)"},
     {NULL, NULL, NULL},
 };
 

@@ -35,6 +35,8 @@ typedef struct gguf_kv {
     uint64_t len;               /* string length, or array element count */
     gguf_type_t elem_type;      /* arrays */
     const unsigned char **strs; /* string arrays: each element's length field */
+    const unsigned char *raw;   /* the serialized value (after the type field) */
+    uint64_t raw_len;
 } gguf_kv_t;
 
 struct gguf_file {
@@ -367,10 +369,12 @@ gguf_parse(const void *data, size_t len, gguf_file_t **out, char *err, size_t er
         kv->key = xstrndup((const char *)s, (size_t)n);
         g->n_kvs++;
         kv->type = (gguf_type_t)type;
+        kv->raw = c.p;
         rc = parse_value(g, &c, kv, err, errlen);
         if (rc != ST_OK) {
             goto fail;
         }
+        kv->raw_len = (uint64_t)(c.p - kv->raw);
         rc = ST_EFORMAT;
     }
     dup = first_dup(&g->kvs[0].key, sizeof(g->kvs[0]), g->n_kvs);
@@ -526,6 +530,17 @@ gguf_key_type(const gguf_file_t *g, int64_t i)
         return (gguf_type_t)-1;
     }
     return g->kvs[i].type;
+}
+
+int
+gguf_key_raw(const gguf_file_t *g, int64_t i, const void **data, size_t *len)
+{
+    if (i < 0 || i >= g->n_kvs) {
+        return ST_ERANGE;
+    }
+    *data = g->kvs[i].raw;
+    *len = (size_t)g->kvs[i].raw_len;
+    return ST_OK;
 }
 
 static const gguf_kv_t *

@@ -70,6 +70,11 @@ int64_t gguf_find_key(const gguf_file_t *g, const char *key);
 /* Key name of index i (NUL-terminated copy, lives as long as g). */
 const char *gguf_key_name(const gguf_file_t *g, int64_t i);
 gguf_type_t gguf_key_type(const gguf_file_t *g, int64_t i);
+/* The value of key i exactly as serialized after its type field (a
+ * scalar's bytes; a string's u64 length and bytes; an array's element
+ * type, count and elements), borrowed from the buffer: what a writer
+ * copies to keep a value bit for bit. ST_ERANGE if i is out of range. */
+int gguf_key_raw(const gguf_file_t *g, int64_t i, const void **data, size_t *len);
 
 /* Scalars: ST_OK, ST_ENOENT if absent, ST_EFORMAT if the type does not
  * convert (any integer type converts to another if the value fits; f32

@@ -94,6 +94,31 @@ size_t mdl_model_weight_bytes(const mdl_model_t *m);
  * storage type (the embedding included), into buf (truncated to len). */
 void mdl_model_weight_types(const mdl_model_t *m, char *buf, size_t len);
 
+/* Output types of mdl_quantize (`kvserve quantize --type`). */
+typedef enum mdl_quant {
+    MDL_QUANT_F32 = 0,
+    MDL_QUANT_F16,
+    MDL_QUANT_BF16,
+    MDL_QUANT_Q8_0,
+    MDL_QUANT_Q4_0,
+    MDL_QUANT_Q4_K,
+    MDL_QUANT_Q5_K,
+    MDL_QUANT_Q6_K,
+    MDL_QUANT_Q4_K_M, /* llama.cpp's mix: q4_k, with q6_k for output and some attn_v / ffn_down */
+    MDL_QUANT_Q5_K_M, /* the same with q5_k */
+} mdl_quant_t;
+
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m",
+ * "q5_k_m" <-> type. parse: ST_EINVAL for anything else. */
+int mdl_quant_parse(const char *s, mdl_quant_t *out);
+const char *mdl_quant_name(mdl_quant_t q);
+/* Writes the model at in (a Hugging Face directory or a GGUF file) to out
+ * as a GGUF v3 file that llama.cpp and mdl_model_load read, its matrices
+ * in type q (model/quantize.c documents the rules), streaming row by row.
+ * On failure returns a negative ST_* or -errno with a one-line reason
+ * naming the file in err, and leaves no file at out. Thread: any. */
+int mdl_quantize(const char *in, const char *out, mdl_quant_t q, char *err, size_t errlen);
+
 /* One step: a flattened varlen batch mixing prefill chunks and decodes
  * (DESIGN.md section 3). All arrays are host memory owned by the caller. */
 typedef struct mdl_batch {

@@ -64,6 +64,13 @@ mdl_weight_f32(const float *w, int32_t rows, int32_t cols)
     return v;
 }
 
+/* The type mdl_quantize writes the matrix name (GGUF name, cols per row)
+ * in for q, in a model of n_layers layers with (has_output) or without an
+ * output.weight; *wanted is the type before the row-length fallback
+ * (model/quantize.c). */
+kn_wtype_t mdl__quant_tensor_type(mdl_quant_t q, const char *name, int64_t cols, int64_t n_layers,
+                                  int has_output, kn_wtype_t *wanted);
+
 /* The RoPE frequencies of c (theta, scaling), the one mapping of the model
  * config to kernels/cpu's RoPE parameters for every backend.
  *   inv_freq: (head_dim / 2) out */

@@ -43,6 +43,26 @@ int tok_is_special(const tok_tokenizer_t *t, int32_t id);
 /* Id of an exact token string (special or not), or -1. */
 int32_t tok_find(const tok_tokenizer_t *t, const char *s);
 
+/* Views for writers of other formats (tok_export.c; kvserve quantize
+ * writes a tokenizer.json vocabulary as GGUF tokenizer.ggml.* keys). */
+int tok_is_byte_level(const tok_tokenizer_t *t); /* GPT-2 byte-level BPE, else SentencePiece */
+int32_t tok_unk_id(const tok_tokenizer_t *t);    /* -1 when none */
+int tok_adds_bos(const tok_tokenizer_t *t);      /* TOK_ADD_SPECIAL prepends BOS */
+int tok_adds_eos(const tok_tokenizer_t *t);      /* TOK_ADD_SPECIAL appends EOS */
+float tok_token_score(const tok_tokenizer_t *t, int32_t id);
+/* The GGUF tokenizer.ggml.token_type of id: UNKNOWN (2) for the unk id,
+ * BYTE (6) for <0xXX> under byte fallback, CONTROL (3) for special added
+ * tokens, USER_DEFINED (4) for other added ones, else NORMAL (1). */
+int tok_token_gguf_type(const tok_tokenizer_t *t, int32_t id);
+/* The BPE merges in rank order as id pairs: pairs[2i], pairs[2i + 1]
+ * (pairs NULL: just the count). Returns the number of merges. */
+uint32_t tok_merges(const tok_tokenizer_t *t, int32_t *pairs);
+/* SentencePiece scores that make llama.cpp's highest-score-first merging
+ * equal this BPE's rank order: -(r + 1) for the token made by the merge
+ * of rank r (the lowest such rank), 0 for the others. malloc'd [n_vocab],
+ * owned by the caller. */
+float *tok_merge_scores(const tok_tokenizer_t *t);
+
 /* Encodes text[0..len) (need not be NUL-terminated). *ids is malloc'd and
  * owned by the caller. Allocates through xmalloc_try: ST_ENOMEM (nothing
  * returned) when out of memory. */

@@ -17,7 +17,7 @@ Models and types:
                      tied embeddings (the output product reads the
                      quantized token_embd)
   (b) the default model (DIR, models/austen-2.7m) converted by `KVSERVE
-      quantize DIR OUT --type T` to q8_0 q4_0 q4_k q5_k q6_k q4_k_m f16
+      quantize DIR OUT --type T` to q8_0 q4_0 q4_k q5_k q6_k q4_k_m q5_k_m f16
       bf16, when KVSERVE is given and `KVSERVE quantize --help` exits 0;
       otherwise that part is reported as skipped. Its hidden size, 192,
       is not a multiple of 256: only ffn_down (512 wide) can be a K-quant
@@ -117,7 +117,7 @@ RANDOM_MODELS = [
     ("r256-austen", ["--dim", "256", "--ffn", "768", "--heads", "8", "--kv-heads", "2",
                      "--layers", "2", "--vocab", "1024", "--tokenizer", "austen", "--tie"]),
 ]
-QUANTIZE_TYPES = ["q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "f16", "bf16"]
+QUANTIZE_TYPES = ["q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m", "f16", "bf16"]
 
 
 def prompts(vocab):
