@@ -125,6 +125,76 @@ shape_str(char *buf, size_t cap, const uint64_t *dims, uint32_t n, int reverse)
     }
 }
 
+/* The safetensors tensor hf_name of shape (rows, cols) (cols == 0: a
+ * vector of rows) in F32, F16 or BF16, and its shard. ST_ENOENT when
+ * absent, ST_EFORMAT for another shape or dtype; err names the shard. */
+static int
+find_sft(wsrc_t *ws, const char *hf_name, int64_t rows, int64_t cols, const sft_tensor_t **out,
+         int *shard, char *err, size_t errlen)
+{
+    uint64_t wd[2] = {(uint64_t)rows, (uint64_t)cols};
+    char got[96], want[96];
+    const sft_tensor_t *t = NULL;
+
+    for (int i = 0; i < ws->n_shards && t == NULL; i++) {
+        t = sft_find(ws->shards[i], hf_name);
+        *shard = i;
+    }
+    if (t == NULL) {
+        fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, hf_name);
+        return ST_ENOENT;
+    }
+    if (t->n_dims != (cols > 0 ? 2u : 1u) || t->dims[0] != (uint64_t)rows ||
+        (cols > 0 && t->dims[1] != (uint64_t)cols)) {
+        shape_str(want, sizeof(want), wd, cols > 0 ? 2 : 1, 0);
+        shape_str(got, sizeof(got), t->dims, t->n_dims, 0);
+        fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s",
+                   ws->shard_names[*shard], hf_name, got, want);
+        return ST_EFORMAT;
+    }
+    if (t->dtype != SFT_DTYPE_F32 && t->dtype != SFT_DTYPE_F16 && t->dtype != SFT_DTYPE_BF16) {
+        fmt_seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
+                   ws->shard_names[*shard], hf_name, sft_dtype_name(t->dtype));
+        return ST_EFORMAT;
+    }
+    *out = t;
+    return ST_OK;
+}
+
+/* The GGUF tensor gg_name of shape (rows, cols) (cols == 0: a vector) in a
+ * type kvserve reads. ST_ENOENT when absent, ST_EFORMAT otherwise. */
+static int
+find_gguf(wsrc_t *ws, const char *gg_name, int64_t rows, int64_t cols, const gguf_tensor_t **out,
+          char *err, size_t errlen)
+{
+    uint64_t wd[2] = {(uint64_t)rows, (uint64_t)cols};
+    char got[96], want[96];
+    const gguf_tensor_t *t = gguf_find_tensor(ws->g, gg_name);
+
+    if (t == NULL) {
+        fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, gg_name);
+        return ST_ENOENT;
+    }
+    if (t->n_dims != (cols > 0 ? 2u : 1u) ||
+        (cols > 0 ? (t->dims[0] != (uint64_t)cols || t->dims[1] != (uint64_t)rows)
+                  : t->dims[0] != (uint64_t)rows)) {
+        shape_str(want, sizeof(want), wd, cols > 0 ? 2 : 1, 0);
+        shape_str(got, sizeof(got), t->dims, t->n_dims, 1);
+        fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
+                   got, want);
+        return ST_EFORMAT;
+    }
+    if (!gguf_tensor_convertible(t->type)) {
+        fmt_seterr(err, errlen,
+                   "%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+                   "Q5_0, Q5_1, Q4_K, Q5_K or Q6_K expected",
+                   ws->path, gg_name, gguf_tensor_type_name(t->type));
+        return ST_EFORMAT;
+    }
+    *out = t;
+    return ST_OK;
+}
+
 /* One weight of rows x cols (cols == 0: a vector of rows). permute_heads
  * > 0 undoes llama.cpp's q/k permutation for that many heads (GGUF).
  * ST_ENOENT (with err set) when absent. */
@@ -133,35 +203,16 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
             int64_t permute_heads, const float **out, char *err, size_t errlen)
 {
     uint64_t n = (uint64_t)rows * (uint64_t)(cols > 0 ? cols : 1);
-    char got[96], want[96];
-    uint64_t wd[2] = {(uint64_t)rows, (uint64_t)cols};
     float *dst;
     int rc;
 
-    shape_str(want, sizeof(want), wd, cols > 0 ? 2 : 1, 0);
     if (ws->g == NULL) {
         const sft_tensor_t *t = NULL;
         int shard = -1;
 
-        for (int i = 0; i < ws->n_shards && t == NULL; i++) {
-            t = sft_find(ws->shards[i], hf_name);
-            shard = i;
-        }
-        if (t == NULL) {
-            fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, hf_name);
-            return ST_ENOENT;
-        }
-        if (t->n_dims != (cols > 0 ? 2u : 1u) || t->dims[0] != (uint64_t)rows ||
-            (cols > 0 && t->dims[1] != (uint64_t)cols)) {
-            shape_str(got, sizeof(got), t->dims, t->n_dims, 0);
-            fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s",
-                       ws->shard_names[shard], hf_name, got, want);
-            return ST_EFORMAT;
-        }
-        if (t->dtype != SFT_DTYPE_F32 && t->dtype != SFT_DTYPE_F16 && t->dtype != SFT_DTYPE_BF16) {
-            fmt_seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
-                       ws->shard_names[shard], hf_name, sft_dtype_name(t->dtype));
-            return ST_EFORMAT;
+        rc = find_sft(ws, hf_name, rows, cols, &t, &shard, err, errlen);
+        if (rc != ST_OK) {
+            return rc;
         }
         if (t->dtype == SFT_DTYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
             ws->map_used[ws->shard_map[shard]] = 1;
@@ -178,26 +229,11 @@ load_weight(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
         *out = dst;
         return ST_OK;
     } else {
-        const gguf_tensor_t *t = gguf_find_tensor(ws->g, gg_name);
+        const gguf_tensor_t *t = NULL;
 
-        if (t == NULL) {
-            fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, gg_name);
-            return ST_ENOENT;
-        }
-        if (t->n_dims != (cols > 0 ? 2u : 1u) ||
-            (cols > 0 ? (t->dims[0] != (uint64_t)cols || t->dims[1] != (uint64_t)rows)
-                      : t->dims[0] != (uint64_t)rows)) {
-            shape_str(got, sizeof(got), t->dims, t->n_dims, 1);
-            fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
-                       got, want);
-            return ST_EFORMAT;
-        }
-        if (!gguf_tensor_convertible(t->type)) {
-            fmt_seterr(err, errlen,
-                       "%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                       "Q5_0, Q5_1, Q4_K, Q5_K or Q6_K expected",
-                       ws->path, gg_name, gguf_tensor_type_name(t->type));
-            return ST_EFORMAT;
+        rc = find_gguf(ws, gg_name, rows, cols, &t, err, errlen);
+        if (rc != ST_OK) {
+            return rc;
         }
         if (t->type == GGUF_TENSOR_F32 && permute_heads == 0 &&
             ((uintptr_t)t->data % sizeof(float)) == 0) {
@@ -288,64 +324,34 @@ load_matrix(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
             int64_t permute_heads, kn_weight_t *out, char *err, size_t errlen)
 {
     mdl_model_t *m = ws->m;
-    uint64_t wd[2] = {(uint64_t)rows, (uint64_t)cols};
-    char got[96], want[96];
     const char *file = ws->path, *name;
     const unsigned char *src;
     size_t src_row_bytes, row_bytes, align;
     kn_wtype_t type;
-    int map, convert = 0;
+    int map, rc, convert = 0;
     const gguf_tensor_t *gt = NULL;
 
-    shape_str(want, sizeof(want), wd, 2, 0);
     if (ws->g == NULL) {
         const sft_tensor_t *t = NULL;
         int shard = -1;
 
         name = hf_name;
-        for (int i = 0; i < ws->n_shards && t == NULL; i++) {
-            t = sft_find(ws->shards[i], hf_name);
-            shard = i;
-        }
-        if (t == NULL) {
-            fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, hf_name);
-            return ST_ENOENT;
+        rc = find_sft(ws, hf_name, rows, cols, &t, &shard, err, errlen);
+        if (rc != ST_OK) {
+            return rc;
         }
         file = ws->shard_names[shard];
-        if (t->n_dims != 2u || t->dims[0] != (uint64_t)rows || t->dims[1] != (uint64_t)cols) {
-            shape_str(got, sizeof(got), t->dims, t->n_dims, 0);
-            fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", file, hf_name,
-                        got, want);
-            return ST_EFORMAT;
-        }
-        if (t->dtype != SFT_DTYPE_F32 && t->dtype != SFT_DTYPE_F16 && t->dtype != SFT_DTYPE_BF16) {
-            fmt_seterr(err, errlen, "%s: tensor '%s' has dtype %s; F32, F16 or BF16 expected",
-                        file, hf_name, sft_dtype_name(t->dtype));
-            return ST_EFORMAT;
-        }
-        type = t->dtype == SFT_DTYPE_F32 ? KN_W_F32 : t->dtype == SFT_DTYPE_F16 ? KN_W_F16 : KN_W_BF16;
+        type = t->dtype == SFT_DTYPE_F32   ? KN_W_F32
+               : t->dtype == SFT_DTYPE_F16 ? KN_W_F16
+                                           : KN_W_BF16;
         src = t->data;
         src_row_bytes = kn_wtype_row_bytes(type, cols);
         map = ws->shard_map[shard];
     } else {
-        gt = gguf_find_tensor(ws->g, gg_name);
         name = gg_name;
-        if (gt == NULL) {
-            fmt_seterr(err, errlen, "%s: missing tensor '%s'", ws->path, gg_name);
-            return ST_ENOENT;
-        }
-        if (gt->n_dims != 2u || gt->dims[0] != (uint64_t)cols || gt->dims[1] != (uint64_t)rows) {
-            shape_str(got, sizeof(got), gt->dims, gt->n_dims, 1);
-            fmt_seterr(err, errlen, "%s: tensor '%s' has shape %s, expected %s", ws->path, gg_name,
-                        got, want);
-            return ST_EFORMAT;
-        }
-        if (!gguf_tensor_convertible(gt->type)) {
-            fmt_seterr(err, errlen,
-                        "%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                        "Q5_0, Q5_1, Q4_K, Q5_K or Q6_K expected",
-                        ws->path, gg_name, gguf_tensor_type_name(gt->type));
-            return ST_EFORMAT;
+        rc = find_gguf(ws, gg_name, rows, cols, &gt, err, errlen);
+        if (rc != ST_OK) {
+            return rc;
         }
         type = gguf_native(gt->type, &convert);
         src = gt->data;
