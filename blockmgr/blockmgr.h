@@ -206,7 +206,10 @@ int bm_seq_set_nohash(bm_pool_t *pool, uint64_t seq);
  * (len -= n * block_size), and every later block gets a KV_OP_SHIFT by
  * n * block_size so the backend re-rotates its keys. ST_EINVAL if the
  * sequence is unknown, swapped or hashed, the range is empty, starts in
- * released blocks or reaches the last block, or a later block is shared. */
+ * released blocks or reaches the last block, or a later block is shared.
+ * The one implementation of the policy's eviction: the scheduler calls
+ * it through sched_kv_window_evict (scheduler/sched.h), in the engine and
+ * in scheduler/kv_stream.h. */
 int bm_seq_evict(bm_pool_t *pool, uint64_t seq, uint32_t first, uint32_t n);
 /* Leading blocks released so far (0 for an unknown sequence). */
 uint32_t bm_seq_released(const bm_pool_t *pool, uint64_t seq);

@@ -2,9 +2,10 @@
  * CPU runtime, sampled token by token, printed as it is generated (or as
  * one JSON object with --json).
  *
- * The run goes through the same paged path as the server: a KV pool of
- * blocks, a block table, slot mapping, chunked prefill of at most
- * PREFILL_CHUNK tokens per step, then one decode token per step.
+ * The run goes through the same paged path as the server: one sequence
+ * whose blocks the block manager hands out (scheduler/kv_stream.h), its
+ * block table and slot mapping, chunked prefill of at most
+ * GEN_PREFILL_CHUNK tokens per step, then one decode token per step.
  */
 #define LOG_MODULE "generate"
 
@@ -23,6 +24,7 @@
 #include "kvserve_config.h"
 #include "model/model.h"
 #include "sampler/sampler.h"
+#include "scheduler/kv_stream.h"
 #include "text/tokenizer.h"
 #include "cli/cmds.h"
 
@@ -201,10 +203,8 @@ typedef struct gen {
     int32_t *hist; /* prompt + generated ids */
     int32_t n_prompt;
     int32_t n_hist;
-    int32_t *table; /* block table: block i+1 for logical block i */
-    int32_t max_blocks;
-    int32_t *pos, *slot; /* per step, max chunk */
-    float *row;          /* a copy of the logits row the sampler may modify */
+    sched_stream_t *ks; /* the sequence: its blocks come from blockmgr */
+    float *row;         /* a copy of the logits row the sampler may modify */
     cJSON *top;          /* per-step top_logprobs (--json) */
     char *text;          /* the completion so far, NUL-terminated */
     size_t text_len, text_cap;
@@ -226,51 +226,31 @@ static void
 gen_free(gen_t *g)
 {
     free(g->hist);
-    free(g->table);
-    free(g->pos);
-    free(g->slot);
     free(g->row);
     free(g->text);
     cJSON_Delete(g->top);
     smp_ctx_destroy(g->smp);
+    sched_stream_destroy(g->ks);
     mdl_runtime_destroy(g->rt);
     mdl_model_destroy(g->m);
 }
 
-/* Runs hist[from, from + n) through the model; the last row's logits are
- * copied into g->row. */
+/* Row callback: the logits of a forward's last token go to g->row. */
+static void
+gen_keep_row(void *arg, int64_t i, const float *logits)
+{
+    gen_t *g = arg;
+
+    (void)i;
+    memcpy(g->row, logits, sizeof(float) * (size_t)mdl_model_config(g->m)->vocab_size);
+}
+
+/* Runs hist[from, from + n) through the model in forwards of at most the
+ * stream's chunk; the last row's logits are copied into g->row. */
 static int
 gen_step(gen_t *g, int32_t from, int32_t n)
 {
-    const mdl_config_t *c = mdl_model_config(g->m);
-    int32_t qs[2] = {0, n}, ctx = from + n, last = n - 1;
-    const float *lg;
-    int rc;
-
-    for (int32_t i = 0; i < n; i++) {
-        int32_t p = from + i;
-
-        g->pos[i] = p;
-        g->slot[i] = g->table[p / GEN_BLOCK] * GEN_BLOCK + p % GEN_BLOCK;
-    }
-    mdl_batch_t b = {
-        .n_tokens = n,
-        .tokens = g->hist + from,
-        .positions = g->pos,
-        .slot_mapping = g->slot,
-        .n_seqs = 1,
-        .query_start = qs,
-        .context_len = &ctx,
-        .block_tables = g->table,
-        .max_blocks = g->max_blocks,
-        .logits_rows = &last,
-        .n_logits = 1,
-    };
-    rc = mdl_forward(g->rt, &b, &lg);
-    if (rc == ST_OK) {
-        memcpy(g->row, lg, sizeof(float) * (size_t)c->vocab_size);
-    }
-    return rc;
+    return sched_stream_feed_last(g->ks, g->hist + from, n, gen_keep_row, g);
 }
 
 static int
@@ -346,17 +326,22 @@ cmd_generate(int argc, char **argv)
     int32_t total = g.n_prompt + o.max_tokens;
     int32_t chunk = g.n_prompt < GEN_PREFILL_CHUNK ? g.n_prompt : GEN_PREFILL_CHUNK;
 
-    g.max_blocks = (total + GEN_BLOCK - 1) / GEN_BLOCK;
+    int32_t max_blocks = sched_stream_blocks(GEN_BLOCK, total);
     mdl_runtime_config_t rcfg = {
         .block_size = GEN_BLOCK,
-        .num_blocks = g.max_blocks + 1,
+        .num_blocks = max_blocks + 1,
         .max_num_batched_tokens = chunk,
         .max_num_seqs = 1,
-        .max_blocks_per_seq = g.max_blocks,
+        .max_blocks_per_seq = max_blocks,
     };
     rc = mdl_runtime_create(g.m, &rcfg, &g.rt, err, sizeof(err));
     if (rc != ST_OK) {
         fprintf(stderr, "kvserve generate: %s\n", err);
+        goto out;
+    }
+    rc = sched_stream_create(g.rt, NULL, GEN_BLOCK, total, chunk, c->vocab_size, &g.ks);
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve generate: KV blocks: %s\n", st_str(rc));
         goto out;
     }
     rc = smp_ctx_create(c->vocab_size, &g.smp);
@@ -365,16 +350,10 @@ cmd_generate(int argc, char **argv)
         goto out;
     }
     g.hist = calloc((size_t)total, sizeof(int32_t));
-    g.table = calloc((size_t)g.max_blocks, sizeof(int32_t));
-    g.pos = calloc((size_t)chunk, sizeof(int32_t));
-    g.slot = calloc((size_t)chunk, sizeof(int32_t));
     g.row = calloc((size_t)c->vocab_size, sizeof(float));
-    if (g.hist == NULL || g.table == NULL || g.pos == NULL || g.slot == NULL || g.row == NULL) {
+    if (g.hist == NULL || g.row == NULL) {
         fprintf(stderr, "kvserve generate: out of memory\n");
         goto out;
-    }
-    for (int32_t i = 0; i < g.max_blocks; i++) {
-        g.table[i] = i + 1; /* block 0 is the null block */
     }
     memcpy(g.hist, ids, sizeof(int32_t) * n_ids);
     g.n_hist = g.n_prompt;
@@ -382,14 +361,10 @@ cmd_generate(int argc, char **argv)
     double t_start = now_s(), t_first;
 
     /* Prefill in chunks; the last chunk's logits give the first token. */
-    for (int32_t at = 0; at < g.n_prompt; at += chunk) {
-        int32_t n = g.n_prompt - at < chunk ? g.n_prompt - at : chunk;
-
-        rc = gen_step(&g, at, n);
-        if (rc != ST_OK) {
-            fprintf(stderr, "kvserve generate: forward: %s\n", st_str(rc));
-            goto out;
-        }
+    rc = gen_step(&g, 0, g.n_prompt);
+    if (rc != ST_OK) {
+        fprintf(stderr, "kvserve generate: forward: %s\n", st_str(rc));
+        goto out;
     }
 
     smp_params_t sp = {

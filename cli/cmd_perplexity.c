@@ -21,6 +21,9 @@
  * attention sinks and a rolling window (model/kv_policy.h): the cache never
  * holds more than S + W + block + chunk tokens, the model never sees a
  * position beyond that, and every token is scored, past the context.
+ *
+ * Every run is one sequence of scheduler/kv_stream.h: its blocks come from
+ * the block manager and its evictions are the scheduler's.
  */
 #define LOG_MODULE "perplexity"
 
@@ -36,6 +39,7 @@
 #include "common/xmalloc.h"
 #include "model/kv_policy.h"
 #include "model/model.h"
+#include "scheduler/kv_stream.h"
 #include "text/tokenizer.h"
 #include "cli/cmds.h"
 
@@ -51,17 +55,17 @@ typedef struct ppl_opts {
     int64_t budget; /* bytes, for the "blocks at a fixed budget" figure */
 } ppl_opts_t;
 
-/* A runtime and one streamed sequence on it (model/kv_policy.h). */
+/* A runtime and one streamed sequence on it (scheduler/kv_stream.h). */
 typedef struct ppl_run {
     mdl_runtime_t *rt;
-    mdl_kvstream_t *ks;
+    sched_stream_t *ks;
     int32_t vocab;
 } ppl_run_t;
 
 static void
 run_destroy(ppl_run_t *r)
 {
-    mdl_kvstream_destroy(r->ks);
+    sched_stream_destroy(r->ks);
     mdl_runtime_destroy(r->rt);
     memset(r, 0, sizeof(*r));
 }
@@ -71,7 +75,7 @@ run_create(const mdl_model_t *m, const ppl_opts_t *o, mdl_kv_dtype_t dtype,
            const mdl_kv_policy_t *pol, int32_t max_ctx, ppl_run_t *r)
 {
     const mdl_config_t *c = mdl_model_config(m);
-    int32_t max_blocks = (max_ctx + o->block_size - 1) / o->block_size + 1;
+    int32_t max_blocks = sched_stream_blocks(o->block_size, max_ctx);
     char err[256] = "";
     int rc;
 
@@ -94,7 +98,7 @@ run_create(const mdl_model_t *m, const ppl_opts_t *o, mdl_kv_dtype_t dtype,
         fprintf(stderr, "kvserve perplexity: %s KV cache: %s\n", mdl_kv_dtype_name(dtype), err);
         return rc;
     }
-    rc = mdl_kvstream_create(r->rt, pol, o->block_size, max_ctx, o->chunk, r->vocab, &r->ks);
+    rc = sched_stream_create(r->rt, pol, o->block_size, max_ctx, o->chunk, r->vocab, &r->ks);
     if (rc != ST_OK) {
         fprintf(stderr, "kvserve perplexity: stream: %s\n", st_str(rc));
         run_destroy(r);
@@ -214,10 +218,10 @@ perplexity_windows(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32
         int32_t first = prev_end > begin + 1 ? prev_end : begin + 1;
         ppl_score_t sc = {
             .toks = toks + begin, .first = first - begin, .vocab = r->vocab, .nll = 0, .n = 0};
-        int rc = mdl_kvstream_reset(r->ks);
+        int rc = sched_stream_reset(r->ks);
 
         if (rc == ST_OK && end - 1 - begin > 0) {
-            rc = mdl_kvstream_feed(r->ks, toks + begin, end - 1 - begin, score_row, &sc);
+            rc = sched_stream_feed(r->ks, toks + begin, end - 1 - begin, score_row, &sc);
         }
         if (rc != ST_OK) {
             return rc;
@@ -237,10 +241,10 @@ static int
 perplexity_stream(ppl_run_t *r, const int32_t *toks, int32_t n, double *nll, int64_t *n_scored)
 {
     ppl_score_t sc = {.toks = toks, .first = 1, .vocab = r->vocab, .nll = 0, .n = 0};
-    int rc = mdl_kvstream_reset(r->ks);
+    int rc = sched_stream_reset(r->ks);
 
     if (rc == ST_OK) {
-        rc = mdl_kvstream_feed(r->ks, toks, n - 1, score_row, &sc);
+        rc = sched_stream_feed(r->ks, toks, n - 1, score_row, &sc);
     }
     *nll = sc.nll;
     *n_scored = sc.n;
@@ -271,9 +275,9 @@ decode_bench(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32_t n)
     for (int32_t i = 0; i < ctx; i++) {
         buf[i] = toks[i % n];
     }
-    rc = mdl_kvstream_reset(r->ks);
+    rc = sched_stream_reset(r->ks);
     if (rc == ST_OK) {
-        rc = mdl_kvstream_feed(r->ks, buf, ctx, argmax_row, &am);
+        rc = sched_stream_feed(r->ks, buf, ctx, argmax_row, &am);
     }
     w0 = now_s(CLOCK_MONOTONIC);
     c0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
@@ -281,7 +285,7 @@ decode_bench(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32_t n)
         ppl_argmax_t one = {.out = &next, .from = ctx + g, .n = 1, .vocab = r->vocab};
         int32_t tok = next;
 
-        rc = mdl_kvstream_feed(r->ks, &tok, 1, argmax_row, &one);
+        rc = sched_stream_feed(r->ks, &tok, 1, argmax_row, &one);
     }
     w1 = now_s(CLOCK_MONOTONIC);
     c1 = now_s(CLOCK_PROCESS_CPUTIME_ID);
@@ -314,11 +318,11 @@ greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t 
         ppl_argmax_t am = {.out = seq + P, .from = P - 1, .n = 1, .vocab = f->vocab, .keep = ref};
 
         memcpy(seq, toks + start, sizeof(int32_t) * (size_t)P);
-        rc = mdl_kvstream_reset(f->ks);
+        rc = sched_stream_reset(f->ks);
         /* Reference: prompt, then one token at a time (greedy, f32 KV). */
         for (int32_t g = 0; rc == ST_OK && g < G; g++) {
             if (g == 0) {
-                rc = mdl_kvstream_feed(f->ks, seq, P, argmax_row, &am);
+                rc = sched_stream_feed(f->ks, seq, P, argmax_row, &am);
             } else {
                 ppl_argmax_t one = {.out = seq + P + g,
                                     .from = P + g - 1,
@@ -326,7 +330,7 @@ greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t 
                                     .vocab = f->vocab,
                                     .keep = ref + (size_t)g * f->vocab};
 
-                rc = mdl_kvstream_feed(f->ks, seq + P + g - 1, 1, argmax_row, &one);
+                rc = sched_stream_feed(f->ks, seq + P + g - 1, 1, argmax_row, &one);
             }
         }
         if (rc != ST_OK) {
@@ -335,9 +339,9 @@ greedy_agreement(ppl_run_t *f, ppl_run_t *t, const ppl_opts_t *o, const int32_t 
         /* Tested cache: teacher-forced on prompt + continuation. */
         ppl_argmax_t tf = {.out = pred, .from = P - 1, .n = G, .vocab = t->vocab, .ref = ref};
 
-        rc = mdl_kvstream_reset(t->ks);
+        rc = sched_stream_reset(t->ks);
         if (rc == ST_OK) {
-            rc = mdl_kvstream_feed(t->ks, seq, P + G - 1, argmax_row, &tf);
+            rc = sched_stream_feed(t->ks, seq, P + G - 1, argmax_row, &tf);
         }
         for (int32_t g = 0; rc == ST_OK && g < G; g++) {
             *match += pred[g] == seq[P + g];
@@ -596,7 +600,7 @@ cmd_perplexity(int argc, char **argv)
 
     if (o.pol.window > 0) {
         rc = perplexity_stream(&run, toks, (int32_t)n_toks, &nll, &n_scored);
-        max_kv = mdl_kvstream_kv_peak(run.ks);
+        max_kv = sched_stream_kv_peak(run.ks);
     } else {
         rc = perplexity_windows(&run, &o, toks, (int32_t)n_toks, &nll, &n_scored);
     }
@@ -607,7 +611,7 @@ cmd_perplexity(int argc, char **argv)
     printf("text %s: %zu tokens, %lld scored, ", o.file, n_toks, (long long)n_scored);
     if (o.pol.window > 0) {
         printf("policy sink=%d,window=%d: KV held at most %d tokens, %lld blocks evicted\n",
-               o.pol.sink, o.pol.window, max_kv, (long long)mdl_kvstream_evicted(run.ks));
+               o.pol.sink, o.pol.window, max_kv, (long long)sched_stream_evicted(run.ks));
     } else {
         printf("ctx %d, stride %d\n", o.ctx, o.stride);
     }

@@ -1388,13 +1388,26 @@ commit_token(sched_t *s, sched_seq_t *q, const smp_result_t *res)
  *   tokens | sinks S | evicted e*bs | kept ... n_computed | pending |
  *   after  | sinks S | kept ... n_computed - e*bs | pending |
  */
+int32_t
+sched_kv_window_evict(bm_pool_t *pool, uint64_t seq, int32_t n_kv, int32_t sink, int32_t window)
+{
+    const int32_t bs = (int32_t)bm_pool_block_size(pool);
+    /* The fewest whole blocks that keep at least window recent tokens. */
+    int32_t e = window > 0 ? (n_kv - sink - window) / bs : 0;
+
+    if (e <= 0 || bm_seq_evict(pool, seq, (uint32_t)(sink / bs), (uint32_t)e) != ST_OK) {
+        return 0;
+    }
+    return e;
+}
+
 static void
 evict_window(sched_t *s, sched_seq_t *q)
 {
     const int32_t bs = (int32_t)s->block_size, sink = q->req->kv_sink;
-    int32_t e = (q->n_computed - sink - q->req->kv_window) / bs;
+    int32_t e = sched_kv_window_evict(s->pool, q->bm_id, q->n_computed, sink, q->req->kv_window);
 
-    if (e <= 0 || bm_seq_evict(s->pool, q->bm_id, (uint32_t)(sink / bs), (uint32_t)e) != ST_OK) {
+    if (e == 0) {
         return;
     }
     memmove(q->tokens + sink, q->tokens + sink + e * bs,

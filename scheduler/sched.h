@@ -252,6 +252,16 @@ void sched_get_stats(const sched_t *s, sched_stats_t *out);
 /* ST_EINVAL for an unknown tenant. */
 int sched_get_tenant_stats(const sched_t *s, uint32_t tenant, sched_tenant_stats_t *out);
 
+/* Attention sinks + rolling window (model/kv_policy.h), the eviction
+ * sched_commit makes after a step: once the nohash sequence seq holds
+ * n_kv > sink + window tokens of KV, evicts the fewest whole blocks after
+ * the sinks that bring it to at most sink + window (bm_seq_evict: drops,
+ * closes the gap, queues the kept blocks' KV_OP_SHIFT). Returns the
+ * blocks evicted: 0 when none is due or blockmgr refuses (nothing
+ * changed then). sink and window are whole blocks of the pool's size. */
+int32_t sched_kv_window_evict(bm_pool_t *pool, uint64_t seq, int32_t n_kv, int32_t sink,
+                              int32_t window);
+
 /* Aborts on an inconsistent queue or counter (debug walker). */
 void sched_check(const sched_t *s);
 

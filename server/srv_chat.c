@@ -1,5 +1,5 @@
 /* srv_chat.c - the server's chat template: compiled once at start-up from
- * the model's template (model/chat.h), or the plain fallback, and rendered
+ * the model's template (text/chat.h), or the plain fallback, and rendered
  * for /v1/chat/completions and /tokenize with "messages".
  *
  * Thread: srv_chat_init/fini on the thread that runs srv_run(), rendering

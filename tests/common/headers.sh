@@ -9,7 +9,7 @@ build=$2
 cc=${3:-cc}
 fail=0
 n=0
-for h in $(cd "$src" && find common config server scheduler blockmgr model kernels loadtest \
+for h in $(cd "$src" && find common config server scheduler blockmgr model kernels loadtest formats text sampler cli \
         -name '*.h' ! -path 'kernels/cuda/*' | sort); do
     n=$((n + 1))
     if ! printf '#include "%s"\n' "$h" | "$cc" -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \

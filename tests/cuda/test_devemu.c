@@ -985,9 +985,41 @@ stream_move(side_t *ref, side_t *got, int32_t *table, int32_t n_blocks, int32_t 
     both_kv(ref, got, ops, n);
 }
 
+/* This test hands out its own block ids (like test_forward.c), so it plans
+ * the evictions of blockmgr's bm_seq_evict() on its own table: before
+ * n_incoming tokens, a sequence of *kv_len > sink + window tokens loses the
+ * fewest whole blocks after the sinks that bring it to <= sink + window
+ * (their ids to evicted[], the count is the result); every later block
+ * gets a KV_OP_SHIFT into ops[] (*n_ops += count) and the table closes
+ * the gap. */
+static int32_t
+plan_evict(const mdl_kv_policy_t *p, int32_t block_size, int32_t *table, int32_t *n_blocks,
+           int32_t *kv_len, int32_t *evicted, kv_op_t *ops, int32_t *n_ops)
+{
+    int32_t first = p->sink / block_size, e;
+
+    if (p->window <= 0 || *kv_len <= p->sink + p->window) {
+        return 0;
+    }
+    e = (*kv_len - p->sink - p->window) / block_size;
+    if (e <= 0) {
+        return 0;
+    }
+    for (int32_t i = 0; i < e; i++) {
+        evicted[i] = table[first + i];
+    }
+    for (int32_t i = first + e; i < *n_blocks; i++) {
+        ops[(*n_ops)++] = (kv_op_t){.kind = KV_OP_SHIFT, .src = table[i], .dst = e * block_size};
+        table[i - e] = table[i];
+    }
+    *n_blocks -= e;
+    *kv_len -= e * block_size;
+    return e;
+}
+
 /* One sequence streamed 5x past sink + window (sink 1 block, window 4
  * blocks) in steps of 1 to 7 tokens, with the evictions and SHIFT ops of
- * mdl_kv_policy_evict() run on both sides: kept blocks (full ones, and
+ * plan_evict() run on both sides: kept blocks (full ones, and
  * the partial tail with its residual slot) are re-rotated again and again,
  * quantized blocks through their pending shift (attention rotates the
  * query), 16-bit ones in place. Midway the tail is flushed into codes by
@@ -1031,7 +1063,7 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
         kv_op_t ops[MAXB];
 
         n = n < total - fed ? n : total - fed;
-        n_ev = mdl_kv_policy_evict(&pol, BS, table, &n_blocks, &kv_len, ev, ops, &n_ops);
+        n_ev = plan_evict(&pol, BS, table, &n_blocks, &kv_len, ev, ops, &n_ops);
         for (int32_t i = 0; i < n_ev; i++) {
             free_blk[n_free++] = ev[i];
         }

@@ -14,7 +14,8 @@
  * KV heads through writes, copies, swaps, drops and shifts, and attend
  * bit for bit alike; the runtime's logits at T = 2 / 4 follow T = 1 with
  * the same dtype within tol_for(); a text streamed through sink + rolling
- * window (KV_OP_SHIFT on every rank) too; int4 with head_dim % 8 != 0 is
+ * window (scheduler/kv_stream.h: blockmgr's evictions, KV_OP_SHIFT on every
+ * rank) too; int4 with head_dim % 8 != 0 is
  * refused at any T.
  */
 #include <check.h>
@@ -33,6 +34,7 @@
 #include "model/model.h"
 #include "model/model_int.h"
 #include "model/tp.h"
+#include "scheduler/kv_stream.h"
 
 #define BS 8
 #define NBLK 64
@@ -435,7 +437,7 @@ run_stream(const mdl_model_t *m, int32_t tp, mdl_kv_dtype_t dtype, double tol)
                                .n_threads = 1,
                                .kv_dtype = dtype};
     mdl_runtime_t *rt[2];
-    mdl_kvstream_t *ks[2];
+    sched_stream_t *ks[2];
     stream_rows_t rows[2];
     int32_t toks[N];
     char err[256];
@@ -448,15 +450,15 @@ run_stream(const mdl_model_t *m, int32_t tp, mdl_kv_dtype_t dtype, double tol)
     for (int k = 0; k < 2; k++) {
         rc.tp_size = k == 0 ? 1 : tp;
         ck_assert_msg(mdl_runtime_create(m, &rc, &rt[k], err, sizeof(err)) == ST_OK, "%s", err);
-        ck_assert_int_eq(mdl_kvstream_create(rt[k], &pol, BS, max_ctx, CHUNK, vocab, &ks[k]),
+        ck_assert_int_eq(sched_stream_create(rt[k], &pol, BS, max_ctx, CHUNK, vocab, &ks[k]),
                          ST_OK);
         rows[k].vocab = vocab;
         rows[k].logits = xmalloc(sizeof(float) * (size_t)N * vocab);
-        ck_assert_int_eq(mdl_kvstream_feed(ks[k], toks, N, stream_row, &rows[k]), ST_OK);
+        ck_assert_int_eq(sched_stream_feed(ks[k], toks, N, stream_row, &rows[k]), ST_OK);
     }
-    ck_assert_int_gt(mdl_kvstream_evicted(ks[1]), 0);
-    ck_assert_int_eq(mdl_kvstream_evicted(ks[1]), mdl_kvstream_evicted(ks[0]));
-    ck_assert_int_le(mdl_kvstream_kv_peak(ks[1]), max_ctx);
+    ck_assert_int_gt(sched_stream_evicted(ks[1]), 0);
+    ck_assert_int_eq(sched_stream_evicted(ks[1]), sched_stream_evicted(ks[0]));
+    ck_assert_int_le(sched_stream_kv_peak(ks[1]), max_ctx);
     for (int32_t i = 0; i < N; i++) {
         const float *a = rows[0].logits + (size_t)i * vocab;
         const float *b = rows[1].logits + (size_t)i * vocab;
@@ -472,7 +474,7 @@ run_stream(const mdl_model_t *m, int32_t tp, mdl_kv_dtype_t dtype, double tol)
                       mdl_kv_dtype_name(dtype), i, md / mx);
     }
     for (int k = 0; k < 2; k++) {
-        mdl_kvstream_destroy(ks[k]);
+        sched_stream_destroy(ks[k]);
         mdl_runtime_destroy(rt[k]);
         free(rows[k].logits);
     }

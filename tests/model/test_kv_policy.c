@@ -1,7 +1,9 @@
 /* test_kv_policy.c - attention sinks with a rolling window
  * (model/kv_policy.h) and compressed KV dtypes on the default model:
- * policy parsing and eviction plans, generation streaming far past the
- * model's context with bounded KV (f32 and int4), and dtype errors.
+ * policy parsing and the scheduler's evictions in blockmgr
+ * (sched_kv_window_evict), generation streaming far past the model's
+ * context with bounded KV (f32 and int4) through scheduler/kv_stream.h,
+ * and dtype errors.
  */
 #include <check.h>
 #include <math.h>
@@ -9,9 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blockmgr/blockmgr.h"
 #include "common/status.h"
 #include "model/kv_policy.h"
 #include "model/model.h"
+#include "scheduler/kv_stream.h"
+#include "scheduler/sched.h"
 #include "text/tokenizer.h"
 
 static mdl_model_t *model;
@@ -52,45 +57,75 @@ START_TEST(test_parse)
 }
 END_TEST
 
+/* A pool of block_size bs holding one nohash sequence of n tokens in
+ * n_blocks blocks; its table before any eviction goes to before[]. */
+static bm_pool_t *
+evict_pool(uint32_t bs, uint32_t n, uint32_t n_blocks, int32_t *before)
+{
+    bm_config_t cfg = {.block_size = bs, .num_blocks = n_blocks + 1, .drop_ops = 1};
+    int32_t toks[64] = {0}, slots[64];
+    const int32_t *t;
+    uint32_t nb = 0;
+    bm_pool_t *pool;
+
+    ck_assert_int_eq(bm_pool_create(&cfg, &pool), ST_OK);
+    ck_assert_int_eq(bm_seq_create(pool, 1, 0), ST_OK);
+    ck_assert_int_eq(bm_seq_set_nohash(pool, 1), ST_OK);
+    ck_assert_int_eq(bm_seq_reserve(pool, 1, toks, n, slots), ST_OK);
+    t = bm_seq_table(pool, 1, &nb);
+    ck_assert_uint_eq(nb, n_blocks);
+    memcpy(before, t, sizeof(int32_t) * nb);
+    bm_pool_ops_clear(pool);
+    return pool;
+}
+
 START_TEST(test_evict_plan)
 {
     mdl_kv_policy_t p = {.sink = 8, .window = 16};
-    int32_t table[8] = {11, 12, 13, 14, 15, 16, 17, 0}, n_blocks = 7, kv_len = 50;
-    int32_t evicted[8], n_ops = 0;
-    kv_op_t ops[8];
+    int32_t table[8], tbl4[14], e;
+    const int32_t *t;
+    const kv_op_t *ops;
+    uint32_t nb4 = 0, n_blocks = 0, n_ops = 0;
+    bm_pool_t *pool;
 
-    /* 50 tokens in blocks of 4 (7 blocks, the last with 2): keep 8 sinks
-     * (blocks 11, 12) and at least 16 recent tokens: (50 - 24) / 4 = 6
-     * blocks go (13 .. 16 and 17? no: only whole blocks after the sinks
-     * up to the window): 13, 14, 15, 16, 17, 18 would be 6; there are 5
-     * after the sinks, of which the window needs the last 4 + the tail. */
-    int32_t tbl4[14] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 0};
-    int32_t nb4 = 13, len4 = 50, e;
-
-    e = mdl_kv_policy_evict(&p, 4, tbl4, &nb4, &len4, evicted, ops, &n_ops);
+    /* 50 tokens in blocks of 4 (13 blocks, the last with 2): keep 8 sinks
+     * (2 blocks) and at least 16 recent tokens: (50 - 8 - 16) / 4 = 6
+     * whole blocks after the sinks go, the window and tail follow. */
+    pool = evict_pool(4, 50, 13, tbl4);
+    e = sched_kv_window_evict(pool, 1, 50, p.sink, p.window);
     ck_assert_int_eq(e, 6); /* (50 - 8 - 16) / 4 */
-    ck_assert_int_eq(len4, 26);
-    ck_assert_int_eq(nb4, 7);
-    ck_assert_int_eq(evicted[0], 3);
-    ck_assert_int_eq(evicted[5], 8);
-    ck_assert_int_eq(tbl4[2], 9); /* the window follows the sinks */
-    ck_assert_int_eq(n_ops, 5);   /* blocks 9 .. 13 re-rotated by 24 */
-    ck_assert_int_eq(ops[0].kind, KV_OP_SHIFT);
-    ck_assert_int_eq(ops[0].src, 9);
-    ck_assert_int_eq(ops[0].dst, 24);
+    ck_assert_uint_eq(bm_seq_len(pool, 1), 26);
+    t = bm_seq_table(pool, 1, &nb4);
+    ck_assert_uint_eq(nb4, 7);
+    ops = bm_pool_ops(pool, &n_ops);
+    ck_assert_uint_eq(n_ops, 6 + 5); /* the evicted blocks dropped, then */
+    ck_assert_int_eq(ops[0].kind, KV_OP_DROP);
+    ck_assert_int_eq(ops[0].src, tbl4[2]); /* the first after the sinks */
+    ck_assert_int_eq(ops[5].src, tbl4[7]);
+    ck_assert_int_eq(t[2], tbl4[8]); /* the window follows the sinks */
+    /* ... blocks 9 .. 13 re-rotated by 24 */
+    ck_assert_int_eq(ops[6].kind, KV_OP_SHIFT);
+    ck_assert_int_eq(ops[6].src, tbl4[8]);
+    ck_assert_int_eq(ops[6].dst, 24);
+    ck_assert_int_eq(ops[10].src, tbl4[12]);
+    bm_pool_ops_clear(pool);
     /* Nothing due: no change. */
-    n_ops = 0;
-    ck_assert_int_eq(mdl_kv_policy_evict(&p, 4, tbl4, &nb4, &len4, evicted, ops, &n_ops), 0);
-    ck_assert_int_eq(n_ops, 0);
-    /* Blocks of 8, 50 tokens: (50 - 24) / 8 = 3 of the 5 non-sink blocks. */
-    n_ops = 0;
-    p.sink = 8;
-    p.window = 16;
-    e = mdl_kv_policy_evict(&p, 8, table, &n_blocks, &kv_len, evicted, ops, &n_ops);
+    ck_assert_int_eq(sched_kv_window_evict(pool, 1, 26, p.sink, p.window), 0);
+    (void)bm_pool_ops(pool, &n_ops);
+    ck_assert_uint_eq(n_ops, 0);
+    ck_assert_uint_eq(bm_seq_len(pool, 1), 26);
+    bm_pool_check(pool);
+    bm_pool_destroy(pool);
+    /* Blocks of 8, 50 tokens: (50 - 24) / 8 = 3 of the 6 non-sink blocks. */
+    pool = evict_pool(8, 50, 7, table);
+    e = sched_kv_window_evict(pool, 1, 50, p.sink, p.window);
     ck_assert_int_eq(e, 3);
-    ck_assert_int_eq(kv_len, 26);
-    ck_assert_int_eq(n_blocks, 4);
-    ck_assert_int_eq(table[1], 15);
+    ck_assert_uint_eq(bm_seq_len(pool, 1), 26);
+    t = bm_seq_table(pool, 1, &n_blocks);
+    ck_assert_uint_eq(n_blocks, 4);
+    ck_assert_int_eq(t[1], table[4]);
+    bm_pool_check(pool);
+    bm_pool_destroy(pool);
 }
 END_TEST
 
@@ -124,22 +159,22 @@ stream_past_context(mdl_kv_dtype_t dtype)
                                .n_threads = 1,
                                .kv_dtype = dtype};
     mdl_runtime_t *rt;
-    mdl_kvstream_t *ks;
+    sched_stream_t *ks;
     char err[256];
     const int32_t n_gen = 3 * c->max_pos;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n_gen + 1)), next = 0;
     int seen[1024] = {0}, distinct = 0;
 
     ck_assert_int_eq(mdl_runtime_create(model, &rc, &rt, err, sizeof(err)), ST_OK);
-    ck_assert_int_eq(mdl_kvstream_create(rt, &p, 16, bound, 1, c->vocab_size, &ks), ST_OK);
+    ck_assert_int_eq(sched_stream_create(rt, &p, 16, bound, 1, c->vocab_size, &ks), ST_OK);
     ids[0] = c->bos_id;
     for (int32_t i = 0; i < n_gen; i++) {
-        ck_assert_int_eq(mdl_kvstream_feed(ks, ids + i, 1, argmax_cb, &next), ST_OK);
+        ck_assert_int_eq(sched_stream_feed(ks, ids + i, 1, argmax_cb, &next), ST_OK);
         ids[i + 1] = next;
-        ck_assert_int_le(mdl_kvstream_kv_len(ks), p.sink + p.window + 16);
+        ck_assert_int_le(sched_stream_kv_len(ks), p.sink + p.window + 16);
     }
-    ck_assert_int_gt(mdl_kvstream_evicted(ks), 20);
-    ck_assert_int_le(mdl_kvstream_kv_peak(ks), p.sink + p.window + 16);
+    ck_assert_int_gt(sched_stream_evicted(ks), 20);
+    ck_assert_int_le(sched_stream_kv_peak(ks), p.sink + p.window + 16);
     for (int32_t i = n_gen - 200; i <= n_gen; i++) {
         distinct += !seen[ids[i]];
         seen[ids[i]] = 1;
@@ -147,14 +182,14 @@ stream_past_context(mdl_kv_dtype_t dtype)
     ck_assert_int_ge(distinct, 3);
     /* Without a policy the same stream stops at the context. */
     mdl_kv_policy_t full = {0, 0};
-    mdl_kvstream_t *ks2;
+    sched_stream_t *ks2;
 
-    ck_assert_int_eq(mdl_kvstream_create(rt, &full, 16, bound, 1, c->vocab_size, &ks2), ST_OK);
-    ck_assert_int_eq(mdl_kvstream_reset(ks), ST_OK);
-    ck_assert_int_eq(mdl_kvstream_feed(ks2, ids, bound, NULL, NULL), ST_OK);
-    ck_assert_int_eq(mdl_kvstream_feed(ks2, ids, 1, NULL, NULL), ST_ETOOLONG);
-    mdl_kvstream_destroy(ks2);
-    mdl_kvstream_destroy(ks);
+    ck_assert_int_eq(sched_stream_create(rt, &full, 16, bound, 1, c->vocab_size, &ks2), ST_OK);
+    ck_assert_int_eq(sched_stream_reset(ks), ST_OK);
+    ck_assert_int_eq(sched_stream_feed(ks2, ids, bound, NULL, NULL), ST_OK);
+    ck_assert_int_eq(sched_stream_feed(ks2, ids, 1, NULL, NULL), ST_ETOOLONG);
+    sched_stream_destroy(ks2);
+    sched_stream_destroy(ks);
     mdl_runtime_destroy(rt);
     free(ids);
 }
@@ -231,27 +266,27 @@ START_TEST(test_stream_text)
                                    .n_threads = 1,
                                    .kv_dtype = d == 0 ? MDL_KV_F32 : MDL_KV_INT8};
         mdl_runtime_t *rt;
-        mdl_kvstream_t *ks;
+        sched_stream_t *ks;
         char err[256];
         nll_acc_t st = {.toks = toks, .from = 1024}, win = {.toks = toks, .from = 1024};
 
         ck_assert_int_eq(mdl_runtime_create(model, &rc, &rt, err, sizeof(err)), ST_OK);
-        ck_assert_int_eq(mdl_kvstream_create(rt, &p, 16, 16 + 160 + 32, 16, 1024, &ks), ST_OK);
-        ck_assert_int_eq(mdl_kvstream_feed(ks, toks, (int32_t)n - 1, nll_cb, &st), ST_OK);
-        ck_assert_int_le(mdl_kvstream_kv_peak(ks), 16 + 160 + 32);
-        mdl_kvstream_destroy(ks);
+        ck_assert_int_eq(sched_stream_create(rt, &p, 16, 16 + 160 + 32, 16, 1024, &ks), ST_OK);
+        ck_assert_int_eq(sched_stream_feed(ks, toks, (int32_t)n - 1, nll_cb, &st), ST_OK);
+        ck_assert_int_le(sched_stream_kv_peak(ks), 16 + 160 + 32);
+        sched_stream_destroy(ks);
         /* Fresh windows of 256 starting every 128 tokens. */
-        ck_assert_int_eq(mdl_kvstream_create(rt, &full, 16, c->max_pos, 16, 1024, &ks), ST_OK);
+        ck_assert_int_eq(sched_stream_create(rt, &full, 16, c->max_pos, 16, 1024, &ks), ST_OK);
         for (int64_t b = 1024 - 128; b + 1 < (int64_t)n; b += 128) {
             int64_t end = b + c->max_pos < (int64_t)n ? b + c->max_pos : (int64_t)n;
 
             win.from = b == 1024 - 128 ? 1024 : b + 128;
             win.base = b;
-            ck_assert_int_eq(mdl_kvstream_reset(ks), ST_OK);
-            ck_assert_int_eq(mdl_kvstream_feed(ks, toks + b, (int32_t)(end - 1 - b), nll_cb, &win),
+            ck_assert_int_eq(sched_stream_reset(ks), ST_OK);
+            ck_assert_int_eq(sched_stream_feed(ks, toks + b, (int32_t)(end - 1 - b), nll_cb, &win),
                              ST_OK);
         }
-        mdl_kvstream_destroy(ks);
+        sched_stream_destroy(ks);
         mdl_runtime_destroy(rt);
         ck_assert_int_eq(st.n, (int64_t)n - 1024);
         ck_assert_int_eq(win.n, st.n);
