@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
+#include "blockmgr/blockmgr.h"
 #include "common/util.h"
 #include "kernels/cpu/kn_cpu.h"
 #include "kvserve_config.h"
@@ -188,6 +189,9 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
     int32_t *slot = calloc((size_t)T, sizeof(int32_t)), *qs = calloc((size_t)batch + 1, 4);
     int32_t *ctx = calloc((size_t)batch, 4), *bt = calloc((size_t)batch * mb, 4);
     int32_t *rows = calloc((size_t)batch, 4);
+    int32_t *all_tok = calloc((size_t)batch * total, 4), *all_slot = calloc((size_t)batch * total, 4);
+    bm_pool_t *pool = NULL;
+    bm_config_t bc = {.block_size = BF_BLOCK, .num_blocks = (uint32_t)(batch * mb + 1)};
     const float *lg;
     double t0, kv_bytes = 0.0;
     int st;
@@ -196,21 +200,45 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
     if (st != ST_OK) {
         goto out;
     }
+    /* Every sequence's prompt and decode tokens, and their KV slots from the
+     * block manager (the one owner of block ids), reserved up front. */
+    uint32_t x = 12345;
+
     for (int32_t s = 0; s < batch; s++) {
-        for (int32_t i = 0; i < mb; i++) {
-            bt[s * mb + i] = 1 + s * mb + i;
+        for (int32_t i = 0; i < total; i++) {
+            x = x * 1103515245u + 12345u;
+            all_tok[s * total + i] =
+                i < plen ? (int32_t)((x >> 8) % (uint32_t)c->vocab_size)
+                         : (int32_t)((uint32_t)(s * 31 + (i - plen) * 7) % (uint32_t)c->vocab_size);
         }
     }
+    st = bm_pool_create(&bc, &pool);
+    for (int32_t s = 0; s < batch && st == ST_OK; s++) {
+        uint32_t nb = 0;
+        const int32_t *tbl;
+
+        st = bm_seq_create(pool, (uint64_t)s, 0);
+        if (st == ST_OK) {
+            st = bm_seq_reserve(pool, (uint64_t)s, all_tok + s * total, (uint32_t)total,
+                                all_slot + s * total);
+        }
+        if (st == ST_OK) {
+            tbl = bm_seq_table(pool, (uint64_t)s, &nb);
+            memcpy(bt + (size_t)s * mb, tbl, sizeof(int32_t) * nb);
+        }
+    }
+    if (st != ST_OK) {
+        snprintf(err, errlen, "block manager: %s", st_str(st));
+        goto out;
+    }
     /* Prefill: all prompts in one step. */
-    uint32_t x = 12345;
     for (int32_t s = 0; s < batch; s++) {
         for (int32_t i = 0; i < plen; i++) {
             int32_t t = s * plen + i;
 
-            x = x * 1103515245u + 12345u;
-            tok[t] = (int32_t)((x >> 8) % (uint32_t)c->vocab_size);
+            tok[t] = all_tok[s * total + i];
             pos[t] = i;
-            slot[t] = bt[s * mb + i / BF_BLOCK] * BF_BLOCK + i % BF_BLOCK;
+            slot[t] = all_slot[s * total + i];
         }
         qs[s + 1] = (s + 1) * plen;
         ctx[s] = plen;
@@ -263,9 +291,9 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
             int32_t p = plen + k;
 
             for (int32_t s = 0; s < batch; s++) {
-                tok[s] = (int32_t)((uint32_t)(s * 31 + k * 7) % (uint32_t)c->vocab_size);
+                tok[s] = all_tok[s * total + p];
                 pos[s] = p;
-                slot[s] = bt[s * mb + p / BF_BLOCK] * BF_BLOCK + p % BF_BLOCK;
+                slot[s] = all_slot[s * total + p];
                 ctx[s] = p + 1;
             }
             st = mdl_forward(rt, &b, &lg);
@@ -286,7 +314,10 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
     }
 
 out:
+    bm_pool_destroy(pool);
     mdl_runtime_destroy(rt);
+    free(all_tok);
+    free(all_slot);
     free(tok);
     free(pos);
     free(slot);

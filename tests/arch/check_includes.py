@@ -40,8 +40,8 @@ ALLOWED = {
     "scheduler": {"common", "model", "sampler", "blockmgr"},
     "config": {"common"},
     "server": {"common", "text", "model", "sampler", "scheduler", "config"},
-    "cli": {"common", "kernels", "formats", "text", "model", "sampler", "scheduler", "config",
-            "server"},
+    "cli": {"common", "kernels", "formats", "text", "model", "sampler", "blockmgr", "scheduler",
+            "config", "server"},
     "loadtest": {"common"},
 }
 
