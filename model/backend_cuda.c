@@ -210,6 +210,7 @@ CU_OP_KERNEL(kq_res_write, kn_kq_res_write_args_t)
 CU_OP_KERNEL(kq_quant, kn_kq_quant_args_t)
 CU_OP_KERNEL(kq_dequant, kn_kq_dequant_args_t)
 CU_OP_KERNEL(kq_attention, kn_kq_attn_args_t)
+CU_OP_KERNEL(wdequant, kn_wdequant_args_t)
 
 static int
 cu_op_kv_rotate(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers)
@@ -262,7 +263,8 @@ cu_op_allreduce(void *ctx, float *buf, size_t n)
     .gather = cu_op_gather, .attention = cu_op_attention,                                          \
     .attention_prefill = cu_op_attention_prefill, .kq_res_write = cu_op_kq_res_write,           \
     .kq_quant = cu_op_kq_quant, .kq_dequant = cu_op_kq_dequant,                                    \
-    .kq_attention = cu_op_kq_attention, .kv_rotate = cu_op_kv_rotate, .gemm = cu_op_gemm
+    .kq_attention = cu_op_kq_attention, .kv_rotate = cu_op_kv_rotate,                          \
+    .wdequant = cu_op_wdequant, .gemm = cu_op_gemm
 
 static const mdl_dev_ops_t cu_ops_tp1 = {CU_OPS_COMMON, .allreduce = NULL};
 static const mdl_dev_ops_t cu_ops_tp = {CU_OPS_COMMON, .allreduce = cu_op_allreduce};
