@@ -26,7 +26,10 @@
  * blocks, applied to the query by the attention kernel.
  *
  * Memory, per device, all allocated in create(): weights (bf16, or f16
- * with --kv-cache-dtype f16), activations for max_num_batched_tokens rows,
+ * with --kv-cache-dtype f16; uploaded in their file's type through a
+ * pinned and a device staging buffer of at most 64 MiB each, freed once
+ * the weights are dequantized on the device (kn_cuda_wdequant), so host
+ * memory stays the mapped file), activations for max_num_batched_tokens rows,
  * the cuBLAS workspace, then the KV pool of num_blocks blocks, which must
  * fit in gpu_memory_utilization * total minus what is already in use
  * (cudaMemGetInfo after the other allocations): ST_ENOMEM with the number

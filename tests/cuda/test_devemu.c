@@ -1318,6 +1318,7 @@ START_TEST(test_devemu_native_weights)
 {
     static const kn_wtype_t types[] = {KN_W_Q8_0, KN_W_Q4_K};
     const size_t cap = 16 << 10;
+    double e_orig = 0.0;
 
     for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
         kn_wtype_t t = types[k];
@@ -1325,7 +1326,9 @@ START_TEST(test_devemu_native_weights)
         uint8_t *qbuf;
 
         synth_init_shape(&s, 8, 2, 1, 32, 256, 512);
-        double e_orig = cpu_vs_dev(&s.m, &s.m, 2e-5, 0);
+        if (k == 0) { /* the f32 model (the same for every type) */
+            e_orig = cpu_vs_dev(&s.m, &s.m, 2e-5, 0);
+        }
         synth_quantize(&s, t, &qbuf);
         size_t big = kn_wtype_row_bytes(t, 256) * 512; /* w_gate / w_up, the largest */
         size_t staged = 0;
