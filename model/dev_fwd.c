@@ -137,15 +137,18 @@ dev_upload(mdl_dev_rank_t *rk, const kn_weight_t *w, int32_t r0, int32_t nr, int
     size_t bb = kn_wtype_block_bytes(w->type);
     int dev = !rk->upload_host && be > 0 && c0 % be == 0 && nc % be == 0;
     size_t row_bytes = dev ? (size_t)(nc / be) * bb : sizeof(uint16_t) * (size_t)nc;
-    size_t cap = rk->wstage_cap != 0 ? rk->wstage_cap : MDL_DEV_WSTAGE;
-    size_t per = cap / row_bytes;
+    size_t cap = rk->wstage_cap != 0 ? rk->wstage_cap : MDL_DEV_WSTAGE, per;
     float *row = NULL;
     int st;
 
-    per = per < 1 ? 1 : per > (size_t)nr ? (size_t)nr : per;
     if ((st = rk->ops->alloc(rk->ctx, (void **)out, sizeof(uint16_t) * (size_t)nr * nc)) !=
             ST_OK ||
-        (st = dev_wstage_reserve(rk, per * row_bytes)) != ST_OK) {
+        nr <= 0 || nc <= 0) {
+        return st;
+    }
+    per = cap / row_bytes;
+    per = per < 1 ? 1 : per > (size_t)nr ? (size_t)nr : per;
+    if ((st = dev_wstage_reserve(rk, per * row_bytes)) != ST_OK) {
         return st;
     }
     if (!dev) {
