@@ -26,7 +26,10 @@
  * blocks, applied to the query by the attention kernel.
  *
  * Memory, per device, all allocated in create(): weights (bf16, or f16
- * with --kv-cache-dtype f16), activations for max_num_batched_tokens rows,
+ * with --kv-cache-dtype f16; uploaded in their file's type through a
+ * pinned and a device staging buffer of at most 64 MiB each, freed once
+ * the weights are dequantized on the device (kn_cuda_wdequant), so host
+ * memory stays the mapped file), activations for max_num_batched_tokens rows,
  * the cuBLAS workspace, then the KV pool of num_blocks blocks, which must
  * fit in gpu_memory_utilization * total minus what is already in use
  * (cudaMemGetInfo after the other allocations): ST_ENOMEM with the number
@@ -210,6 +213,7 @@ CU_OP_KERNEL(kq_res_write, kn_kq_res_write_args_t)
 CU_OP_KERNEL(kq_quant, kn_kq_quant_args_t)
 CU_OP_KERNEL(kq_dequant, kn_kq_dequant_args_t)
 CU_OP_KERNEL(kq_attention, kn_kq_attn_args_t)
+CU_OP_KERNEL(wdequant, kn_wdequant_args_t)
 
 static int
 cu_op_kv_rotate(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers)
@@ -262,7 +266,8 @@ cu_op_allreduce(void *ctx, float *buf, size_t n)
     .gather = cu_op_gather, .attention = cu_op_attention,                                          \
     .attention_prefill = cu_op_attention_prefill, .kq_res_write = cu_op_kq_res_write,           \
     .kq_quant = cu_op_kq_quant, .kq_dequant = cu_op_kq_dequant,                                    \
-    .kq_attention = cu_op_kq_attention, .kv_rotate = cu_op_kv_rotate, .gemm = cu_op_gemm
+    .kq_attention = cu_op_kq_attention, .kv_rotate = cu_op_kv_rotate,                          \
+    .wdequant = cu_op_wdequant, .gemm = cu_op_gemm
 
 static const mdl_dev_ops_t cu_ops_tp1 = {CU_OPS_COMMON, .allreduce = NULL};
 static const mdl_dev_ops_t cu_ops_tp = {CU_OPS_COMMON, .allreduce = cu_op_allreduce};

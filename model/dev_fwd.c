@@ -20,6 +20,17 @@
  * h16 is one (T, max(dim, n_f, n_q * hd)) buffer reused as the input of
  * every GEMM: each use is complete (stream order) before the next write.
  *
+ * Weights (init): each matrix travels in its file's type (F32, F16, BF16,
+ * Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), the shard's rows (or a row-parallel
+ * column slice's whole blocks) copied from the mapped file into a pinned
+ * staging buffer, uploaded to a device staging buffer of the same size
+ * (wstage_cap, default 64 MiB) and dequantized there to the 16-bit dt by
+ * kn_wdequant_body, chunk after chunk; the staging is freed before the
+ * activations are allocated. So host memory is the file plus one staging
+ * buffer. The host dequantizer (kn_dequant_row + kn_st16 into the
+ * staging) remains only as the fallback for column slices that cut
+ * blocks; it gives the same bits.
+ *
  * Quantized KV (--kv-cache-dtype fp8_e4m3 / int8 / int4): the blocks hold
  * the KIVI codes and scales of kernels/cpu/kv_quant.h byte for byte, and
  * the rank keeps the CPU store's residual discipline with the slots in
@@ -64,33 +75,123 @@
 #include "model/dev_fwd.h"
 #include "model/model_int.h"
 
-/* Uploads rows [r0, r0 + nr) x columns [c0, c0 + nc) of a host weight
- * in its file's type (kernels/cpu/kn_quant.h) as a 16-bit (nr, nc) device
- * matrix, dequantizing one row at a time on the host: no f32 copy of the
- * weight is made. */
+/* The weight staging buffers (pinned host and device) grown to at least
+ * bytes; the old contents are dropped. */
+static int
+dev_wstage_reserve(mdl_dev_rank_t *rk, size_t bytes)
+{
+    int st;
+
+    if (bytes <= rk->wstage_bytes) {
+        return ST_OK;
+    }
+    if ((st = rk->ops->sync(rk->ctx)) != ST_OK) { /* a dequantization may read the old one */
+        return st;
+    }
+    rk->ops->free_host(rk->ctx, rk->wst_host);
+    rk->ops->free(rk->ctx, rk->wst_dev);
+    rk->wst_host = rk->wst_dev = NULL;
+    rk->wstage_bytes = 0;
+    if ((st = rk->ops->alloc_host(rk->ctx, (void **)&rk->wst_host, bytes)) != ST_OK ||
+        (st = rk->ops->alloc(rk->ctx, (void **)&rk->wst_dev, bytes)) != ST_OK) {
+        return st;
+    }
+    rk->wstage_bytes = bytes;
+    return ST_OK;
+}
+
+/* Frees the staging buffers (after the device is done with them). */
+static int
+dev_wstage_release(mdl_dev_rank_t *rk)
+{
+    int st = rk->wst_dev != NULL ? rk->ops->sync(rk->ctx) : ST_OK;
+
+    rk->ops->free_host(rk->ctx, rk->wst_host);
+    rk->ops->free(rk->ctx, rk->wst_dev);
+    rk->wst_host = rk->wst_dev = NULL;
+    return st;
+}
+
+/* Uploads rows [r0, r0 + nr) x columns [c0, c0 + nc) of a host weight in
+ * its file's type (kernels/cpu/kn_quant.h) as a 16-bit (nr, nc) device
+ * matrix, in chunks of rows that fit the staging buffers (wstage_cap, at
+ * least one row):
+ *
+ *   device path  the rows' bytes -- whole rows, or the whole blocks of a
+ *                column slice that starts and ends on block boundaries --
+ *                gathered into pinned staging, uploaded, and dequantized
+ *                on the device (wdequant) into their rows of the matrix
+ *   host path    only for a column slice that cuts blocks (row-parallel
+ *                wo / w_down of a K-quant whose shard is not a multiple
+ *                of 256 columns), or upload_host: each row dequantized on
+ *                the host (kn_dequant_row, kn_st16) into the staging, and
+ *                the 16-bit rows uploaded
+ *
+ * Both give the same bits (kn_wdequant_body is kn_dequant_row + kn_st16).
+ * No f32 or 16-bit copy of the whole weight is made on the host. */
 static int
 dev_upload(mdl_dev_rank_t *rk, const kn_weight_t *w, int32_t r0, int32_t nr, int32_t c0,
            int32_t nc, uint16_t **out)
 {
-    size_t n = (size_t)nr * nc;
-    uint16_t *tmp = xmalloc(sizeof(uint16_t) * n);
-    float *row = xmalloc(sizeof(float) * (size_t)w->cols);
-    int rc;
+    int32_t be = kn_wtype_block_elems(w->type);
+    size_t bb = kn_wtype_block_bytes(w->type);
+    int dev = !rk->upload_host && be > 0 && c0 % be == 0 && nc % be == 0;
+    size_t row_bytes = dev ? (size_t)(nc / be) * bb : sizeof(uint16_t) * (size_t)nc;
+    size_t cap = rk->wstage_cap != 0 ? rk->wstage_cap : MDL_DEV_WSTAGE, per;
+    float *row = NULL;
+    int st;
 
-    for (int32_t i = 0; i < nr; i++) {
-        kn_dequant_row(w->type, (const char *)w->data + (size_t)(r0 + i) * w->row_bytes, row,
-                       w->cols);
-        for (int32_t j = 0; j < nc; j++) {
-            kn_st16(tmp, (size_t)i * nc + j, row[c0 + j], rk->dt);
+    if ((st = rk->ops->alloc(rk->ctx, (void **)out, sizeof(uint16_t) * (size_t)nr * nc)) !=
+            ST_OK ||
+        nr <= 0 || nc <= 0) {
+        return st;
+    }
+    per = cap / row_bytes;
+    per = per < 1 ? 1 : per > (size_t)nr ? (size_t)nr : per;
+    if ((st = dev_wstage_reserve(rk, per * row_bytes)) != ST_OK) {
+        return st;
+    }
+    if (!dev) {
+        row = xmalloc(sizeof(float) * (size_t)w->cols);
+        rk->n_host_uploads++;
+    }
+    for (int32_t i0 = 0; i0 < nr && st == ST_OK; i0 += (int32_t)per) {
+        int32_t n = nr - i0 < (int32_t)per ? nr - i0 : (int32_t)per;
+        uint16_t *dst = *out + (size_t)i0 * nc;
+
+        for (int32_t i = 0; i < n; i++) {
+            const char *src = (const char *)w->data + (size_t)(r0 + i0 + i) * w->row_bytes;
+
+            if (dev) {
+                memcpy(rk->wst_host + (size_t)i * row_bytes, src + (size_t)(c0 / be) * bb,
+                       row_bytes);
+                continue;
+            }
+            kn_dequant_row(w->type, src, row, w->cols);
+            for (int32_t j = 0; j < nc; j++) {
+                kn_st16((uint16_t *)rk->wst_host, (size_t)i * nc + j, row[c0 + j], rk->dt);
+            }
+        }
+        if (!dev) {
+            st = rk->ops->upload(rk->ctx, dst, rk->wst_host, (size_t)n * row_bytes);
+            continue;
+        }
+        kn_wdequant_args_t a = {.src = rk->wst_dev,
+                                .dst = dst,
+                                .src_row_bytes = row_bytes,
+                                .n_cols = nc,
+                                .type = w->type,
+                                .dt = rk->dt};
+
+        /* upload() waits for the copy, and stream order keeps the next
+         * chunk's copy behind this dequantization. */
+        if ((st = rk->ops->upload(rk->ctx, rk->wst_dev, rk->wst_host, (size_t)n * row_bytes)) ==
+            ST_OK) {
+            st = rk->ops->wdequant(rk->ctx, &a, n);
         }
     }
     free(row);
-    rc = rk->ops->alloc(rk->ctx, (void **)out, sizeof(uint16_t) * n);
-    if (rc == ST_OK) {
-        rc = rk->ops->upload(rk->ctx, *out, tmp, sizeof(uint16_t) * n);
-    }
-    free(tmp);
-    return rc;
+    return st;
 }
 
 /* Elements [c0, c0 + nc) of an f32 vector of n, as dev_upload(). */
@@ -202,6 +303,12 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
         (st = dev_upload(rk, &m->lm_head, 0, c->vocab_size, 0, dim, &rk->lm_head)) != ST_OK) {
         return st;
     }
+    if ((st = dev_wstage_release(rk)) != ST_OK) {
+        return st;
+    }
+    LOG_DEBUG("rank %d: weights uploaded through %zu KiB of staging (%d matrices dequantized "
+              "on the host)",
+              rk->rank, rk->wstage_bytes >> 10, rk->n_host_uploads);
 
     /* RoPE frequencies: the CPU table. */
     {
@@ -386,6 +493,8 @@ mdl_dev_rank_fini(mdl_dev_rank_t *rk)
         o->free(rk->ctx, dev[i]);
     }
     o->free_host(rk->ctx, rk->swap);
+    o->free_host(rk->ctx, rk->wst_host);
+    o->free(rk->ctx, rk->wst_dev);
     dev_kq_tier_fini(rk, 0);
     dev_kq_tier_fini(rk, 1);
     free(rk->kq_filled);

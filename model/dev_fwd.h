@@ -7,8 +7,9 @@
  * cublasGemmEx, ncclAllReduce); tests/cuda/test_devemu.c supplies them on
  * the host (the same kernel bodies under the thread-block emulator, a
  * reference GEMM, the CPU all-reduce of kernels/comm.h). So everything the
- * CUDA backend does besides calling CUDA -- weight sharding and upload in
- * 16-bit, buffer shapes and strides, the batch staging layout, the layer
+ * CUDA backend does besides calling CUDA -- weight sharding and upload
+ * (the file's bytes, in bounded chunks, dequantized to 16-bit on the
+ * device), buffer shapes and strides, the batch staging layout, the layer
  * loop, the KV pool regions and the copy/swap plan -- runs in CI and is
  * compared with the CPU backend.
  *
@@ -69,6 +70,9 @@ typedef struct mdl_dev_ops {
     /* KV_OP_SHIFT: key rows rotated by -a->delta in place, grid
      * (n_heads, n_layers) (kn_kv_rotate_body). */
     int (*kv_rotate)(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers);
+    /* Weight upload: n rows of blocks in their file type (device staging)
+     * -> 16-bit rows, grid n (kn_wdequant_body). */
+    int (*wdequant)(void *ctx, const kn_wdequant_args_t *a, int32_t n);
     /* y (n_tok, d_out) f32 = x (n_tok, d_in) 16-bit @ w^T, w (d_out, d_in)
      * 16-bit; row-major device memory, f32 accumulation. */
     int (*gemm)(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y,
@@ -141,11 +145,29 @@ typedef struct mdl_dev_rank {
     int32_t *stage_host; /* pinned batch staging */
     int32_t *stage_dev;
     size_t stage_len; /* int32 entries */
+    /* Weight upload (mdl_dev_rank_init). In, set by the caller or left 0:
+     * wstage_cap bounds each staging buffer (bytes; 0: MDL_DEV_WSTAGE),
+     * upload_host forces the host path (tests). Out: wstage_bytes, the
+     * size each staging buffer reached (pinned host and device, freed
+     * before init returns), and n_host_uploads, the matrices that took the
+     * host path. */
+    size_t wstage_cap;
+    int upload_host;
+    size_t wstage_bytes;
+    int32_t n_host_uploads;
+    uint8_t *wst_host, *wst_dev; /* the staging buffers while init runs */
 } mdl_dev_rank_t;
+
+/* Default bound of each weight staging buffer: 64 MiB. */
+#define MDL_DEV_WSTAGE ((size_t)64 << 20)
 
 /* Shards and uploads the weights of rank `rank` of rc->tp_size and
  * allocates its activations (not the KV pool). rk is zeroed by the
- * caller; on failure the caller still calls mdl_dev_rank_fini(). */
+ * caller, who may then set wstage_cap and upload_host; on failure the
+ * caller still calls mdl_dev_rank_fini(). Weights travel in their file's
+ * type, at most one staging buffer (pinned host + device) at a time, and
+ * are dequantized to 16-bit dt on the device (wdequant); host memory
+ * beyond the model's mapped file is the staging buffer. */
 int mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const mdl_model_t *m,
                       const mdl_runtime_config_t *rc, int32_t rank, kn_dt_t dt);
 /* Bytes of the KV pool (device) that mdl_dev_rank_alloc_kv() will take:

@@ -54,6 +54,7 @@ KN_KERNEL(kq_quant, kn_kq_quant_args_t)
 KN_KERNEL(kq_dequant, kn_kq_dequant_args_t)
 KN_KERNEL(kq_attention, kn_kq_attn_args_t)
 KN_KERNEL(kv_rotate, kn_kv_rotate_args_t)
+KN_KERNEL(wdequant, kn_wdequant_args_t)
 
 extern "C" cudaError_t
 kn_cuda_embed(cudaStream_t s, const kn_embed_args_t *a, int32_t n_tok)
@@ -211,5 +212,15 @@ kn_cuda_kv_rotate(cudaStream_t s, const kn_kv_rotate_args_t *a, int32_t n_heads,
         return cudaSuccess;
     }
     k_kv_rotate<<<grid, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_wdequant(cudaStream_t s, const kn_wdequant_args_t *a, int32_t n_rows)
+{
+    if (n_rows <= 0) {
+        return cudaSuccess;
+    }
+    k_wdequant<<<(unsigned)n_rows, KN_ROW_THREADS, 0, s>>>(*a);
     return cudaGetLastError();
 }

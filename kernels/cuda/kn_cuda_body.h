@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/cpu/kn_quant.h" /* kn_wtype_t (declarations only: C++-clean) */
+
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -452,6 +454,110 @@ kn_gather_body(const kn_thr_t *t, float *smem, const kn_gather_args_t *a)
     (void)smem;
     for (int32_t i = t->tid; i < a->dim; i += t->nthr) {
         a->out[(size_t)t->bx * a->dim + i] = src[i];
+    }
+}
+
+/* ---- weight dequantization (file type -> 16-bit) ----------------------------
+ * dst row r <- the n_cols elements of src row r in type (the block layouts
+ * of kernels/cpu/kn_quant.h, ggml's), rounded to dt: bit for bit
+ * kn_dequant_row() then kn_st16(). Each element is decoded alone with
+ * kn_quant.c's arithmetic, products rounded as written (KN_FMUL_RN /
+ * KN_FADD_RN: never an FMA):
+ *   f32 / f16 / bf16  the value
+ *   q8_0, q4_0        d * q                 (q4_0: q = nibble - 8)
+ *   q4_K, q5_K        (d * sc) * q + -(dmin * m), 6-bit sc, m per 32
+ *   q6_K              (d * sc) * (q - 32), int8 sc per 16
+ *   src:  (n_rows) rows of src_row_bytes bytes: n_cols / block_elems whole
+ *         blocks each (any alignment: read by bytes)
+ *   dst:  (n_rows, n_cols) 16-bit (dt), row stride n_cols
+ * Launch: grid (n_rows), any block size, no shared memory. */
+typedef struct kn_wdequant_args {
+    const uint8_t *src;
+    uint16_t *dst;
+    size_t src_row_bytes;
+    int32_t n_cols;
+    kn_wtype_t type;
+    kn_dt_t dt;
+} kn_wdequant_args_t;
+
+/* The little-endian f16 at p as f32. */
+KN_DEV float
+kn_wq_f16(const uint8_t *p)
+{
+    return kn_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+/* Element e of a row of blocks of type t (kn_quant.c's q_block32 and
+ * kn_dequant_row, one element at a time). */
+KN_DEV float
+kn_wq_elem(kn_wtype_t t, const uint8_t *row, int32_t e)
+{
+    int32_t l = e % 32;
+
+    switch (t) {
+    case KN_W_F32:
+        return kn_u2f((uint32_t)row[4 * e] | ((uint32_t)row[4 * e + 1] << 8) |
+                      ((uint32_t)row[4 * e + 2] << 16) | ((uint32_t)row[4 * e + 3] << 24));
+    case KN_W_F16:
+        return kn_wq_f16(row + 2 * e);
+    case KN_W_BF16:
+        return kn_bf16_to_f32((uint16_t)(row[2 * e] | (row[2 * e + 1] << 8)));
+    case KN_W_Q8_0: {
+        const uint8_t *b = row + 34 * (e / 32);
+
+        return KN_FMUL_RN(kn_wq_f16(b), (float)(int8_t)b[2 + l]);
+    }
+    case KN_W_Q4_0: {
+        const uint8_t *b = row + 18 * (e / 32);
+        int32_t q = l < 16 ? (b[2 + l] & 0xF) - 8 : (b[2 + l - 16] >> 4) - 8;
+
+        return KN_FMUL_RN(kn_wq_f16(b), (float)q);
+    }
+    case KN_W_Q4_K:
+    case KN_W_Q5_K: {
+        int32_t k5 = t == KN_W_Q5_K, sub = (e % 256) / 32, sc, m, q;
+        const uint8_t *b = row + (k5 ? 176 : 144) * (e / 256), *s6 = b + 4;
+        const uint8_t *qs = b + (k5 ? 48 : 16) + 32 * (sub / 2);
+
+        if (sub < 4) {
+            sc = s6[sub] & 63;
+            m = s6[sub + 4] & 63;
+        } else {
+            sc = (s6[sub + 4] & 0xF) | ((s6[sub - 4] >> 6) << 4);
+            m = (s6[sub + 4] >> 4) | ((s6[sub] >> 6) << 4);
+        }
+        q = (sub & 1) ? qs[l] >> 4 : qs[l] & 0xF;
+        if (k5) {
+            q |= ((b[16 + l] >> sub) & 1) << 4;
+        }
+        float a = KN_FMUL_RN(kn_wq_f16(b), (float)sc);
+        float c = -KN_FMUL_RN(kn_wq_f16(b + 2), (float)m);
+
+        return KN_FADD_RN(KN_FMUL_RN(a, (float)q), c);
+    }
+    case KN_W_Q6_K: {
+        const uint8_t *b = row + 210 * (e / 256);
+        int32_t e0 = (e % 256) / 32 * 32, n = e0 / 128, qd = (e0 % 128) / 32;
+        const uint8_t *ql = b + 64 * n + (qd & 1) * 32, *qh = b + 128 + 32 * n;
+        int32_t lo = (qd & 2) ? ql[l] >> 4 : ql[l] & 0xF, hi = (qh[l] >> (2 * qd)) & 3;
+        float a = KN_FMUL_RN(kn_wq_f16(b + 208), (float)(int8_t)b[192 + e0 / 16 + l / 16]);
+
+        return KN_FMUL_RN(a, (float)((lo | (hi << 4)) - 32));
+    }
+    default:
+        return 0.0f;
+    }
+}
+
+KN_DEV void
+kn_wdequant_body(const kn_thr_t *t, float *smem, const kn_wdequant_args_t *a)
+{
+    const uint8_t *row = a->src + (size_t)t->bx * a->src_row_bytes;
+    uint16_t *o = a->dst + (size_t)t->bx * a->n_cols;
+
+    (void)smem;
+    for (int32_t e = t->tid; e < a->n_cols; e += t->nthr) {
+        kn_st16(o, (size_t)e, kn_wq_elem(a->type, row, e), a->dt);
     }
 }
 

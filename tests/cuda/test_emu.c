@@ -1341,6 +1341,152 @@ START_TEST(test_kq_shift_attention)
 }
 END_TEST
 
+/* ---- weight dequantization --------------------------------------------------- */
+
+static void
+run_wdequant(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_wdequant_body(t, smem, a);
+}
+
+/* A random finite f16 (every exponent: zeros, subnormals, outliers up to
+ * 65504, either sign), little-endian at p. */
+static void
+wq_put_f16(uint8_t *p)
+{
+    uint16_t h = (uint16_t)(rng_u32() & 0xffff);
+
+    if ((h & 0x7c00) == 0x7c00) {
+        h = (uint16_t)(h & ~0x4000); /* exponent 31 (inf / NaN) -> 15 */
+    }
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+/* Block k of a row of type t: random codes, random finite scales, and
+ * scale fields that walk every pattern as k goes: q4_K / q5_K give sub-
+ * block j the 6-bit scale (k + 7j) % 64 and min (5k + 3j + 1) % 64 (both
+ * halves of the packing), q6_K gives group g the int8 scale k + 16g
+ * (every byte at every position over 256 blocks). */
+static void
+wq_fill_block(kn_wtype_t t, uint8_t *b, int32_t k)
+{
+    size_t bb = kn_wtype_block_bytes(t);
+
+    for (size_t i = 0; i < bb; i++) {
+        b[i] = (uint8_t)rng_u32();
+    }
+    switch (t) {
+    case KN_W_F32: {
+        uint32_t u = rng_u32() ^ (rng_u32() << 16);
+
+        if ((u & 0x7f800000u) == 0x7f800000u) {
+            u &= ~0x40000000u; /* no inf / NaN */
+        }
+        memcpy(b, &u, 4);
+        break;
+    }
+    case KN_W_F16:
+        wq_put_f16(b);
+        break;
+    case KN_W_BF16:
+        if ((b[1] & 0x7f) == 0x7f && (b[0] & 0x80)) {
+            b[1] = (uint8_t)(b[1] & ~0x40);
+        }
+        break;
+    case KN_W_Q8_0:
+    case KN_W_Q4_0:
+        wq_put_f16(b);
+        break;
+    case KN_W_Q4_K:
+    case KN_W_Q5_K: {
+        uint8_t *sc = b + 4;
+
+        wq_put_f16(b);
+        wq_put_f16(b + 2);
+        memset(sc, 0, 12);
+        for (int j = 0; j < 8; j++) {
+            int ls = (k + 7 * j) % 64, lm = (5 * k + 3 * j + 1) % 64;
+
+            if (j < 4) {
+                sc[j] = (uint8_t)ls;
+                sc[j + 4] = (uint8_t)lm;
+            } else {
+                sc[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+                sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
+                sc[j] |= (uint8_t)((lm >> 4) << 6);
+            }
+        }
+        break;
+    }
+    case KN_W_Q6_K:
+        for (int g = 0; g < 16; g++) {
+            b[192 + g] = (uint8_t)(k + 16 * g);
+        }
+        wq_put_f16(b + 208);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Every weight type, random blocks with every scale pattern, f16 and bf16
+ * out: the emulated kernel's 16-bit rows equal kn_dequant_row() then
+ * kn_st16() bit for bit, for whole rows and for a column slice of whole
+ * blocks read through the full row stride (the upload's two shapes). */
+START_TEST(test_wdequant)
+{
+    kn_wtype_t t = (kn_wtype_t)_i;
+    int32_t be = kn_wtype_block_elems(t), nb = 16, rows = 16, cols = nb * be;
+    size_t bb = kn_wtype_block_bytes(t), row_bytes = kn_wtype_row_bytes(t, cols);
+    uint8_t *w = xmalloc(row_bytes * (size_t)rows);
+    float *f = xmalloc(sizeof(float) * (size_t)cols);
+    uint16_t *ref = xmalloc(sizeof(uint16_t) * (size_t)rows * cols);
+    uint16_t *out = xmalloc(sizeof(uint16_t) * (size_t)rows * cols);
+
+    ck_assert_uint_eq(row_bytes, (size_t)nb * bb);
+    for (int32_t k = 0; k < rows * nb; k++) {
+        wq_fill_block(t, w + (size_t)k * bb, k);
+    }
+    for (int dti = 0; dti < 2; dti++) {
+        kn_dt_t dt = dti == 0 ? KN_DT_F16 : KN_DT_BF16;
+        /* (first block, blocks): whole rows, then a slice */
+        static const int32_t shapes[][2] = {{0, 16}, {5, 7}};
+
+        for (int sh = 0; sh < 2; sh++) {
+            int32_t b0 = shapes[sh][0], c0 = b0 * be, nc = shapes[sh][1] * be;
+            kn_wdequant_args_t a = {.src = w + (size_t)b0 * bb,
+                                    .dst = out,
+                                    .src_row_bytes = row_bytes,
+                                    .n_cols = nc,
+                                    .type = t,
+                                    .dt = dt};
+            size_t n_nonzero = 0;
+
+            for (int32_t r = 0; r < rows; r++) {
+                kn_dequant_row(t, w + (size_t)r * row_bytes, f, cols);
+                for (int32_t j = 0; j < nc; j++) {
+                    kn_st16(ref, (size_t)r * nc + j, f[c0 + j], dt);
+                    n_nonzero += (ref[(size_t)r * nc + j] & 0x7fff) != 0;
+                }
+            }
+            memset(out, 0xa5, sizeof(uint16_t) * (size_t)rows * cols);
+            ck_assert_int_eq(kn_emu_launch(run_wdequant, &a, rows, 1, 32, 0), 0);
+            for (size_t i = 0; i < (size_t)rows * nc; i++) {
+                ck_assert_msg(out[i] == ref[i], "%s -> %s, shape %d: element %zu: 0x%04x, want "
+                              "0x%04x", kn_wtype_name(t), dt == KN_DT_F16 ? "f16" : "bf16", sh, i,
+                              out[i], ref[i]);
+            }
+            ck_assert_uint_gt(n_nonzero, (size_t)rows * nc / 2); /* not a vacuous test */
+        }
+    }
+    free(w);
+    free(f);
+    free(ref);
+    free(out);
+}
+END_TEST
+
 Suite *
 cuda_emu_suite(void)
 {
@@ -1365,6 +1511,7 @@ cuda_emu_suite(void)
     tcase_add_loop_test(tc, test_kq_attention, 0, 3);
     tcase_add_test(tc, test_kv_rotate);
     tcase_add_loop_test(tc, test_kq_shift_attention, 0, 3);
+    tcase_add_loop_test(tc, test_wdequant, 0, KN_W_NTYPES);
     suite_add_tcase(s, tc);
     return s;
 }

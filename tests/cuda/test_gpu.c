@@ -13,7 +13,9 @@
  *   kv quant: fp8 / int8 / int4 blocks quantized on the device equal the
  *             CPU quantizer's bytes (codes, scales, zero points), and the
  *             default model with each compressed KV dtype on cuda (bf16
- *             weights) against the CPU backend with the same dtype.
+ *             weights) against the CPU backend with the same dtype;
+ *   weights:  the weight dequantization kernel, every file type to f16
+ *             and bf16, equals kn_dequant_row + kn_st16 bit for bit.
  *
  * Plain C (no Check): Check forks after this process has touched CUDA.
  * The model directory comes from KVSERVE_TEST_MODEL.
@@ -29,6 +31,7 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_cpu.h"
+#include "kernels/cpu/kn_quant.h"
 #include "kernels/cuda/kn_cuda.h"
 #include "model/model.h"
 #include "tests/cuda/kvq_ref.h"
@@ -342,6 +345,76 @@ test_kv_rotate(void)
     free(ref);
 }
 
+/* Weight dequantization: random rows of every type (random bytes; f16
+ * fields kept finite, exponent 31 cleared) to f16 and bf16, against the
+ * CPU dequantizer then the 16-bit rounding the host path uses. */
+static void
+test_wdequant(void)
+{
+    const int32_t rows = 64, nb = 8;
+
+    for (int t = 0; t < KN_W_NTYPES; t++) {
+        int32_t be = kn_wtype_block_elems((kn_wtype_t)t), cols = nb * be;
+        size_t bb = kn_wtype_block_bytes((kn_wtype_t)t), rb = (size_t)nb * bb;
+        /* offsets of the f16 fields in a block (-1: none beyond) */
+        int f16_at[2] = {-1, -1};
+        uint8_t *w = xmalloc(rb * rows);
+        float *f = xmalloc(sizeof(float) * cols);
+        uint16_t *ref = xmalloc(sizeof(uint16_t) * rows * cols);
+        uint16_t *out = xmalloc(sizeof(uint16_t) * rows * cols);
+
+        f16_at[0] = t == KN_W_Q6_K ? 208 : t == KN_W_F32 || t == KN_W_BF16 ? -1 : 0;
+        f16_at[1] = t == KN_W_Q4_K || t == KN_W_Q5_K ? 2 : -1;
+        for (size_t i = 0; i < rb * rows; i++) {
+            w[i] = (uint8_t)(rnd_f(128.0f) + 128.0f);
+        }
+        for (size_t k = 0; k < (size_t)rows * nb; k++) {
+            uint8_t *b = w + k * bb;
+
+            for (int j = 0; j < 2; j++) {
+                if (f16_at[j] >= 0 && (b[f16_at[j] + 1] & 0x7c) == 0x7c) {
+                    b[f16_at[j] + 1] &= 0xbf;
+                }
+            }
+            if (t == KN_W_F32 && (b[3] & 0x7f) == 0x7f && (b[2] & 0x80)) {
+                b[3] &= 0xbf;
+            }
+            if (t == KN_W_BF16 && (b[1] & 0x7f) == 0x7f && (b[0] & 0x80)) {
+                b[1] &= 0xbf;
+            }
+        }
+        uint8_t *wd = dev_copy(w, rb * rows);
+        uint16_t *od;
+
+        CU(cudaMalloc((void **)&od, sizeof(uint16_t) * rows * cols));
+        for (int d = 0; d < 2; d++) {
+            kn_dt_t dt = d == 0 ? KN_DT_F16 : KN_DT_BF16;
+            kn_wdequant_args_t a = {wd, od, rb, cols, (kn_wtype_t)t, dt};
+            size_t bad = 0;
+
+            for (int32_t r = 0; r < rows; r++) {
+                kn_dequant_row((kn_wtype_t)t, w + (size_t)r * rb, f, cols);
+                for (int32_t j = 0; j < cols; j++) {
+                    kn_st16(ref, (size_t)r * cols + j, f[j], dt);
+                }
+            }
+            CU(kn_cuda_wdequant(0, &a, rows));
+            CU(cudaMemcpy(out, od, sizeof(uint16_t) * rows * cols, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < (size_t)rows * cols; i++) {
+                bad += out[i] != ref[i];
+            }
+            EXPECT(bad == 0, "wdequant %s -> %s: %zu of %d elements differ",
+                   kn_wtype_name((kn_wtype_t)t), d == 0 ? "f16" : "bf16", bad, rows * cols);
+        }
+        cudaFree(wd);
+        cudaFree(od);
+        free(w);
+        free(f);
+        free(ref);
+        free(out);
+    }
+}
+
 /* ---- end to end ------------------------------------------------------------------ */
 
 #define E2E_STEPS 24
@@ -516,6 +589,7 @@ main(void)
     test_kernels(KN_DT_F16);
     test_kq_quant();
     test_kv_rotate();
+    test_wdequant();
     if (dir == NULL || mdl_model_load(dir, &m, err, sizeof(err)) != ST_OK) {
         fprintf(stderr, "model: %s\n", dir == NULL ? "KVSERVE_TEST_MODEL unset" : err);
         return 1;
