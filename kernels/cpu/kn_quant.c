@@ -613,9 +613,9 @@ act_pad(int32_t d_in)
 size_t
 kn_act_bytes(int32_t n_tok, int32_t d_in)
 {
-    size_t per = (size_t)act_pad(d_in); /* codes 1 + dl 1 + s16 1/4 + bf 2 bytes per column */
+    size_t per = (size_t)act_pad(d_in); /* codes 1 + dl 1 + s16 1/4 bytes per column */
 
-    return (size_t)n_tok * (per + per + per / 4 + 2 * per) + 4 * 64;
+    return (size_t)n_tok * (per + per + per / 4) + 3 * 64;
 }
 
 static void *
@@ -640,8 +640,7 @@ kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf)
     a->q = act_carve(&p, n);
     a->dl = act_carve(&p, n);
     a->s16 = act_carve(&p, n / 4);
-    a->bf = act_carve(&p, 2 * n);
-    a->have_q8 = a->have_bf = 0;
+    a->have_q8 = 0;
 }
 
 /* One token's 8-bit form: per block of 32, d = absmax / 127 and
@@ -689,23 +688,6 @@ kn_act_quantize_q8(kn_act_t *a)
     a->have_q8 = 1;
 }
 
-void
-kn_act_quantize_bf16(kn_act_t *a)
-{
-    if (a->have_bf) {
-        return;
-    }
-    for (int32_t t = 0; t < a->n_tok; t++) {
-        const float *x = a->x + (size_t)t * a->d_in;
-        uint16_t *o = a->bf + (size_t)t * a->d_pad;
-
-        for (int32_t i = 0; i < a->d_pad; i++) {
-            o[i] = i < a->d_in ? kn_f32_to_bf16(x[i]) : 0;
-        }
-    }
-    a->have_bf = 1;
-}
-
 /* ---- reference ----------------------------------------------------------- */
 
 static int
@@ -731,8 +713,6 @@ kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float
     kn_act_init(&a, x, n_tok, d_in, buf);
     if (wtype_is_q(w->type)) {
         kn_act_quantize_q8(&a);
-    } else if (w->type == KN_W_BF16) {
-        kn_act_quantize_bf16(&a);
     }
     for (int32_t o = 0; o < d_out; o++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
@@ -744,13 +724,9 @@ kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float
             size_t xo = (size_t)t * a.d_pad;
             double acc = 0.0;
 
-            if (w->type == KN_W_F16) {
+            if (!wtype_is_q(w->type)) { /* f16, bf16: w * x, exact in double */
                 for (int32_t i = 0; i < d_in; i++) {
                     acc += (double)wrow[i] * x[(size_t)t * d_in + i];
-                }
-            } else if (w->type == KN_W_BF16) {
-                for (int32_t i = 0; i < d_in; i++) {
-                    acc += (double)wrow[i] * kn_bf16_to_f32(a.bf[xo + i]);
                 }
             } else {
                 for (int32_t j = 0; j < d_in / 32; j++) {
@@ -867,8 +843,6 @@ kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int 
     }
     if (wtype_is_q(w->type)) {
         kn_act_quantize_q8(a);
-    } else if (w->type == KN_W_BF16) {
-        kn_act_quantize_bf16(a);
     }
     if (nt <= 1 || w->rows < 32) {
         j.fn(a, w, bias, y, accumulate, 0, w->rows);

@@ -16,10 +16,10 @@
  *   dot(row, x) = sum over 16-groups h of  dx_h * (a_h * sum_h(s * xq))
  *                                        + c_h * (dx_h * sum_h(xq))
  *
- * where xq, dx are the activation's codes and block scale. BF16 weights
- * multiply bf16-rounded activations (vdpbf16ps on AVX512-BF16, exact
- * products in f32 elsewhere); F16 weights are converted to f32 (F16C) and
- * multiply the f32 activations; F32 weights use kn_cpu_matmul().
+ * where xq, dx are the activation's codes and block scale. F16 and BF16
+ * weights are widened to f32 in registers (F16C; a 16-bit shift) and
+ * multiply the f32 activations as they are (FMA); F32 weights use
+ * kn_cpu_matmul().
  *
  * Decode (n_tok = 1) reads each weight byte once and splits rows over the
  * kernel thread team; batches run a tile of 4 weight rows x 4 tokens per
@@ -87,8 +87,7 @@ void kn_quant_row(kn_wtype_t t, const float *src, void *dst, int64_t n);
  *               (the SIMD lane layout: 8 copies per block)
  *   s16         (n_tok, d_pad / 16) d * sum(q) per 16 codes (the q4_K /
  *               q5_K min terms)
- *   bf          (n_tok, d_pad) x rounded to bf16, zero past d_in
- *   have_q8, have_bf  which forms are made (lazily, by kn_matmul_w)
+ *   have_q8     whether the 8-bit form is made (lazily, by kn_matmul_w)
  * buf is caller scratch of kn_act_bytes(n_tok, d_in) bytes, any alignment. */
 typedef struct kn_act {
     const float *x;
@@ -96,25 +95,23 @@ typedef struct kn_act {
     int8_t *q;
     float *dl;
     float *s16;
-    uint16_t *bf;
-    int have_q8, have_bf;
+    int have_q8;
 } kn_act_t;
 
 size_t kn_act_bytes(int32_t n_tok, int32_t d_in);
 void kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf);
-/* Makes the 8-bit (kn_act_quantize_q8) or bf16 form now; idempotent.
- * kn_matmul_w() calls them on first use. */
+/* Makes the 8-bit form now; idempotent. kn_matmul_w() calls it on first
+ * use by a Q weight. */
 void kn_act_quantize_q8(kn_act_t *a);
-void kn_act_quantize_bf16(kn_act_t *a);
 
 /* y (n_tok, w->rows) = x W^T (+ bias) (+ y when accumulate); w->cols ==
  * a->d_in; y must not alias x. F32 calls kn_cpu_matmul(). Allocates
  * nothing; splits rows over the kernel thread team when large enough. */
 void kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int accumulate);
-/* Scalar reference of the same arithmetic: the same 8-bit activations
- * (or bf16 activations for BF16), exact integer block dots, then the
- * same f32 products of scales (a_h * dx, c_h * s16), all accumulated in
- * double. F16 and F32 accumulate w * x in double. The fast path differs
+/* Scalar reference of the same arithmetic: the same 8-bit activations,
+ * exact integer block dots, then the same f32 products of scales (a_h *
+ * dx, c_h * s16), all accumulated in double. F16, BF16 and F32
+ * accumulate w * x (the f32 activations) in double. The fast path differs
  * only by the order and f32 rounding of its sums. Allocates. */
 void kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float *bias,
                      float *y, int accumulate);

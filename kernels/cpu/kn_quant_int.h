@@ -27,8 +27,8 @@ typedef struct kn_qdec {
 } kn_qdec_t;
 
 /* Rows [r0, r1) of y (a->n_tok, w->rows) = x W^T, plus bias, plus y when
- * accumulate, for every type but F32. The 8-bit (Q types) or bf16 (BF16)
- * form of a must be made. One per ISA level. */
+ * accumulate, for every type but F32. The 8-bit form of a must be made
+ * for the Q types. One per ISA level. */
 typedef void (*kn_qrows_fn)(const kn_act_t *a, const kn_weight_t *w, const float *bias, float *y,
                             int accumulate, int32_t r0, int32_t r1);
 
