@@ -21,10 +21,14 @@
  * multiply the f32 activations as they are (FMA); F32 weights use
  * kn_cpu_matmul().
  *
- * Decode (n_tok = 1) reads each weight byte once and splits rows over the
- * kernel thread team; batches run a tile of 4 weight rows x 4 tokens per
- * micro-kernel over 1024-column slices decoded once per slice, so a weight
- * block is unpacked once per 4 rows x every token of the batch.
+ * Decode (n_tok 1 to 4) reads each weight byte once and splits rows over
+ * the kernel thread team; on the SIMD levels it unpacks each 256-column
+ * piece of a row in registers (nibble masks and shifts) and feeds the
+ * codes straight to the integer dots of every token, one f32 scale per
+ * block of 32 (the GEMV: memory-bound on q4_K). Larger batches run a tile
+ * of 4 weight rows x 4 tokens per micro-kernel over 1024-column slices
+ * decoded once per slice, so a weight block is unpacked once per 4 rows x
+ * every token of the batch.
  *
  * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
  * be called from any thread; a kn_act_t is used by one caller at a time.
@@ -87,6 +91,8 @@ void kn_quant_row(kn_wtype_t t, const float *src, void *dst, int64_t n);
  *               (the SIMD lane layout: 8 copies per block)
  *   s16         (n_tok, d_pad / 16) d * sum(q) per 16 codes (the q4_K /
  *               q5_K min terms)
+ *   d32, s32    (n_tok, d_pad / 32) d and d * sum(q) per block of 32 (the
+ *               GEMV's compact forms of dl and s16)
  *   have_q8     whether the 8-bit form is made (lazily, by kn_matmul_w)
  * buf is caller scratch of kn_act_bytes(n_tok, d_in) bytes, any alignment. */
 typedef struct kn_act {
@@ -95,6 +101,7 @@ typedef struct kn_act {
     int8_t *q;
     float *dl;
     float *s16;
+    float *d32, *s32;
     int have_q8;
 } kn_act_t;
 
