@@ -21,14 +21,13 @@
  * multiply the f32 activations as they are (FMA); F32 weights use
  * kn_cpu_matmul().
  *
- * Decode (n_tok 1 to 4) reads each weight byte once and splits rows over
- * the kernel thread team; on the SIMD levels it unpacks each 256-column
- * piece of a row in registers (nibble masks and shifts) and feeds the
- * codes straight to the integer dots of every token, one f32 scale per
- * block of 32 (the GEMV: memory-bound on q4_K). Larger batches run a tile
- * of 4 weight rows x 4 tokens per micro-kernel over 1024-column slices
- * decoded once per slice, so a weight block is unpacked once per 4 rows x
- * every token of the batch.
+ * Products read each weight byte once and split rows over the kernel
+ * thread team. On the SIMD levels a Q row is unpacked 256 columns at a
+ * time in registers (nibble masks and shifts) and the codes go straight
+ * to the integer dots of every token of the batch, one f32 scale per
+ * block of 32 (memory-bound at decode on q4_K); a row's result for a
+ * token is the same whatever the batch. The C level decodes 4-row tiles
+ * into a buffer; F16 / BF16 run 4 rows x 4 tokens per micro-kernel.
  *
  * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
  * be called from any thread; a kn_act_t is used by one caller at a time.
