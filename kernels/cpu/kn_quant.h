@@ -87,7 +87,8 @@ void kn_quant_row(kn_wtype_t t, const float *src, void *dst, int64_t n);
  *   q           (n_tok, d_pad) int8 codes, round(x / d) with d = absmax / 127
  *               per block of 32; zero past d_in
  *   dl          (n_tok, d_pad / 4) the block scale d of every 4 codes
- *               (the SIMD lane layout: 8 copies per block)
+ *               (8 copies per block: the C tiles' and the reference's
+ *               layout)
  *   s16         (n_tok, d_pad / 16) d * sum(q) per 16 codes (the q4_K /
  *               q5_K min terms)
  *   d32, s32    (n_tok, d_pad / 32) d and d * sum(q) per block of 32 (the
