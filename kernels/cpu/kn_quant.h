@@ -89,8 +89,8 @@ void kn_quant_row(kn_wtype_t t, const float *src, void *dst, int64_t n);
  *   dl          (n_tok, d_pad / 4) the block scale d of every 4 codes
  *               (8 copies per block: the C tiles' and the reference's
  *               layout)
- *   s16         (n_tok, d_pad / 16) d * sum(q) per 16 codes (the q4_K /
- *               q5_K min terms)
+ *   s16         (n_tok, d_pad / 16) d * sum(q) per 16 codes (the C
+ *               tiles' min terms, the GEMV's q6_K offsets)
  *   d32, s32    (n_tok, d_pad / 32) d and d * sum(q) per block of 32 (the
  *               GEMV's compact forms of dl and s16)
  *   have_q8     whether the 8-bit form is made (lazily, by kn_matmul_w)
