@@ -613,9 +613,10 @@ act_pad(int32_t d_in)
 size_t
 kn_act_bytes(int32_t n_tok, int32_t d_in)
 {
-    size_t per = (size_t)act_pad(d_in); /* codes 1 + dl 1 + s16 1/4 + bf 2 bytes per column */
+    /* codes 1 + dl 1 + s16 1/4 + d32 1/8 + s32 1/8 bytes per column */
+    size_t per = (size_t)act_pad(d_in);
 
-    return (size_t)n_tok * (per + per + per / 4 + 2 * per) + 4 * 64;
+    return (size_t)n_tok * (per + per + per / 4 + per / 4) + 5 * 64;
 }
 
 static void *
@@ -640,14 +641,16 @@ kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf)
     a->q = act_carve(&p, n);
     a->dl = act_carve(&p, n);
     a->s16 = act_carve(&p, n / 4);
-    a->bf = act_carve(&p, 2 * n);
-    a->have_q8 = a->have_bf = 0;
+    a->d32 = act_carve(&p, n / 8);
+    a->s32 = act_carve(&p, n / 8);
+    a->have_q8 = 0;
 }
 
 /* One token's 8-bit form: per block of 32, d = absmax / 127 and
  * q = round-half-even(x / d) (x * (1 / d), as ggml's q8 quantizers). */
 static void
-act_q8_row(const float *x, int32_t d_in, int32_t d_pad, int8_t *q, float *dl, float *s16)
+act_q8_row(const float *x, int32_t d_in, int32_t d_pad, int8_t *q, float *dl, float *s16,
+           float *d32, float *s32)
 {
     for (int32_t b = 0; b < d_pad / 32; b++) {
         int32_t n = d_in - 32 * b < 32 ? d_in - 32 * b : 32;
@@ -671,6 +674,8 @@ act_q8_row(const float *x, int32_t d_in, int32_t d_pad, int8_t *q, float *dl, fl
         }
         s16[2 * b] = d * (float)sum[0];
         s16[2 * b + 1] = d * (float)sum[1];
+        d32[b] = d;
+        s32[b] = d * (float)(sum[0] + sum[1]);
     }
 }
 
@@ -684,26 +689,9 @@ kn_act_quantize_q8(kn_act_t *a)
         size_t o = (size_t)t * a->d_pad;
 
         act_q8_row(a->x + (size_t)t * a->d_in, a->d_in, a->d_pad, a->q + o, a->dl + o / 4,
-                   a->s16 + o / 16);
+                   a->s16 + o / 16, a->d32 + o / 32, a->s32 + o / 32);
     }
     a->have_q8 = 1;
-}
-
-void
-kn_act_quantize_bf16(kn_act_t *a)
-{
-    if (a->have_bf) {
-        return;
-    }
-    for (int32_t t = 0; t < a->n_tok; t++) {
-        const float *x = a->x + (size_t)t * a->d_in;
-        uint16_t *o = a->bf + (size_t)t * a->d_pad;
-
-        for (int32_t i = 0; i < a->d_pad; i++) {
-            o[i] = i < a->d_in ? kn_f32_to_bf16(x[i]) : 0;
-        }
-    }
-    a->have_bf = 1;
 }
 
 /* ---- reference ----------------------------------------------------------- */
@@ -731,8 +719,6 @@ kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float
     kn_act_init(&a, x, n_tok, d_in, buf);
     if (wtype_is_q(w->type)) {
         kn_act_quantize_q8(&a);
-    } else if (w->type == KN_W_BF16) {
-        kn_act_quantize_bf16(&a);
     }
     for (int32_t o = 0; o < d_out; o++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
@@ -744,13 +730,9 @@ kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float
             size_t xo = (size_t)t * a.d_pad;
             double acc = 0.0;
 
-            if (w->type == KN_W_F16) {
+            if (!wtype_is_q(w->type)) { /* f16, bf16: w * x, exact in double */
                 for (int32_t i = 0; i < d_in; i++) {
                     acc += (double)wrow[i] * x[(size_t)t * d_in + i];
-                }
-            } else if (w->type == KN_W_BF16) {
-                for (int32_t i = 0; i < d_in; i++) {
-                    acc += (double)wrow[i] * kn_bf16_to_f32(a.bf[xo + i]);
                 }
             } else {
                 for (int32_t j = 0; j < d_in / 32; j++) {
@@ -867,8 +849,6 @@ kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int 
     }
     if (wtype_is_q(w->type)) {
         kn_act_quantize_q8(a);
-    } else if (w->type == KN_W_BF16) {
-        kn_act_quantize_bf16(a);
     }
     if (nt <= 1 || w->rows < 32) {
         j.fn(a, w, bias, y, accumulate, 0, w->rows);

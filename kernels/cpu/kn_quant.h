@@ -16,15 +16,18 @@
  *   dot(row, x) = sum over 16-groups h of  dx_h * (a_h * sum_h(s * xq))
  *                                        + c_h * (dx_h * sum_h(xq))
  *
- * where xq, dx are the activation's codes and block scale. BF16 weights
- * multiply bf16-rounded activations (vdpbf16ps on AVX512-BF16, exact
- * products in f32 elsewhere); F16 weights are converted to f32 (F16C) and
- * multiply the f32 activations; F32 weights use kn_cpu_matmul().
+ * where xq, dx are the activation's codes and block scale. F16 and BF16
+ * weights are widened to f32 in registers (F16C; a 16-bit shift) and
+ * multiply the f32 activations as they are (FMA); F32 weights use
+ * kn_cpu_matmul().
  *
- * Decode (n_tok = 1) reads each weight byte once and splits rows over the
- * kernel thread team; batches run a tile of 4 weight rows x 4 tokens per
- * micro-kernel over 1024-column slices decoded once per slice, so a weight
- * block is unpacked once per 4 rows x every token of the batch.
+ * Products read each weight byte once and split rows over the kernel
+ * thread team. On the SIMD levels a Q row is unpacked 256 columns at a
+ * time in registers (nibble masks and shifts) and the codes go straight
+ * to the integer dots of every token of the batch, one f32 scale per
+ * block of 32 (memory-bound at decode on q4_K); a row's result for a
+ * token is the same whatever the batch. The C level decodes 4-row tiles
+ * into a buffer; F16 / BF16 run 4 rows x 4 tokens per micro-kernel.
  *
  * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
  * be called from any thread; a kn_act_t is used by one caller at a time.
@@ -84,11 +87,13 @@ void kn_quant_row(kn_wtype_t t, const float *src, void *dst, int64_t n);
  *   q           (n_tok, d_pad) int8 codes, round(x / d) with d = absmax / 127
  *               per block of 32; zero past d_in
  *   dl          (n_tok, d_pad / 4) the block scale d of every 4 codes
- *               (the SIMD lane layout: 8 copies per block)
- *   s16         (n_tok, d_pad / 16) d * sum(q) per 16 codes (the q4_K /
- *               q5_K min terms)
- *   bf          (n_tok, d_pad) x rounded to bf16, zero past d_in
- *   have_q8, have_bf  which forms are made (lazily, by kn_matmul_w)
+ *               (8 copies per block: the C tiles' and the reference's
+ *               layout)
+ *   s16         (n_tok, d_pad / 16) d * sum(q) per 16 codes (the C
+ *               tiles' min terms, the GEMV's q6_K offsets)
+ *   d32, s32    (n_tok, d_pad / 32) d and d * sum(q) per block of 32 (the
+ *               GEMV's compact forms of dl and s16)
+ *   have_q8     whether the 8-bit form is made (lazily, by kn_matmul_w)
  * buf is caller scratch of kn_act_bytes(n_tok, d_in) bytes, any alignment. */
 typedef struct kn_act {
     const float *x;
@@ -96,25 +101,24 @@ typedef struct kn_act {
     int8_t *q;
     float *dl;
     float *s16;
-    uint16_t *bf;
-    int have_q8, have_bf;
+    float *d32, *s32;
+    int have_q8;
 } kn_act_t;
 
 size_t kn_act_bytes(int32_t n_tok, int32_t d_in);
 void kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf);
-/* Makes the 8-bit (kn_act_quantize_q8) or bf16 form now; idempotent.
- * kn_matmul_w() calls them on first use. */
+/* Makes the 8-bit form now; idempotent. kn_matmul_w() calls it on first
+ * use by a Q weight. */
 void kn_act_quantize_q8(kn_act_t *a);
-void kn_act_quantize_bf16(kn_act_t *a);
 
 /* y (n_tok, w->rows) = x W^T (+ bias) (+ y when accumulate); w->cols ==
  * a->d_in; y must not alias x. F32 calls kn_cpu_matmul(). Allocates
  * nothing; splits rows over the kernel thread team when large enough. */
 void kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int accumulate);
-/* Scalar reference of the same arithmetic: the same 8-bit activations
- * (or bf16 activations for BF16), exact integer block dots, then the
- * same f32 products of scales (a_h * dx, c_h * s16), all accumulated in
- * double. F16 and F32 accumulate w * x in double. The fast path differs
+/* Scalar reference of the same arithmetic: the same 8-bit activations,
+ * exact integer block dots, then the same f32 products of scales (a_h *
+ * dx, c_h * s16), all accumulated in double. F16, BF16 and F32
+ * accumulate w * x (the f32 activations) in double. The fast path differs
  * only by the order and f32 rounding of its sums. Allocates. */
 void kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float *bias,
                      float *y, int accumulate);

@@ -1,12 +1,11 @@
 /* kn_quant_int.h - internals shared by kn_quant.c (formats, reference,
  * dispatch) and kn_quant_simd.c (the per-ISA weight kernels).
  *
- * The SIMD kernels read a weight row through 256-column slices decoded
+ * The C kernels read a weight row through 256-column slices decoded
  * into kn_qdec_t: value = a4[i / 4] * s[i] + c16[i / 16] for column i of
- * the slice (a4 holds each 16-group's scale four times: the 32-bit lane
- * layout of the integer dot products, one lane per 4 codes). s holds
- * signed codes from the C decoder and, from the SIMD decoders, unsigned
- * ones (bytes 0..255) with the zero points in c16 (kn_quant_body.inc).
+ * the slice (a4 holds each 16-group's scale four times, one per 4 codes),
+ * s the signed codes of the reference. The SIMD kernels decode in
+ * registers instead (kn_quant_body.inc).
  *
  * Thread: constant tables; the row functions work on the rows they are
  * given, single-threaded.
@@ -27,8 +26,8 @@ typedef struct kn_qdec {
 } kn_qdec_t;
 
 /* Rows [r0, r1) of y (a->n_tok, w->rows) = x W^T, plus bias, plus y when
- * accumulate, for every type but F32. The 8-bit (Q types) or bf16 (BF16)
- * form of a must be made. One per ISA level. */
+ * accumulate, for every type but F32. The 8-bit form of a must be made
+ * for the Q types. One per ISA level. */
 typedef void (*kn_qrows_fn)(const kn_act_t *a, const kn_weight_t *w, const float *bias, float *y,
                             int accumulate, int32_t r0, int32_t r1);
 
