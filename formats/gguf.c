@@ -57,9 +57,8 @@ typedef struct cursor {
     size_t left;
 } cursor_t;
 
-/* Size of one element of a scalar type, 0 for string/array/unknown. */
-static size_t
-scalar_size(uint32_t t)
+size_t
+gguf_scalar_size(uint32_t t)
 {
     switch (t) {
     case GGUF_TYPE_UINT8:
@@ -163,7 +162,7 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
         return ST_OK;
     }
     if (kv->type != GGUF_TYPE_ARRAY) {
-        esz = scalar_size(kv->type);
+        esz = gguf_scalar_size(kv->type);
         if (esz == 0) {
             fmt_seterr(err, errlen, "key '%s': unknown value type %u", kv->key,
                        (unsigned)kv->type);
@@ -205,7 +204,7 @@ parse_value(gguf_file_t *g, cursor_t *c, gguf_kv_t *kv, char *err, size_t errlen
         }
         return ST_OK;
     }
-    esz = scalar_size(et);
+    esz = gguf_scalar_size(et);
     if (esz == 0) {
         fmt_seterr(err, errlen, "key '%s': unsupported array element type %u", kv->key,
                    (unsigned)et);
@@ -567,10 +566,11 @@ kv_int(const gguf_kv_t *kv, int *neg, uint64_t *mag)
     } v;
     int64_t s;
 
-    if (kv->type == GGUF_TYPE_STRING || kv->type == GGUF_TYPE_ARRAY || scalar_size(kv->type) == 0) {
+    if (kv->type == GGUF_TYPE_STRING || kv->type == GGUF_TYPE_ARRAY ||
+        gguf_scalar_size(kv->type) == 0) {
         return 0; /* val may sit at the very end of the buffer: read nothing */
     }
-    memcpy(&v, kv->val, scalar_size(kv->type));
+    memcpy(&v, kv->val, gguf_scalar_size(kv->type));
     switch (kv->type) {
     case GGUF_TYPE_UINT8:
         *neg = 0, *mag = v.u8;

@@ -116,6 +116,9 @@ const gguf_tensor_t *gguf_tensor(const gguf_file_t *g, int64_t i);
 /* NULL if absent. */
 const gguf_tensor_t *gguf_find_tensor(const gguf_file_t *g, const char *name);
 
+/* Bytes of one value of a scalar metadata type; 0 for string, array or
+ * unknown. */
+size_t gguf_scalar_size(uint32_t t);
 /* "F32", "Q8_0", ... or "unknown". */
 const char *gguf_tensor_type_name(uint32_t type);
 

@@ -90,30 +90,6 @@ bb_str(bbuf_t *b, const char *s, size_t n)
     bb_put(b, s, n);
 }
 
-static size_t
-scalar_bytes(gguf_type_t t)
-{
-    switch (t) {
-    case GGUF_TYPE_UINT8:
-    case GGUF_TYPE_INT8:
-    case GGUF_TYPE_BOOL:
-        return 1;
-    case GGUF_TYPE_UINT16:
-    case GGUF_TYPE_INT16:
-        return 2;
-    case GGUF_TYPE_UINT32:
-    case GGUF_TYPE_INT32:
-    case GGUF_TYPE_FLOAT32:
-        return 4;
-    case GGUF_TYPE_UINT64:
-    case GGUF_TYPE_INT64:
-    case GGUF_TYPE_FLOAT64:
-        return 8;
-    default:
-        return 0;
-    }
-}
-
 int
 gguf_w_create(const char *path, gguf_writer_t **out, char *err, size_t errlen)
 {
@@ -185,7 +161,7 @@ set_scalar(gguf_writer_t *w, const char *key, gguf_type_t type, const void *v)
 {
     bbuf_t b = {0};
 
-    bb_put(&b, v, scalar_bytes(type));
+    bb_put(&b, v, gguf_scalar_size(type));
     set_kv(w, key, type, b.p, b.len);
 }
 
@@ -229,7 +205,7 @@ gguf_w_set_arr(gguf_writer_t *w, const char *key, gguf_type_t elem_type, const v
                uint64_t n)
 {
     bbuf_t b = {0};
-    size_t esz = scalar_bytes(elem_type);
+    size_t esz = gguf_scalar_size(elem_type);
 
     CHECK(esz > 0);
     bb_u32(&b, (uint32_t)elem_type);
