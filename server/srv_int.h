@@ -114,6 +114,25 @@ typedef struct srv_limits {
     int32_t kv_window;      /* --kv-policy window (0: full): requests may pass the context */
 } srv_limits_t;
 
+/* Structured output: what a request's output must follow. The request
+ * parser sets it from response_format / structured_outputs / grammar /
+ * json_schema; tool calling sets it to the schema of its call format
+ * (tool_choice "required" or a named function); the Responses API from
+ * text.format. The constrained-decoding engine compiles it. */
+typedef enum srv_constraint_kind {
+    SRV_CONSTRAINT_NONE = 0,
+    SRV_CONSTRAINT_JSON_OBJECT, /* any JSON object; spec NULL */
+    SRV_CONSTRAINT_JSON_SCHEMA, /* spec: the JSON Schema, as JSON text */
+    SRV_CONSTRAINT_GBNF,        /* spec: a llama.cpp GBNF grammar */
+    SRV_CONSTRAINT_REGEX,       /* spec: a regular expression */
+    SRV_CONSTRAINT_CHOICE,      /* spec: a JSON array of strings */
+} srv_constraint_kind_t;
+
+typedef struct srv_constraint {
+    int kind;   /* srv_constraint_kind_t */
+    char *spec; /* owned, NUL-terminated; NULL for NONE and JSON_OBJECT */
+} srv_constraint_t;
+
 typedef struct srv_params {
     int kind;
     int32_t n_prompts;
@@ -144,6 +163,7 @@ typedef struct srv_params {
     /* Extension "kv_policy": "full" (kv_window -1) or "sink=S,window=W";
      * absent: 0, the server's --kv-policy. */
     int32_t kv_sink, kv_window;
+    srv_constraint_t constraint; /* SRV_CONSTRAINT_NONE unless asked for */
 } srv_params_t;
 
 /* Parses and validates a request body of the given kind against the

@@ -33,6 +33,7 @@ srv_params_free(srv_params_t *p)
     for (int32_t i = 0; i < p->n_stop; i++) {
         free(p->stop[i]);
     }
+    free(p->constraint.spec);
     memset(p, 0, sizeof(*p));
 }
 
