@@ -6,7 +6,9 @@
  * embedded vocabulary). With --text the ids of that text are printed as
  * one JSON array; otherwise every stdin line must be a JSON string and one
  * array per line is printed (flushed line by line, so it can be driven
- * interactively).
+ * interactively). A stdin string is tokenized whole, an escaped NUL
+ * ("\u0000") included: cJSON validates the line, and json_string_bytes()
+ * decodes it with its length (cJSON's valuestring ends at the first NUL).
  */
 #define LOG_MODULE "tokenize"
 
@@ -96,6 +98,110 @@ load_tokenizer(const char *path, tok_tokenizer_t **out)
     return 0;
 }
 
+static int
+hex4(const char *p, unsigned *v)
+{
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        unsigned d = c >= '0' && c <= '9'   ? (unsigned)(c - '0')
+                     : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
+                     : c >= 'A' && c <= 'F' ? (unsigned)(c - 'A' + 10)
+                                            : 16u;
+        if (d == 16u) {
+            return 0;
+        }
+        *v = *v * 16 + d;
+    }
+    return 1;
+}
+
+static size_t
+utf8_put(char *o, unsigned cp)
+{
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (char)(0xC0 | (cp >> 6));
+        o[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (char)(0xE0 | (cp >> 12));
+        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        o[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | (cp >> 18));
+    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    o[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* The bytes of the JSON string literal that line[0..n) holds (white space
+ * around it allowed; the caller has had cJSON validate the line), with
+ * their length, so an escaped NUL does not end the text. *out is malloc'd
+ * (the decoded text is never longer than the literal). Returns 0 on a
+ * malformed literal. A lone surrogate escape becomes U+FFFD. */
+static int
+json_string_bytes(const char *line, size_t n, char **out, size_t *len)
+{
+    size_t i = 0, k = 0;
+    char *o;
+
+    while (i < n && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n')) {
+        i++;
+    }
+    if (i >= n || line[i] != '"') {
+        return 0;
+    }
+    i++;
+    o = xmalloc(n + 1);
+    while (i < n && line[i] != '"') {
+        char c = line[i++];
+        if (c != '\\') {
+            o[k++] = c;
+            continue;
+        }
+        if (i >= n) {
+            break;
+        }
+        c = line[i++];
+        if (c == 'u') {
+            unsigned cp, lo;
+            if (i + 4 > n || !hex4(line + i, &cp)) {
+                free(o);
+                return 0;
+            }
+            i += 4;
+            if (cp >= 0xD800 && cp < 0xDC00 && i + 6 <= n && line[i] == '\\' &&
+                line[i + 1] == 'u' && hex4(line + i + 2, &lo) && lo >= 0xDC00 && lo < 0xE000) {
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                i += 6;
+            } else if (cp >= 0xD800 && cp < 0xE000) {
+                cp = 0xFFFD;
+            }
+            k += utf8_put(o + k, cp);
+            continue;
+        }
+        static const char esc[] = "b\bf\fn\nr\rt\t";
+        const char *e = strchr(esc, c);
+        /* '"', '\\' and '/' stand for themselves. */
+        o[k++] = e != NULL && (e - esc) % 2 == 0 ? e[1] : c;
+    }
+    if (i >= n) {
+        free(o);
+        return 0;
+    }
+    o[k] = '\0';
+    *out = o;
+    *len = k;
+    return 1;
+}
+
 /* Prints the ids of text[0..len) as a JSON array line. */
 static int
 print_ids(const tok_tokenizer_t *t, const char *text, size_t len, int flags)
@@ -171,7 +277,16 @@ cmd_tokenize(int argc, char **argv)
             status = 1;
             break;
         }
-        status = print_ids(t, j->valuestring, strlen(j->valuestring), flags);
+        char *text_b = NULL;
+        size_t text_n = 0;
+        if (!json_string_bytes(line, (size_t)n, &text_b, &text_n)) {
+            fprintf(stderr, "kvserve tokenize: stdin line %ld is not a JSON string\n", lineno);
+            cJSON_Delete(j);
+            status = 1;
+            break;
+        }
+        status = print_ids(t, text_b, text_n, flags);
+        free(text_b);
         cJSON_Delete(j);
         fflush(stdout);
         if (status != 0) {

@@ -38,6 +38,11 @@ check "special parsed" "[1,1,781]" "$("$kvs" tokenize --model "$dir" --text "<s>
 got=$(printf '"Emma"\n""\n"<s>"\n' | "$kvs" tokenize --model "$dir" --no-special)
 want=$(printf '[781]\n[]\n[%s]' "$("$kvs" tokenize --model "$dir" --no-special --text "<s>" | tr -d '[]')")
 check "stdin lines" "$want" "$got"
+# An escaped NUL is part of the text (it was cut there): "a", <0x00>, "b".
+check "stdin embedded NUL" "[326,3,280]" \
+    "$(printf '"a\\u0000b"\n' | "$kvs" tokenize --model "$dir" --no-special)"
+check "stdin surrogate pair" "$("$kvs" tokenize --model "$dir" --text "$(printf '\360\237\230\200!')")" \
+    "$(printf '"\\ud83d\\ude00!"\n' | "$kvs" tokenize --model "$dir")"
 printf 'not json\n' | "$kvs" tokenize --model "$dir" >/dev/null 2>&1
 check "stdin not a JSON string" 1 $?
 
