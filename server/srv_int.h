@@ -299,6 +299,9 @@ typedef struct srv_metrics {
 } srv_metrics_t;
 
 void srv_metrics_init(srv_metrics_t *m, int32_t n_tenants, const char *const *names);
+/* Appends s as a Prometheus label value (without the quotes): backslash,
+ * double quote and line feed escaped; out is NUL-terminated after. */
+void srv_prom_label_escape(srv_buf_t *out, const char *s);
 /* Formats loop-side metrics and, when st is not NULL, the engine's. */
 void srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *model_name,
                         srv_buf_t *out);

@@ -3,6 +3,8 @@
  * Names follow vLLM's (vllm:num_requests_running, ...) with a kvserve:
  * prefix. Latency histograms (TTFT, inter-token, end-to-end) and token
  * counters carry a tenant label; engine gauges come from a STATS reply.
+ * Label values (the model name, tenant names) are escaped as the text
+ * format asks: backslash, double quote and line feed as \\, \" and \n.
  * Loop thread (pure formatting).
  */
 #include <stdio.h>
@@ -87,10 +89,40 @@ header(srv_buf_t *out, const char *name, const char *type, const char *help)
 }
 
 void
-srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *model_name,
+srv_prom_label_escape(srv_buf_t *out, const char *s)
+{
+    for (; *s != '\0'; s++) {
+        if (*s == '\\') {
+            srv_buf_adds(out, "\\\\");
+        } else if (*s == '"') {
+            srv_buf_adds(out, "\\\"");
+        } else if (*s == '\n') {
+            srv_buf_adds(out, "\\n");
+        } else {
+            srv_buf_add(out, s, 1);
+        }
+    }
+    srv_buf_add(out, "", 0);
+}
+
+void
+srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *model_name_raw,
                    srv_buf_t *out)
 {
     char lab[160];
+    /* Every label value below is printed escaped. */
+    srv_buf_t mn = {0}, tnb[ENG_MAX_TENANTS] = {{0}};
+    const char *tenant_names[ENG_MAX_TENANTS];
+    const char *model_name;
+
+    srv_prom_label_escape(&mn, model_name_raw);
+    model_name = mn.data != NULL ? mn.data : "";
+    for (int32_t t = 0; t < m->n_tenants && t < ENG_MAX_TENANTS; t++) {
+        srv_prom_label_escape(&tnb[t], m->tenant_names[t]);
+        tenant_names[t] = tnb[t].data != NULL ? tnb[t].data : "";
+        out->oom |= tnb[t].oom;
+    }
+    out->oom |= mn.oom;
 
     if (st != NULL) {
         header(out, "kvserve:num_requests_running", "gauge", "Requests running on the engine.");
@@ -160,7 +192,7 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
         header(out, "kvserve:tenant_requests", "gauge", "Engine requests per tenant and queue.");
         for (uint32_t t = 0; t < st->n_tenants && t < (uint32_t)m->n_tenants; t++) {
             const eng_tenant_stats_t *ts = &st->tenant[t];
-            const char *tn = m->tenant_names[t];
+            const char *tn = tenant_names[t];
             srv_buf_printf(out,
                            "kvserve:tenant_requests{tenant=\"%s\",queue=\"running\"} %u\n"
                            "kvserve:tenant_requests{tenant=\"%s\",queue=\"waiting\"} %u\n"
@@ -169,25 +201,25 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
         }
         header(out, "kvserve:tenant_kv_blocks", "gauge", "Device KV blocks held per tenant.");
         for (uint32_t t = 0; t < st->n_tenants && t < (uint32_t)m->n_tenants; t++) {
-            srv_buf_printf(out, "kvserve:tenant_kv_blocks{tenant=\"%s\"} %u\n", m->tenant_names[t],
+            srv_buf_printf(out, "kvserve:tenant_kv_blocks{tenant=\"%s\"} %u\n", tenant_names[t],
                            st->tenant[t].kv_blocks);
         }
     }
 
     header(out, "kvserve:prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
-        srv_buf_printf(out, "kvserve:prompt_tokens_total{tenant=\"%s\"} %llu\n", m->tenant_names[t],
+        srv_buf_printf(out, "kvserve:prompt_tokens_total{tenant=\"%s\"} %llu\n", tenant_names[t],
                        (unsigned long long)m->tenant[t].prompt_tokens);
     }
     header(out, "kvserve:generation_tokens_total", "counter", "Generated tokens.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
         srv_buf_printf(out, "kvserve:generation_tokens_total{tenant=\"%s\"} %llu\n",
-                       m->tenant_names[t], (unsigned long long)m->tenant[t].generation_tokens);
+                       tenant_names[t], (unsigned long long)m->tenant[t].generation_tokens);
     }
     header(out, "kvserve:request_success_total", "counter", "Finished requests by finish reason.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
         const srv_tenant_metrics_t *tm = &m->tenant[t];
-        const char *tn = m->tenant_names[t];
+        const char *tn = tenant_names[t];
         srv_buf_printf(
             out,
             "kvserve:request_success_total{tenant=\"%s\",finished_reason=\"stop\"} %llu\n"
@@ -204,22 +236,22 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
            "Requests refused with 429 because a queue was full.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
         srv_buf_printf(out, "kvserve:requests_rejected_total{tenant=\"%s\"} %llu\n",
-                       m->tenant_names[t], (unsigned long long)m->tenant[t].rejected);
+                       tenant_names[t], (unsigned long long)m->tenant[t].rejected);
     }
     header(out, "kvserve:time_to_first_token_seconds", "histogram", "Time to first token.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
-        snprintf(lab, sizeof(lab), "tenant=\"%s\"", m->tenant_names[t]);
+        snprintf(lab, sizeof(lab), "tenant=\"%s\"", tenant_names[t]);
         srv_hist_format(&m->tenant[t].ttft, "kvserve:time_to_first_token_seconds", lab, out);
     }
     header(out, "kvserve:inter_token_latency_seconds", "histogram",
            "Time between consecutive output tokens.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
-        snprintf(lab, sizeof(lab), "tenant=\"%s\"", m->tenant_names[t]);
+        snprintf(lab, sizeof(lab), "tenant=\"%s\"", tenant_names[t]);
         srv_hist_format(&m->tenant[t].itl, "kvserve:inter_token_latency_seconds", lab, out);
     }
     header(out, "kvserve:e2e_request_latency_seconds", "histogram", "End-to-end request latency.");
     for (int32_t t = 0; t < m->n_tenants; t++) {
-        snprintf(lab, sizeof(lab), "tenant=\"%s\"", m->tenant_names[t]);
+        snprintf(lab, sizeof(lab), "tenant=\"%s\"", tenant_names[t]);
         srv_hist_format(&m->tenant[t].e2e, "kvserve:e2e_request_latency_seconds", lab, out);
     }
     header(out, "kvserve:http_requests_total", "counter",
@@ -241,4 +273,8 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
     srv_buf_printf(out, "kvserve:open_connections %u\n", m->open_connections);
     header(out, "kvserve:requests_in_flight", "gauge", "Generation requests in flight.");
     srv_buf_printf(out, "kvserve:requests_in_flight %u\n", m->in_flight);
+    srv_buf_free(&mn);
+    for (int32_t t = 0; t < m->n_tenants && t < ENG_MAX_TENANTS; t++) {
+        srv_buf_free(&tnb[t]);
+    }
 }

@@ -107,6 +107,111 @@ START_TEST(test_metrics_text)
 }
 END_TEST
 
+/* Parses one sample line as the Prometheus text format defines it:
+ * name, optional {label="value",...} where a value may hold only the
+ * escapes \\, \" and \n, a space, a number. Returns the unescaped
+ * model_name label value in mn (or "" without one). */
+static int
+parse_sample(const char *line, const char *end, char *mn, size_t cap)
+{
+    const char *p = line;
+
+    mn[0] = '\0';
+    while (p < end && *p != '{' && *p != ' ') {
+        p++;
+    }
+    if (p < end && *p == '{') {
+        p++;
+        while (p < end && *p != '}') {
+            const char *k = p;
+            while (p < end && *p != '=') {
+                p++;
+            }
+            if (p + 1 >= end || p[1] != '"') {
+                return 0;
+            }
+            int is_mn = (size_t)(p - k) == 10 && strncmp(k, "model_name", 10) == 0;
+            size_t n = 0;
+            p += 2;
+            while (p < end && *p != '"') {
+                char c = *p++;
+                if (c == '\\') {
+                    if (p >= end || (*p != '\\' && *p != '"' && *p != 'n')) {
+                        return 0;
+                    }
+                    c = *p == 'n' ? '\n' : *p;
+                    p++;
+                }
+                if (is_mn && n + 1 < cap) {
+                    mn[n++] = c;
+                    mn[n] = '\0';
+                }
+            }
+            if (p >= end) {
+                return 0;
+            }
+            p++; /* closing quote */
+            if (p < end && *p == ',') {
+                p++;
+            }
+        }
+        if (p >= end) {
+            return 0;
+        }
+        p++;
+    }
+    if (p >= end || *p != ' ') {
+        return 0;
+    }
+    char *vend;
+    strtod(p + 1, &vend);
+    return vend == end;
+}
+
+/* A model name with a quote, a backslash and a line feed (served-model-name
+ * takes any text) used to break the exposition: the label values are
+ * escaped, and parse back to the name. */
+START_TEST(test_metrics_label_escape)
+{
+    const char *names[] = {"default"};
+    const char *model = "we\"ird\\name\nx";
+    srv_metrics_t m;
+    eng_stats_t st;
+    srv_buf_t b = {0};
+    int n_model = 0;
+
+    srv_metrics_init(&m, 1, names);
+    memset(&st, 0, sizeof(st));
+    st.n_tenants = 1;
+    st.kv_block_tokens = 16;
+    st.kv_block_bytes = 16;
+    st.kv_block_bytes_f32 = 16;
+    snprintf(st.kv_dtype, sizeof(st.kv_dtype), "f32");
+    srv_metrics_format(&m, &st, model, &b);
+    ck_assert(!b.oom);
+    for (const char *line = b.data; *line;) {
+        const char *end = strchr(line, '\n');
+        char mn[64];
+        ck_assert(end != NULL);
+        if (line[0] != '#') {
+            ck_assert_msg(parse_sample(line, end, mn, sizeof(mn)), "bad line: %.*s",
+                          (int)(end - line), line);
+            if (mn[0] != '\0') {
+                ck_assert_str_eq(mn, model);
+                n_model++;
+            }
+        }
+        line = end + 1;
+    }
+    ck_assert_int_ge(n_model, 5);
+    srv_buf_free(&b);
+
+    srv_prom_label_escape(&b, "a\"b\\c\nd");
+    ck_assert_str_eq(b.data, "a\\\"b\\\\c\\nd");
+    srv_buf_free(&b);
+}
+END_TEST
+
 Suite *
 server_metrics_suite(void)
 {
@@ -115,6 +220,7 @@ server_metrics_suite(void)
 
     tcase_add_test(tc, test_hist_cumulative);
     tcase_add_test(tc, test_metrics_text);
+    tcase_add_test(tc, test_metrics_label_escape);
     suite_add_tcase(s, tc);
     return s;
 }
