@@ -404,17 +404,63 @@ job_done(srv_gen_t *g, srv_job_t *job)
 
 /* ---- outbox messages --------------------------------------------------------- */
 
-/* A token of stop_token_ids ends its choice and, as in vLLM, is not part of
- * the text (EOS is special and skipped by the detokenizer anyway). */
+/* A token that may end its choice: EOS (unless ignore_eos) or one of
+ * stop_token_ids, once min_tokens are out (n_generated counts it). As in
+ * vLLM, the token that stops a choice is not part of its text, whatever
+ * skip_special_tokens says; the engine names it in FINISHED.stop_token,
+ * which arrives with its DELTA (one outbox batch), so on_delta holds such
+ * a token back and on_finished (or the next DELTA) settles it. */
 static int
-is_stop_id(const srv_params_t *p, int32_t token)
+maybe_stop(const srv_gen_t *g, int32_t token, int32_t n_generated)
 {
+    const srv_params_t *p = &g->p;
+
+    if (n_generated < p->min_tokens) {
+        return 0;
+    }
     for (int32_t i = 0; i < p->n_stop_ids; i++) {
         if (p->stop_ids[i] == token) {
             return 1;
         }
     }
-    return 0;
+    if (p->ignore_eos) {
+        return 0;
+    }
+    if (g->s->model != NULL) {
+        const mdl_config_t *mc = mdl_model_config(g->s->model);
+        for (int32_t i = 0; i < mc->n_eos; i++) {
+            if (mc->eos_ids[i] == token) {
+                return 1;
+            }
+        }
+    }
+    return tok_eos_id(g->s->tok) == token;
+}
+
+/* Detokenizes token into the choice's stream and its stop matcher, which
+ * appends what it releases to piece. Returns 1 when a stop string matched.
+ * A token's text is not bounded (an added token may be long): a piece too
+ * long for the stack buffer is decoded into a heap one. Out of memory
+ * shows as a failed fallible allocation (the caller's mark). */
+static int
+choice_push(srv_gen_t *g, srv_choice_t *ch, int32_t token, srv_buf_t *piece)
+{
+    char tb[256], *big = NULL;
+    const char *text = tb;
+    int n = tok_stream_push(&ch->ds, token, tb, sizeof(tb));
+    int matched;
+
+    if (n == ST_ERANGE) {
+        size_t len = 0;
+        (void)tok_token_piece(g->s->tok, token, &len);
+        size_t cap = len + sizeof(ch->ds.pending) + 1;
+        big = xmalloc_try(cap);
+        n = big != NULL ? tok_stream_push(&ch->ds, token, big, cap) : ST_ENOMEM;
+        text = big;
+    }
+    matched = srv_stop_feed(&ch->stop, text, n > 0 ? (size_t)n : 0, piece);
+    free(big);
+    return matched;
 }
 
 static void
@@ -428,7 +474,6 @@ on_delta(srv_gen_t *g, srv_job_t *job, const eng_msg_delta_t *d)
     uint64_t now = now_ns();
     srv_buf_t piece = {0};
     cJSON *lp = NULL;
-    char tb[256];
     unsigned long mark = srv_json_mark();
 
     if (d->choice < 0 || d->choice >= g->p.n || d->n_tokens <= 0) {
@@ -451,16 +496,27 @@ on_delta(srv_gen_t *g, srv_job_t *job, const eng_msg_delta_t *d)
     if (g->p.logprobs) {
         lp = g->p.stream ? api->lp_new() : (ch->lp ? ch->lp : (ch->lp = api->lp_new()));
     }
-    for (int32_t i = 0; i < d->n_tokens && i < ENG_DELTA_MAX; i++) {
+    /* A held token followed by more tokens did not stop the choice. */
+    if (ch->held_tok >= 0) {
+        int32_t h = ch->held_tok;
+        ch->held_tok = -1;
+        if (choice_push(g, ch, h, &piece)) {
+            ch->finish = "stop";
+            send_cancel(s, job->id, 1, d->choice);
+        }
+    }
+    for (int32_t i = 0; ch->finish == NULL && i < d->n_tokens && i < ENG_DELTA_MAX; i++) {
         const smp_result_t *t = &d->tok[i];
-        int n =
-            is_stop_id(&g->p, t->token) ? 0 : tok_stream_push(&ch->ds, t->token, tb, sizeof(tb));
         ch->n_tokens++;
         tm->generation_tokens++;
         if (lp != NULL) {
             api->lp_add(&g->rs, ch, lp, t);
         }
-        if (srv_stop_feed(&ch->stop, tb, n > 0 ? (size_t)n : 0, &piece)) {
+        if (i == d->n_tokens - 1 && maybe_stop(g, t->token, ch->n_tokens)) {
+            ch->held_tok = t->token;
+            break;
+        }
+        if (choice_push(g, ch, t->token, &piece)) {
             ch->finish = "stop";
             send_cancel(s, job->id, 1, d->choice);
             break;
@@ -514,8 +570,12 @@ on_finished(srv_gen_t *g, srv_job_t *job, const eng_msg_finished_t *f)
     if (ch->finish == NULL && !g->err.status) {
         srv_buf_t piece = {0};
         unsigned long mark = srv_json_mark();
-        int n = tok_stream_flush(&ch->ds, tb, sizeof(tb));
-        if (srv_stop_feed(&ch->stop, tb, n > 0 ? (size_t)n : 0, &piece)) {
+        int32_t h = ch->held_tok;
+        ch->held_tok = -1;
+        /* The held token is text unless it is the one that stopped. */
+        int stopped = h >= 0 && h != f->stop_token && choice_push(g, ch, h, &piece);
+        int n = stopped ? 0 : tok_stream_flush(&ch->ds, tb, sizeof(tb));
+        if (stopped || srv_stop_feed(&ch->stop, tb, n > 0 ? (size_t)n : 0, &piece)) {
             ch->finish = "stop";
         } else {
             srv_stop_finish(&ch->stop, &piece);
@@ -773,6 +833,7 @@ srv_gen_start(srv_req_t *r, const srv_api_t *api)
     g->n_choices = g->p.n_prompts * g->p.n;
     for (int32_t c = 0; c < g->n_choices; c++) {
         tok_stream_init(&g->choices[c].ds, s->tok, g->p.skip_special_tokens);
+        g->choices[c].held_tok = -1;
         /* The output continues the prompt: keep its leading space. */
         g->choices[c].ds.at_start = 0;
         srv_stop_init(&g->choices[c].stop, (const char *const *)g->p.stop, g->p.n_stop);

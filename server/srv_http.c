@@ -48,6 +48,29 @@ scan_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *val
     return MHD_YES;
 }
 
+/* Whether a Content-Type names JSON: application/json or application/...+json,
+ * any case, parameters (charset) allowed. */
+static int
+ctype_is_json(const char *v)
+{
+    const char *end;
+    size_t n;
+
+    while (*v == ' ' || *v == '\t') {
+        v++;
+    }
+    end = strchr(v, ';');
+    n = end != NULL ? (size_t)(end - v) : strlen(v);
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t')) {
+        n--;
+    }
+    if (n < 12 || strncasecmp(v, "application/", 12) != 0) {
+        return 0;
+    }
+    return (n == 16 && strncasecmp(v + 12, "json", 4) == 0) ||
+           (n > 17 && strncasecmp(v + n - 5, "+json", 5) == 0);
+}
+
 /* The tenant of the request's API key: 0 without auth, -1 when missing or
  * unknown. */
 static int
@@ -129,6 +152,19 @@ srv_http_admit(const srv_t *s, struct MHD_Connection *mc, const char *url, const
             srv_err_set(err, 401, NULL, "invalid or missing API key");
             return 0;
         }
+    }
+    /* A POST body is JSON. A declared other type (text/plain, curl -d's
+     * default application/x-www-form-urlencoded) is refused with 415, as
+     * vLLM's FastAPI does; no Content-Type at all is read as JSON (FastAPI
+     * too), so a bare client that sends none keeps working. */
+    const char *ct = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Type");
+    if (strcmp(rt->method, "POST") == 0 && ct != NULL && !ctype_is_json(ct)) {
+        srv_err_set(err, 415, NULL,
+                    "unsupported Content-Type '%.100s': send the body as JSON with "
+                    "'Content-Type: application/json'",
+                    ct);
+        err->code = "unsupported_media_type";
+        return 0;
     }
     return 1;
 }

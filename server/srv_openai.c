@@ -64,24 +64,22 @@ usage_object(const srv_usage_t *u)
     return o;
 }
 
-/* Decoded text of one token (special tokens included). raw receives the
- * bytes, txt the same with invalid UTF-8 replaced. Out of memory shows as
- * a failed fallible allocation on this thread (the caller's mark). */
+/* The text of one token as it stands in the output (special tokens
+ * included): a SentencePiece token keeps its leading space, so the tokens
+ * of a choice joined are its text, and a byte-fallback token is its byte
+ * (OpenAI's and vLLM's logprobs). raw receives the bytes, txt the same with
+ * invalid UTF-8 replaced. Out of memory shows as a failed fallible
+ * allocation on this thread (the caller's mark). */
 static void
 token_piece(const srv_resp_t *rs, int32_t id, srv_buf_t *raw, srv_buf_t *txt)
 {
-    char *t = NULL;
     size_t n = 0;
+    const char *t = tok_token_piece(rs->tok, id, &n);
 
     raw->len = 0;
     txt->len = 0;
-    if (tok_decode(rs->tok, &id, 1, 0, &t, &n) != ST_OK) {
-        t = NULL;
-        n = 0;
-    }
     srv_buf_add(raw, t ? t : "", n);
     srv_token_text(t ? t : "", n, txt);
-    free(t);
 }
 
 static cJSON *
@@ -425,7 +423,12 @@ srv_api_chunk(const srv_resp_t *rs, srv_buf_t *prefix, int32_t ci, srv_choice_t 
     } else {
         srv_buf_adds(out, "null");
     }
-    srv_buf_adds(out, rs->p->include_usage ? "}],\"usage\":null}\n\n" : "}]}\n\n");
+    /* Chat chunks carry "usage": null until the usage chunk (the spec's
+     * CreateChatCompletionStreamResponse); CreateCompletionResponse has
+     * no null usage, so completion chunks leave it out. */
+    srv_buf_adds(out, rs->p->include_usage && rs->api->kind == SRV_KIND_CHAT
+                          ? "}],\"usage\":null}\n\n"
+                          : "}]}\n\n");
 }
 
 void

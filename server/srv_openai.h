@@ -37,6 +37,8 @@ typedef struct srv_choice {
     int engine_done;     /* FINISHED received */
     int role_sent;       /* chat stream: role delta sent */
     int echo_sent;       /* completions stream: prompt echoed */
+    int32_t held_tok;    /* a possible stop token whose text waits for the
+                          * engine's verdict (srv_gen.c), or -1 */
     uint64_t t_last_ns;
 } srv_choice_t;
 

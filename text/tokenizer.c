@@ -572,6 +572,17 @@ tok_token_str(const tok_tokenizer_t *t, int32_t id)
     return t->tokens[id].text;
 }
 
+const char *
+tok_token_piece(const tok_tokenizer_t *t, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->n_vocab) {
+        *len = 0;
+        return NULL;
+    }
+    *len = t->tokens[id].piece_len;
+    return t->tokens[id].piece != NULL ? t->tokens[id].piece : "";
+}
+
 int
 tok_is_special(const tok_tokenizer_t *t, int32_t id)
 {

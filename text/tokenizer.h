@@ -40,6 +40,12 @@ int32_t tok_eos_id(const tok_tokenizer_t *t); /* -1 when none */
 /* The token's text as stored in the vocabulary, or NULL if out of range. */
 const char *tok_token_str(const tok_tokenizer_t *t, int32_t id);
 int tok_is_special(const tok_tokenizer_t *t, int32_t id);
+/* The bytes the token decodes to in the middle of a text (a SentencePiece
+ * token keeps its leading space; a byte-fallback token is its one byte,
+ * which may be part of a UTF-8 character), borrowed for the tokenizer's
+ * life, not NUL-terminated; *len receives their count. NULL (and *len 0)
+ * if id is out of range. */
+const char *tok_token_piece(const tok_tokenizer_t *t, int32_t id, size_t *len);
 /* Id of an exact token string (special or not), or -1. */
 int32_t tok_find(const tok_tokenizer_t *t, const char *s);
 

@@ -25,6 +25,8 @@ const ROOTS = [
   'CreateChatCompletionResponse',
   'CreateChatCompletionStreamResponse',
   'ListModelsResponse',
+  'Model',
+  'CreateEmbeddingResponse',
   'ErrorResponse',
 ];
 
@@ -98,16 +100,16 @@ while (todo.length > 0) {
 }
 
 // Streamed completions: the document says streamed and non-streamed objects
-// share one shape, but the API sends finish_reason null until a choice ends
-// and, with stream_options.include_usage, usage null until the last chunk
-// (as CreateChatCompletionStreamResponse documents). Derive that schema.
+// share one shape, but the API sends finish_reason null until a choice ends.
+// Derive that schema. usage stays as the document has it (absent, or a
+// CompletionUsage): unlike CreateChatCompletionStreamResponse, nothing
+// allows it to be null.
 const stream = JSON.parse(JSON.stringify(definitions.CreateCompletionResponse));
 const fr = stream.properties.choices.items.properties.finish_reason;
 fr.type = [fr.type, 'null'];
 fr.enum = [...fr.enum, null];
-stream.properties.usage = { anyOf: [stream.properties.usage, { type: 'null' }] };
 stream.description = 'Derived from CreateCompletionResponse for streamed chunks ' +
-  '(finish_reason and usage may be null).';
+  '(finish_reason may be null).';
 definitions.CreateCompletionStreamResponse = stream;
 
 const sorted = {};
