@@ -31,6 +31,10 @@ typedef struct mdl_backend {
      * On ST_OK *logits is [n_logits][vocab] f32 host memory owned by the
      * backend, valid until the next forward. */
     int (*forward)(void *state, const mdl_batch_t *b, const float **logits);
+    /* The hidden rows of the last forward ([n_hidden][dim], after the final
+     * norm), or NULL when the backend does not compute them (then batches
+     * with n_hidden > 0 are refused). */
+    const float *(*hidden)(void *state);
     /* Nonzero: kv_ops() also takes KV_OP_DROP / KV_OP_DROP_SWAP; otherwise
      * the runtime leaves them out. */
     int kv_drop_ops;

@@ -18,6 +18,8 @@
  *     x += sum over ranks of g Wd_r^T
  *   (the last layer past its K/V write runs only on the logits rows)
  *   rank 0: logits = rmsnorm(x[logits_rows]) lm_head^T   (n_logits, vocab)
+ *   rank 0: hidden = rmsnorm(x[hidden_rows])  (n_hidden, dim; embeddings: the
+ *           last layer then runs on every row)
  *
  * "x += sum over ranks" is one GEMM accumulating into x at T = 1 (fused
  * residual add); at T > 1 each rank's partial product is summed by the
@@ -100,6 +102,7 @@ typedef struct cpu_state {
     kn_ranks_t *threads; /* T > 1 */
     float *inv_freq;     /* (hd / 2) */
     float *logits;       /* (S, vocab), rank 0 */
+    float *hidden;       /* (max_num_batched_tokens, dim), rank 0: b->hidden_rows */
     /* The last layer's sub-batch, the same on every rank (cpu_sub_batch). */
     int32_t *sub_qs;  /* (S + 1) */
     int32_t *sub_ctx; /* (S) */
@@ -136,6 +139,7 @@ cpu_destroy(void *state)
     free(s->ranks);
     free(s->inv_freq);
     free(s->logits);
+    free(s->hidden);
     free(s->sub_qs);
     free(s->sub_ctx);
     free(s->sub_bt);
@@ -321,6 +325,7 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     }
     s->inv_freq = xmalloc(sizeof(float) * (size_t)(c->head_dim / 2));
     s->logits = xmalloc(sizeof(float) * S * (size_t)c->vocab_size);
+    s->hidden = xmalloc(sizeof(float) * (size_t)rc->max_num_batched_tokens * (size_t)c->dim);
     s->sub_qs = xcalloc(S + 1, sizeof(int32_t));
     s->sub_ctx = xcalloc(S, sizeof(int32_t));
     s->sub_bt = xcalloc(S * (size_t)rc->max_blocks_per_seq, sizeof(int32_t));
@@ -561,6 +566,14 @@ cpu_rank_forward(void *arg, int r)
     }
     host_kv_end_step(&rk->kv);
 
+    if (r == 0 && b->n_hidden > 0) {
+        /* Every row went through the last layer (s->sub is off). */
+        for (int32_t i = 0; i < b->n_hidden; i++) {
+            memcpy(s->hidden + (size_t)i * dim, rk->x + (size_t)b->hidden_rows[i] * dim,
+                   sizeof(float) * (size_t)dim);
+        }
+        kn_cpu_rmsnorm(s->hidden, m->out_norm, s->hidden, b->n_hidden, dim, c->norm_eps);
+    }
     if (r != 0 || b->n_logits == 0) {
         return ST_OK;
     }
@@ -582,8 +595,9 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
     int rc;
 
     /* The last layer only needs K/V for every row; the rest of it runs on
-     * the rows that want logits, unless that is all of them. */
-    s->sub = b->n_logits < b->n_tokens;
+     * the rows that want logits, unless that is all of them or hidden rows
+     * are wanted. */
+    s->sub = b->n_logits < b->n_tokens && b->n_hidden == 0;
     if (s->sub) {
         cpu_sub_batch(s, b);
     }
@@ -597,12 +611,19 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
     return ST_OK;
 }
 
+static const float *
+cpu_hidden(void *state)
+{
+    return ((cpu_state_t *)state)->hidden;
+}
+
 const mdl_backend_t mdl_backend_cpu = {
     .name = "cpu",
     .create = cpu_create,
     .destroy = cpu_destroy,
     .kv_ops = cpu_kv_ops,
     .forward = cpu_forward,
+    .hidden = cpu_hidden,
     .kv_drop_ops = 1,
     .kv_shift_ops = 1,
 };

@@ -133,6 +133,11 @@ typedef struct mdl_batch {
     int32_t max_blocks;
     const int32_t *logits_rows;  /* [n_logits] token rows that need logits */
     int32_t n_logits;
+    /* Embeddings (issue 14): token rows whose final hidden state (after
+     * the final norm, before the LM head) is wanted, read with
+     * mdl_runtime_hidden() after the forward. NULL / 0: none. */
+    const int32_t *hidden_rows; /* [n_hidden], each in 0 .. n_tokens-1 */
+    int32_t n_hidden;
 } mdl_batch_t;
 
 typedef enum mdl_kv_dtype {
@@ -229,5 +234,12 @@ int mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops);
  * until the next call. Per layer, every new token's K/V is written through
  * slot_mapping before any attention reads through block_tables. */
 int mdl_forward(mdl_runtime_t *rt, const mdl_batch_t *b, const float **logits);
+/* After an ST_OK mdl_forward whose batch had n_hidden > 0: its hidden rows
+ * as [n_hidden][dim] f32 host rows in the order of b->hidden_rows, owned by
+ * the runtime and valid until the next forward. A backend that cannot give
+ * them (CUDA today) refuses such a batch in mdl_forward with
+ * ST_EUNSUPPORTED; mdl_runtime_has_hidden() says which. */
+const float *mdl_runtime_hidden(const mdl_runtime_t *rt);
+int mdl_runtime_has_hidden(const mdl_runtime_t *rt);
 
 #endif /* MODEL_MODEL_H */

@@ -244,6 +244,14 @@ rt_batch_valid(const mdl_runtime_t *rt, const mdl_batch_t *b)
             return 0;
         }
     }
+    if (b->n_hidden < 0 || b->n_hidden > b->n_tokens || (b->n_hidden > 0 && !b->hidden_rows)) {
+        return 0;
+    }
+    for (int32_t i = 0; i < b->n_hidden; i++) {
+        if (b->hidden_rows[i] < 0 || b->hidden_rows[i] >= b->n_tokens) {
+            return 0;
+        }
+    }
     return 1;
 }
 
@@ -255,7 +263,23 @@ mdl_forward(mdl_runtime_t *rt, const mdl_batch_t *b, const float **logits)
                   b->n_logits);
         return ST_EINVAL;
     }
+    if (b->n_hidden > 0 && rt->be->hidden == NULL) {
+        LOG_ERROR("the %s backend does not give hidden states (embeddings)", rt->be->name);
+        return ST_EUNSUPPORTED;
+    }
     return rt->be->forward(rt->state, b, logits);
+}
+
+const float *
+mdl_runtime_hidden(const mdl_runtime_t *rt)
+{
+    return rt->be->hidden != NULL ? rt->be->hidden(rt->state) : NULL;
+}
+
+int
+mdl_runtime_has_hidden(const mdl_runtime_t *rt)
+{
+    return rt->be->hidden != NULL;
 }
 
 void

@@ -108,6 +108,11 @@ teardown(void)
 /* When set, the next step() asks for logits of these rows only. */
 static const int32_t *step_rows;
 static int32_t step_n_rows;
+/* When set, the next step() also asks for the hidden state of these rows
+ * and copies it to step_hidden_out[n][dim]. */
+static const int32_t *step_hidden;
+static int32_t step_n_hidden;
+static float *step_hidden_out;
 
 /* One step: seqs[i] feeds its next n_new[i] tokens. Every token row gets
  * logits (or step_rows, when set); they are copied to out[row][vocab]
@@ -159,7 +164,15 @@ step(tseq_t **seqs, const int32_t *n_new, int32_t n, float *out)
         b.logits_rows = step_rows;
         b.n_logits = step_n_rows;
     }
+    b.hidden_rows = step_hidden;
+    b.n_hidden = step_n_hidden;
     ck_assert_int_eq(mdl_forward(rt, &b, &lg), ST_OK);
+    if (step_n_hidden > 0) {
+        const float *h = mdl_runtime_hidden(rt);
+        ck_assert(h != NULL);
+        memcpy(step_hidden_out, h,
+               sizeof(float) * (size_t)step_n_hidden * (size_t)mdl_model_config(model)->dim);
+    }
     if (out != NULL) {
         memcpy(out, lg, sizeof(float) * (size_t)b.n_logits * vocab);
     }
@@ -351,6 +364,80 @@ START_TEST(test_logits_subset)
 }
 END_TEST
 
+/* Embeddings: the final hidden states of a prompt's rows are the same in
+ * one step and in prefill chunks, and asking for them leaves the logits
+ * as they were (the last layer then runs on every row). */
+START_TEST(test_hidden_rows)
+{
+    const int32_t n = 40, dim = mdl_model_config(model)->dim;
+    int32_t rows[40], last = n - 1;
+    tseq_t s;
+    float *one = malloc(sizeof(float) * (size_t)n * (size_t)dim);
+    float *chunked = malloc(sizeof(float) * (size_t)n * (size_t)dim);
+    float *lg_plain = malloc(sizeof(float) * (size_t)vocab);
+    float *lg_hidden = malloc(sizeof(float) * (size_t)vocab);
+
+    for (int32_t i = 0; i < n; i++) {
+        rows[i] = i;
+    }
+    ck_assert(mdl_runtime_has_hidden(rt));
+    /* Logits of the last row only (the sub-batch path), without hidden. */
+    blocks_reset(1);
+    seq_init(&s, 7, n);
+    step_rows = &last;
+    step_n_rows = 1;
+    {
+        tseq_t *sp = &s;
+        int32_t nn = n;
+        step(&sp, &nn, 1, lg_plain);
+        /* The same with every row's hidden state. */
+        blocks_reset(1);
+        seq_init(&s, 7, n);
+        step_hidden = rows;
+        step_n_hidden = n;
+        step_hidden_out = one;
+        step(&sp, &nn, 1, lg_hidden);
+    }
+    ck_assert_msg(max_rel(lg_hidden, lg_plain, (size_t)vocab) < 1e-5, "logits moved");
+    /* Chunks of 7: each step asks for its own rows. */
+    blocks_reset(1);
+    seq_init(&s, 7, n);
+    step_rows = NULL;
+    while (s.done < n) {
+        int32_t k = n - s.done < 7 ? n - s.done : 7;
+        int32_t at = s.done;
+        tseq_t *sp = &s;
+        step_n_hidden = k;
+        step_hidden_out = chunked + (size_t)at * (size_t)dim;
+        step(&sp, &k, 1, NULL);
+    }
+    step_hidden = NULL;
+    step_n_hidden = 0;
+    double e = max_rel(chunked, one, (size_t)n * (size_t)dim);
+    ck_assert_msg(e < 1e-5, "chunked hidden rows differ: %g", e);
+    /* After the final RMSNorm no row is zero. */
+    double norm = 0.0;
+    for (int32_t j = 0; j < dim; j++) {
+        norm += (double)one[(size_t)last * dim + j] * one[(size_t)last * dim + j];
+    }
+    ck_assert(norm > 0.0 && isfinite(norm));
+    /* A hidden row out of range is refused. */
+    {
+        int32_t bad = n;
+        const float *lg;
+        int32_t tok = 1, pos = 0, slot = BS, qs[2] = {0, 1}, ctx = 1, bt[MAXB] = {1};
+        mdl_batch_t b = {.n_tokens = 1, .tokens = &tok, .positions = &pos, .slot_mapping = &slot,
+                         .n_seqs = 1, .query_start = qs, .context_len = &ctx, .block_tables = bt,
+                         .max_blocks = MAXB, .hidden_rows = &bad, .n_hidden = 1};
+        ck_assert_int_eq(mdl_forward(rt, &b, &lg), ST_EINVAL);
+    }
+    free(one);
+    free(chunked);
+    free(lg_plain);
+    free(lg_hidden);
+}
+END_TEST
+
 START_TEST(test_kv_copy_and_swap)
 {
     tseq_t s, fork;
@@ -525,6 +612,7 @@ model_forward_suite(void)
     tcase_add_test(tc, test_chunked_prefill);
     tcase_add_test(tc, test_batch_vs_alone);
     tcase_add_test(tc, test_logits_subset);
+    tcase_add_test(tc, test_hidden_rows);
     tcase_add_test(tc, test_kv_copy_and_swap);
     tcase_add_test(tc, test_bad_batches);
     tcase_add_test(tc, test_runtime_config_errors);
