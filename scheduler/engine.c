@@ -35,6 +35,7 @@
 #include "common/thread.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
+#include "scheduler/embed.h"
 #include "scheduler/engine_int.h"
 #include "scheduler/sched.h"
 
@@ -46,6 +47,7 @@ struct engine {
     bm_pool_t *pool;
     sched_t *sched;
     smp_ctx_t *smp;
+    eng_embed_t *emb; /* embedding requests' hidden rows (embed.h) */
     chan_t inbox;
     chan_t *outbox;
     pthread_t thread;
@@ -126,6 +128,8 @@ answer_error(engine_t *e, eng_msg_submit_t *sm, int status, const char *fmt, ...
  * freed with the request (reserve_free). */
 typedef struct eng_reserve {
     eng_msg_submit_t *spare;
+    eng_msg_embed_t *embed; /* an embedding request's answer (embed.h), or NULL */
+    int32_t pooling;        /* eng_request_t.pooling */
     int32_t n;
     eng_msg_finished_t *fin[]; /* [n] */
 } eng_reserve_t;
@@ -144,6 +148,7 @@ reserve_free(void *udata)
     if (rs->spare != NULL) {
         eng_msg_free(&rs->spare->hdr);
     }
+    free(rs->embed);
     free(rs);
 }
 
@@ -159,6 +164,8 @@ reserve_new(eng_msg_submit_t *sm)
         return NULL;
     }
     rs->spare = NULL;
+    rs->embed = NULL;
+    rs->pooling = sm->req.pooling;
     rs->n = 0;
     for (int32_t k = 0; k < n; k++) {
         rs->fin[k] = xcalloc_try(1, sizeof(*rs->fin[k]));
@@ -171,6 +178,13 @@ reserve_new(eng_msg_submit_t *sm)
     return rs;
 }
 
+/* The EMBED message of a request's reserve (eng__embed_plan's view). */
+static eng_msg_embed_t *
+reserve_embed(void *udata)
+{
+    return udata != NULL ? ((eng_reserve_t *)udata)->embed : NULL;
+}
+
 /* Scheduler events become outbox messages. Only a DELTA allocates; when
  * it cannot, the scheduler ends that request with ERROR ST_ENOMEM. */
 static int
@@ -181,6 +195,9 @@ engine_emit(void *arg, const sched_event_t *ev)
 
     switch (ev->kind) {
     case SCHED_EV_TOKEN: {
+        if (rs != NULL && rs->pooling != ENG_POOL_NONE) {
+            break; /* an embedding request's one sampled token is not said */
+        }
         eng_msg_delta_t *m = xmalloc_try(sizeof(*m));
         if (m == NULL) {
             return ST_ENOMEM;
@@ -196,6 +213,11 @@ engine_emit(void *arg, const sched_event_t *ev)
     case SCHED_EV_FINISHED: {
         eng_msg_finished_t *m;
         CHECK(rs != NULL && ev->choice >= 0 && ev->choice < rs->n && rs->fin[ev->choice] != NULL);
+        if (rs->embed != NULL) {
+            eng__embed_finish(rs->embed, rs->pooling);
+            out_push(e, &rs->embed->hdr);
+            rs->embed = NULL;
+        }
         m = rs->fin[ev->choice];
         rs->fin[ev->choice] = NULL;
         m->hdr.type = ENG_MSG_FINISHED;
@@ -334,6 +356,15 @@ apply_submit(engine_t *e, eng_msg_submit_t *m)
         answer_error(e, m, ST_ENOMEM, "out of memory");
         return;
     }
+    rc = eng__embed_submit(e->emb, r, &rs->embed);
+    if (rc != ST_OK) {
+        reserve_free(rs);
+        answer_error(e, m, rc, "%s",
+                     rc == ST_EUNSUPPORTED ? "embeddings need the model's hidden states, which "
+                                             "this backend does not give"
+                                           : "invalid embedding request");
+        return;
+    }
     rc = sched_submit(e->sched, r, rs);
     if (rc != ST_OK) {
         REQ_DEBUG(r->id, "refused: %s: %s", st_str(rc), sched_last_error(e->sched));
@@ -440,6 +471,7 @@ engine_step(engine_t *e)
     }
     e->stalled = 0;
 
+    eng__embed_plan(e->emb, e->sched, &plan, reserve_embed);
     rc = mdl_forward(e->rt, &plan.batch, &logits);
     if (e->cfg.test_fail_forward_at > 0 &&
         ++e->n_forwards == (uint64_t)e->cfg.test_fail_forward_at) {
@@ -448,6 +480,9 @@ engine_step(engine_t *e)
     if (rc != ST_OK) {
         engine_fail(e, rc, "forward");
         return 0;
+    }
+    if (plan.batch.n_hidden > 0) {
+        eng__embed_collect(e->emb, mdl_runtime_hidden(e->rt));
     }
     t2 = now_ns();
     e->ns_forward += t2 - t1;
@@ -663,6 +698,7 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
         goto fail;
     }
     e->row = xmalloc((size_t)mc->vocab_size * sizeof(float));
+    e->emb = eng__embed_create(c->max_num_batched_tokens, mc->dim, mdl_runtime_has_hidden(e->rt));
     e->results = xcalloc((size_t)c->max_num_seqs, sizeof(*e->results));
     e->log_t0 = now_ns();
     atomic_store(&e->alive, 1);
@@ -751,6 +787,7 @@ engine_destroy(engine_t *e)
     bm_pool_destroy(e->pool);
     mdl_runtime_destroy(e->rt);
     smp_ctx_destroy(e->smp);
+    eng__embed_destroy(e->emb);
     free(e->row);
     free(e->results);
     chan_fini(&e->inbox);

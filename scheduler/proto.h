@@ -49,7 +49,16 @@ enum eng_msg_type {
     ENG_MSG_FINISHED,
     ENG_MSG_ERROR,
     ENG_MSG_STATS_REPLY,
+    ENG_MSG_EMBED, /* an embedding request's pooled hidden state, before its FINISHED */
 };
+
+/* Embedding requests (eng_request_t.pooling): prefill-only work whose
+ * answer is the pooled final hidden state of the prompt (scheduler/embed.h). */
+typedef enum eng_pooling {
+    ENG_POOL_NONE = 0, /* a generation request */
+    ENG_POOL_LAST,     /* the last prompt token's hidden state */
+    ENG_POOL_MEAN,     /* the mean over every prompt token */
+} eng_pooling_t;
 
 typedef enum eng_finish {
     ENG_FINISH_NONE = 0,
@@ -82,7 +91,22 @@ typedef struct eng_request {
     int32_t stop_ids[ENG_MAX_STOP_IDS];
     int32_t n_stop_ids;
     uint64_t t_arrival_ns; /* now_ns() when the loop thread received it */
+    /* ENG_POOL_LAST / MEAN: an embedding request (n 1, max_tokens 1; its
+     * one sampled token is not reported). It gets one EMBED message, then
+     * its FINISHED. */
+    int32_t pooling;
 } eng_request_t;
+
+/* The pooled hidden state of an embedding request, not normalized: the
+ * last prompt token's row, or the mean of every prompt row. Preallocated
+ * at submit, sent right before the request's FINISHED. */
+typedef struct eng_msg_embed {
+    msg_t hdr;
+    uint64_t id;
+    int32_t dim;
+    int32_t n_pooled; /* prompt tokens pooled so far (engine side) */
+    float vec[];      /* [dim] */
+} eng_msg_embed_t;
 
 typedef struct eng_msg_error {
     msg_t hdr;

@@ -1043,9 +1043,10 @@ plan_admit(sched_t *s)
             break;
         }
         /* Estimate the blocks with a probe before touching the pool. */
-        uint32_t cached = s->cfg.prefix_caching
-                              ? bm_prefix_probe(s->pool, tid, q->tokens, (uint32_t)q->n_tokens)
-                              : 0;
+        /* Mean pooling needs every prompt row computed: no cache hits. */
+        int reuse = s->cfg.prefix_caching && rq->r.pooling != ENG_POOL_MEAN;
+        uint32_t cached =
+            reuse ? bm_prefix_probe(s->pool, tid, q->tokens, (uint32_t)q->n_tokens) : 0;
         int32_t n_new = min_i32(q->n_tokens - (int32_t)cached, s->budget_tokens);
         uint32_t blocks = (cached + (uint32_t)n_new + bs - 1) / bs - cached / bs;
         if (t->kv_limit > 0 && bm_tenant_blocks(s->pool, tid) + blocks > t->kv_limit) {
@@ -1071,7 +1072,7 @@ plan_admit(sched_t *s)
                 /* Its blocks get evicted and re-rotated: never shared. */
                 CHECK(bm_seq_set_nohash(s->pool, q->bm_id) == ST_OK);
             }
-            if (s->cfg.prefix_caching) {
+            if (reuse) {
                 uint32_t got = 0;
                 rc = bm_seq_lookup_prefix(s->pool, q->bm_id, q->tokens, (uint32_t)q->n_tokens,
                                           &got);
@@ -1252,6 +1253,16 @@ sched_sample_view(const sched_t *s, const sched_plan_t *plan, int32_t i, sched_s
                                                            : sink;
     }
     v->n_generated = q->n_generated;
+}
+
+void
+sched_row_info(const sched_t *s, int32_t row, void **udata, int32_t *n_prompt, int32_t *pooling)
+{
+    const sched_req_t *rq = s->rows_seq[row]->req;
+
+    *udata = rq->udata;
+    *n_prompt = rq->r.n_prompt;
+    *pooling = rq->r.pooling;
 }
 
 void

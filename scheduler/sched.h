@@ -237,6 +237,13 @@ void sched_sample_view(const sched_t *s, const sched_plan_t *plan, int32_t i,
  * than min_tokens have been generated. logits: [vocab_size]. */
 void sched_sample_mask(const sched_t *s, const sched_plan_t *plan, int32_t i, float *logits);
 
+/* For embeddings (scheduler/embed.h): the request of row `row` of the
+ * plan just made (0 .. batch.n_seqs-1): its udata, prompt length and
+ * eng_request_t.pooling. A request with pooling ENG_POOL_MEAN never takes
+ * prompt blocks from the prefix cache (every prompt row must be computed). */
+void sched_row_info(const sched_t *s, int32_t row, void **udata, int32_t *n_prompt,
+                    int32_t *pooling);
+
 /* Consumes the step: advances computed lengths, forks n > 1 requests whose
  * prompt completed, appends results[i] (one per plan sample) and emits
  * TOKEN events, then FINISHED for every choice that hit EOS, a stop token,
