@@ -70,6 +70,8 @@ static const opt_t opts[] = {
      "serve /metrics without a key"},
     {"public-health", OT_BOOL, F(public_health), 0, 0, NULL, NULL,
      "serve /health without a key"},
+    {"allowed-origins", OT_STR, F(allowed_origins), 0, 0, NULL, "LIST",
+     "CORS: origins browsers may call from, comma list or * (default: none)"},
     {"max-num-seqs", OT_I32, F(max_num_seqs), 1, 65536, NULL, "N",
      "sequences per step (running batch size)"},
     {"max-num-batched-tokens", OT_I32, F(max_num_batched_tokens), 1, 1 << 20, NULL, "N",
@@ -96,6 +98,8 @@ static const opt_t opts[] = {
      "\"full\" or \"sink=S,window=W\" (StreamingLLM, tokens)"},
     {"enable-prefix-caching", OT_BOOL, F(enable_prefix_caching), 0, 0, NULL, NULL,
      "reuse KV blocks of shared prompt prefixes"},
+    {"pooling", OT_ENUM, F(pooling), 0, 0, "last|mean", "P",
+     "/v1/embeddings pooling of the final hidden states: last token or mean"},
     {"threads", OT_I32, F(threads), 0, 4096, NULL, "N", "CPU threads (0: all cores)"},
     {"log-level", OT_LOGLVL, F(log_level), 0, 0, NULL, "L", "error|warn|info|debug|trace"},
     {"drain-timeout", OT_DUR, F(drain_timeout_s), 0, 86400, NULL, "T",
@@ -576,6 +580,7 @@ cfg_defaults(cfg_t *c)
     strcpy(c->dtype, "auto");
     strcpy(c->kv_policy, "full");
     c->enable_prefix_caching = 1;
+    strcpy(c->pooling, "last");
     c->log_level = LOG_LEVEL_INFO;
     c->drain_timeout_s = 30.0;
     c->max_body_bytes = 8 << 20;

@@ -65,6 +65,8 @@ typedef struct cfg {
     int auth_required;                 /* 1 if any key is configured */
     int public_metrics;                /* /metrics without a key; default 1 */
     int public_health;                 /* /health without a key; default 1 */
+    char allowed_origins[1024];        /* --allowed-origins CORS: "" none (default), "*"
+                                        * any, else a comma list of origins */
 
     /* Engine. */
     int32_t max_num_seqs;              /* --max-num-seqs, default 128 */
@@ -84,6 +86,8 @@ typedef struct cfg {
     int32_t kv_policy_window;          /* parsed W tokens; 0 with "full" */
     int enable_prefix_caching;         /* default 1 */
     int32_t threads;                   /* --threads CPU threads; 0 = all cores */
+    char pooling[8];                   /* --pooling for /v1/embeddings: "last" (default)
+                                        * or "mean" */
 
     /* Process. */
     int log_level;                     /* LOG_LEVEL_* from --log-level, default info */

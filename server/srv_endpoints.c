@@ -20,6 +20,7 @@
 #include "common/xmalloc.h"
 #include "kvserve_config.h"
 #include "server/srv_endpoints.h"
+#include "server/srv_embed.h"
 #include "server/srv_gen.h"
 
 #define CT_METRICS "text/plain; version=0.0.4; charset=utf-8"
@@ -41,6 +42,36 @@ do_models(srv_req_t *r)
     cJSON_AddNumberToObject(m, "max_model_len", s->max_model_len);
     srv_json_push(data, m);
     return srv_req_reply_json(r, 200, root, mark);
+}
+
+/* GET /v1/models/{model}: the served model's object, or 404 as OpenAI
+ * answers an unknown id. */
+static enum MHD_Result
+do_model(srv_req_t *r)
+{
+    const srv_t *s = srv_req_server(r);
+    const char *id = NULL;
+    srv_error_t err;
+
+    for (const srv_route_t *rt = srv_routes; rt->path != NULL && id == NULL; rt++) {
+        if (rt->ep == SRV_EP_MODEL) {
+            id = srv_route_param(rt, srv_req_url(r));
+        }
+    }
+    if (id == NULL || strcmp(id, s->model_name) != 0) {
+        srv_err_set(&err, 404, "model", "The model '%.100s' does not exist",
+                    id != NULL ? id : "");
+        err.code = "model_not_found";
+        return srv_req_reply_error(r, &err);
+    }
+    unsigned long mark = srv_json_mark();
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->started);
+    cJSON_AddStringToObject(m, "owned_by", "kvserve");
+    cJSON_AddNumberToObject(m, "max_model_len", s->max_model_len);
+    return srv_req_reply_json(r, 200, m, mark);
 }
 
 static enum MHD_Result
@@ -325,6 +356,8 @@ static enum MHD_Result (*const handlers[SRV_EP_COUNT])(srv_req_t *r) = {
     [SRV_EP_TOKENIZE] = do_tokenize,
     [SRV_EP_DETOKENIZE] = do_detokenize,
     [SRV_EP_VERSION] = do_version,
+    [SRV_EP_MODEL] = do_model,
+    [SRV_EP_EMBEDDINGS] = srv_embed_start,
 };
 
 enum MHD_Result

@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "common/xmalloc.h"
+#include "server/srv_cors.h"
 #include "server/srv_http.h"
 
 #define CT_JSON "application/json"
@@ -226,6 +227,7 @@ srv_http_queue(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep, int sta
             }
         }
     }
+    srv_cors_add_headers(s, mc, ep, resp);
     if (s->draining) {
         MHD_add_response_header(resp, "Connection", "close");
     }
@@ -249,6 +251,7 @@ srv_http_queue_stream(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep,
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     add_request_id(id, resp);
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    srv_cors_add_headers(s, mc, ep, resp);
     if (s->draining) {
         MHD_add_response_header(resp, "Connection", "close");
     }
@@ -274,6 +277,7 @@ srv_http_queue_oom(srv_t *s, struct MHD_Connection *mc, const char *url)
     }
     MHD_add_response_header(resp, "Content-Type", CT_JSON);
     MHD_add_response_header(resp, "Retry-After", "1");
+    srv_cors_add_headers(s, mc, ep, resp);
     ret = MHD_queue_response(mc, 503, resp);
     MHD_destroy_response(resp);
     count_status(s, ep, 503);

@@ -230,6 +230,8 @@ enum {
     SRV_EP_TOKENIZE,
     SRV_EP_DETOKENIZE,
     SRV_EP_VERSION,
+    SRV_EP_MODEL,      /* GET /v1/models/{model} */
+    SRV_EP_EMBEDDINGS, /* POST /v1/embeddings */
     SRV_EP_OTHER, /* no route: 404 */
     SRV_EP_COUNT,
 };
@@ -242,7 +244,8 @@ enum srv_access {
 };
 
 typedef struct srv_route {
-    const char *path;
+    const char *path; /* a segment "{name}" matches one non-empty segment, or
+                       * as the last segment the non-empty rest of the path */
     const char *method; /* HEAD is answered wherever GET is */
     int ep;             /* SRV_EP_* */
     int access;         /* enum srv_access */
@@ -258,6 +261,10 @@ extern const srv_route_t srv_routes[];
  * it), or SRV_EP_OTHER when no route has that path (404). method NULL:
  * only *ep. */
 const srv_route_t *srv_route_find(const char *path, const char *method, int *ep);
+/* The value of the route's one "{name}" segment in path (borrowed from
+ * path: to its end when the pattern ends with it), or NULL when the route
+ * has none or path does not match. */
+const char *srv_route_param(const srv_route_t *rt, const char *path);
 /* The endpoint's label in metrics: its path, or "other". Never NULL. */
 const char *srv_route_label(int ep);
 

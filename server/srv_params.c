@@ -239,7 +239,17 @@ parse_messages(const cJSON *mj, srv_params_t *p, srv_error_t *err)
             {
                 const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
                 const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
-                if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
+                if (cJSON_IsString(type) && strcmp(type->valuestring, "text") != 0) {
+                    /* image_url, input_audio, file, ...: refused by name. */
+                    srv_buf_free(&text);
+                    srv_err_set(err, 400, "messages",
+                                "messages[%d]: content parts of type '%.40s' are not supported: "
+                                "the model is text-only (send 'text' parts)",
+                                i, type->valuestring);
+                    err->code = "unsupported_content_type";
+                    return 0;
+                }
+                if (!cJSON_IsString(type) ||
                     !cJSON_IsString(t)) {
                     srv_buf_free(&text);
                     srv_err_set(err, 400, "messages",

@@ -32,6 +32,8 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
+#include "server/srv_cors.h"
+#include "server/srv_embed.h"
 #include "server/srv_endpoints.h"
 #include "server/srv_gen.h"
 #include "server/srv_http.h"
@@ -49,6 +51,7 @@ struct srv_req {
     srv_hold_t hold; /* the connection: suspension and hang-up watch */
     uint64_t id;
     int ep;
+    const char *url; /* MHD's, valid until the request completes */
     int tenant;
     int state; /* enum srv_req_state */
     srv_buf_t body;
@@ -65,6 +68,7 @@ struct srv_req {
     int retry_after; /* seconds, 0: none */
 
     srv_gen_t *gen; /* generation endpoints: what answers the request */
+    int32_t busy;   /* other engine work still owing it messages (srv_req_busy) */
     uint64_t t_arrival_ns;
     time_t created;
     list_node_t node; /* s->reqs */
@@ -118,7 +122,7 @@ srv_req_maybe_free(srv_req_t *r)
 {
     srv_t *s = r->s;
 
-    if (!r->mhd_done || (r->gen != NULL && srv_gen_open(r->gen))) {
+    if (!r->mhd_done || r->busy > 0 || (r->gen != NULL && srv_gen_open(r->gen))) {
         return;
     }
     srv_gen_free(r->gen);
@@ -159,6 +163,12 @@ time_t
 srv_req_created(const srv_req_t *r)
 {
     return r->created;
+}
+
+const char *
+srv_req_url(const srv_req_t *r)
+{
+    return r->url != NULL ? r->url : "";
 }
 
 const char *
@@ -264,6 +274,15 @@ srv_req_wait(srv_req_t *r)
 }
 
 void
+srv_req_busy(srv_req_t *r, int delta)
+{
+    r->busy += delta;
+    if (r->busy == 0) {
+        srv_req_maybe_free(r);
+    }
+}
+
+void
 srv_req_set_gen(srv_req_t *r, srv_gen_t *g)
 {
     r->gen = g;
@@ -334,6 +353,11 @@ first_call(srv_req_t *r, const char *url, const char *method)
         }
         return ret;
     }
+    if (srv_cors_preflight(r->s, r->hold.mc, r->id, url, method, &r->ep, &ret)) {
+        r->state = SRV_REQ_RESPONDED;
+        return ret;
+    }
+    r->url = url;
     int ok = srv_http_admit(r->s, r->hold.mc, url, method, &a, &err);
     r->ep = a.ep;
     r->tenant = a.tenant;
@@ -473,7 +497,10 @@ srv_http_on_msg(srv_t *s, msg_t *m)
     case ENG_MSG_DELTA:
     case ENG_MSG_FINISHED:
     case ENG_MSG_ERROR:
-        srv_gen_on_msg(s, m);
+    case ENG_MSG_EMBED:
+        if (!srv_embed_on_msg(s, m)) {
+            srv_gen_on_msg(s, m);
+        }
         break;
     case ENG_MSG_STATS_REPLY:
         srv_ep_stats_reply(s, (const eng_msg_stats_t *)m);

@@ -40,6 +40,8 @@ uint64_t srv_req_arrival_ns(const srv_req_t *r);
 time_t srv_req_created(const srv_req_t *r);
 /* The request body; never NULL ("" when empty). Borrowed from r. */
 const char *srv_req_body(const srv_req_t *r, size_t *len);
+/* The request's path (MHD's, unescaped), valid while the request is. */
+const char *srv_req_url(const srv_req_t *r);
 /* 0 once the client is gone or MHD is done with the request: nothing
  * more reaches the client. */
 int srv_req_live(const srv_req_t *r);
@@ -72,6 +74,10 @@ int srv_req_reserve(srv_req_t *r);
 void srv_req_unreserve(srv_req_t *r);
 /* Suspends the request until there is something to send. */
 void srv_req_wait(srv_req_t *r);
+/* Work other than a generation (embeddings) that the engine still owes
+ * messages for r: +1 while it does, -1 when its last word came (the
+ * record may then be freed, so r is not to be used after). */
+void srv_req_busy(srv_req_t *r, int delta);
 /* The generation that answers r; freed with r. */
 void srv_req_set_gen(srv_req_t *r, srv_gen_t *g);
 /* The later answer of a waiting request: as srv_req_reply(), queued once

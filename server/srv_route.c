@@ -18,6 +18,8 @@ const srv_route_t srv_routes[] = {
     {"/v1/completions", "POST", SRV_EP_COMPLETIONS, SRV_ACCESS_KEY},
     {"/v1/chat/completions", "POST", SRV_EP_CHAT, SRV_ACCESS_KEY},
     {"/v1/models", "GET", SRV_EP_MODELS, SRV_ACCESS_KEY},
+    {"/v1/models/{model}", "GET", SRV_EP_MODEL, SRV_ACCESS_KEY},
+    {"/v1/embeddings", "POST", SRV_EP_EMBEDDINGS, SRV_ACCESS_KEY},
     {"/health", "GET", SRV_EP_HEALTH, SRV_ACCESS_PUBLIC_HEALTH},
     {"/metrics", "GET", SRV_EP_METRICS, SRV_ACCESS_PUBLIC_METRICS},
     {"/tokenize", "POST", SRV_EP_TOKENIZE, SRV_ACCESS_KEY},
@@ -25,6 +27,41 @@ const srv_route_t srv_routes[] = {
     {"/version", "GET", SRV_EP_VERSION, SRV_ACCESS_KEY},
     {NULL, NULL, SRV_EP_OTHER, SRV_ACCESS_KEY},
 };
+
+/* Whether path matches the route's pattern: literal bytes, and "{name}"
+ * for one non-empty segment (the rest of the path when last, so a model id
+ * with a '/' in it matches). */
+static int
+path_match(const char *pat, const char *path)
+{
+    while (*pat != '\0') {
+        if (*pat == '{') {
+            const char *close = strchr(pat, '}');
+            size_t n = strcspn(path, close != NULL && close[1] == '\0' ? "" : "/");
+            if (close == NULL || n == 0) {
+                return 0;
+            }
+            pat = close + 1;
+            path += n;
+            continue;
+        }
+        if (*pat++ != *path++) {
+            return 0;
+        }
+    }
+    return *path == '\0';
+}
+
+const char *
+srv_route_param(const srv_route_t *rt, const char *path)
+{
+    const char *brace = strchr(rt->path, '{');
+
+    if (brace == NULL || !path_match(rt->path, path)) {
+        return NULL;
+    }
+    return path + (brace - rt->path);
+}
 
 const srv_route_t *
 srv_route_find(const char *path, const char *method, int *ep)
@@ -34,7 +71,7 @@ srv_route_find(const char *path, const char *method, int *ep)
 
     *ep = SRV_EP_OTHER;
     for (const srv_route_t *rt = srv_routes; rt->path != NULL; rt++) {
-        if (strcmp(path, rt->path) != 0) {
+        if (!path_match(rt->path, path)) {
             continue;
         }
         *ep = rt->ep;

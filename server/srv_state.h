@@ -72,6 +72,7 @@ struct srv {
     uint16_t port;
 
     struct srv_job *jobs[SRV_JOB_BUCKETS];
+    struct srv_embed *embeds; /* open embedding requests (srv_embed.c), a list */
     list_node_t conns;
     list_node_t reqs;      /* srv_req.c's records */
     list_node_t suspended; /* srv_hold_t of suspended connections */

@@ -248,3 +248,135 @@ test('a token piece longer than 256 bytes reaches the text and the stream', asyn
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('GET /v1/models/{id}: the served model, 404 for another id', async () => {
+  const m = checked('Model', await client.models.retrieve(MODEL_NAME));
+  assert.equal(m.id, MODEL_NAME);
+  assert.equal(m.object, 'model');
+  const list = await client.models.list();
+  assert.equal(list.data[0].created, m.created);
+  const res = await fetch(`${srv.base}/v1/models/gpt-4o`, { headers: authHeaders() });
+  assert.equal(res.status, 404);
+  const e = validate('ErrorResponse', await res.json()).error;
+  assert.equal(e.code, 'model_not_found');
+  assert.match(e.message, /gpt-4o/);
+  await assert.rejects(client.models.retrieve('org/some-model'), (err) => err.status === 404);
+  // The key is needed as for the list.
+  const noauth = await fetch(`${srv.base}/v1/models/${MODEL_NAME}`);
+  assert.equal(noauth.status, 401);
+  // Nothing else lives under /v1/models/.
+  const post = await fetch(`${srv.base}/v1/models/${MODEL_NAME}`,
+    { method: 'POST', headers: authHeaders() });
+  assert.equal(post.status, 405);
+  const empty = await fetch(`${srv.base}/v1/models/`, { headers: authHeaders() });
+  assert.equal(empty.status, 404);
+});
+
+test('multimodal content parts are refused: the model is text-only', async () => {
+  const parts = [
+    { type: 'image_url', image_url: { url: 'data:image/png;base64,iVBORw0KGgo=' } },
+    { type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } },
+    { type: 'file', file: { file_id: 'file-1' } },
+  ];
+  for (const p of parts) {
+    const r = await postJson(srv.base, '/v1/chat/completions', {
+      model: MODEL_NAME, max_tokens: 2,
+      messages: [{ role: 'user', content: [{ type: 'text', text: 'What is this?' }, p] }],
+    });
+    assert.equal(r.status, 400, p.type);
+    const e = validate('ErrorResponse', r.json).error;
+    assert.match(e.message, /text-only/);
+    assert.match(e.message, new RegExp(p.type));
+    assert.equal(e.param, 'messages');
+  }
+  // Text parts still work.
+  const ok = await client.chat.completions.create({
+    model: MODEL_NAME, max_tokens: 2,
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'Hello' }] }],
+  });
+  checked('CreateChatCompletionResponse', ok);
+});
+
+// CORS: a preflight and an actual request from a browser origin.
+async function preflight(base, origin, method = 'POST', route = '/v1/chat/completions') {
+  return fetch(base + route, {
+    method: 'OPTIONS',
+    headers: {
+      Origin: origin, 'Access-Control-Request-Method': method,
+      'Access-Control-Request-Headers': 'authorization, content-type',
+    },
+  });
+}
+
+test('CORS: nothing is allowed unless configured', async () => {
+  const pf = await preflight(srv.base, 'https://app.example.com');
+  assert.equal(pf.status, 403);
+  assert.equal(pf.headers.get('access-control-allow-origin'), null);
+  assert.match(validate('ErrorResponse', await pf.json()).error.message, /not allowed/);
+  const res = await fetch(`${srv.base}/v1/models`,
+    { headers: { Origin: 'https://app.example.com', ...authHeaders() } });
+  assert.equal(res.status, 200);
+  assert.equal(res.headers.get('access-control-allow-origin'), null);
+  // OPTIONS without preflight headers is just a method the route lacks.
+  const opt = await fetch(`${srv.base}/v1/models`, { method: 'OPTIONS' });
+  assert.equal(opt.status, 405);
+});
+
+test('CORS: a listed origin passes the preflight and reads responses and streams', async () => {
+  const s2 = await startServer(['--api-key', API_KEY,
+    '--allowed-origins', 'https://app.example.com, http://localhost:3000']);
+  try {
+    const pf = await preflight(s2.base, 'https://app.example.com');
+    assert.equal(pf.status, 204);
+    assert.equal(pf.headers.get('access-control-allow-origin'), 'https://app.example.com');
+    assert.equal(pf.headers.get('access-control-allow-methods'), 'POST');
+    assert.match(pf.headers.get('access-control-allow-headers'), /authorization/i);
+    assert.ok(Number(pf.headers.get('access-control-max-age')) > 0);
+    assert.match(pf.headers.get('vary'), /Origin/);
+    // Preflights carry no key: answered without one.
+    const pf2 = await preflight(s2.base, 'http://localhost:3000', 'GET', '/v1/models');
+    assert.equal(pf2.status, 204);
+    assert.equal(pf2.headers.get('access-control-allow-methods'), 'GET');
+    // Refused: another origin, a method the route does not serve.
+    const bad = await preflight(s2.base, 'https://evil.example.com');
+    assert.equal(bad.status, 403);
+    assert.equal(bad.headers.get('access-control-allow-origin'), null);
+    const badm = await preflight(s2.base, 'https://app.example.com', 'DELETE');
+    assert.equal(badm.status, 403);
+    // Actual requests: JSON, errors and SSE carry Allow-Origin.
+    const h = { Origin: 'https://app.example.com', 'Content-Type': 'application/json',
+      ...authHeaders() };
+    const body = JSON.stringify({ model: MODEL_NAME, prompt: 'Emma', max_tokens: 3 });
+    const r = await fetch(`${s2.base}/v1/completions`, { method: 'POST', headers: h, body });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('access-control-allow-origin'), 'https://app.example.com');
+    assert.match(r.headers.get('access-control-expose-headers'), /X-Request-Id/i);
+    await r.json();
+    const st = await fetch(`${s2.base}/v1/completions`, {
+      method: 'POST', headers: h,
+      body: JSON.stringify({ model: MODEL_NAME, prompt: 'Emma', max_tokens: 3, stream: true }),
+    });
+    assert.equal(st.headers.get('access-control-allow-origin'), 'https://app.example.com');
+    assert.ok((await readSse(st)).done);
+    const unauth = await fetch(`${s2.base}/v1/models`,
+      { headers: { Origin: 'https://app.example.com' } });
+    assert.equal(unauth.status, 401);
+    assert.equal(unauth.headers.get('access-control-allow-origin'), 'https://app.example.com');
+    const other = await fetch(`${s2.base}/v1/models`,
+      { headers: { Origin: 'https://evil.example.com', ...authHeaders() } });
+    assert.equal(other.status, 200);
+    assert.equal(other.headers.get('access-control-allow-origin'), null);
+    await waitKvEmpty(s2.base);
+  } finally {
+    await s2.stop('SIGTERM');
+  }
+  // "*" allows any origin, answered with "*".
+  const s3 = await startServer(['--allowed-origins', '*']);
+  try {
+    const pf = await preflight(s3.base, 'https://anything.example');
+    assert.equal(pf.status, 204);
+    assert.equal(pf.headers.get('access-control-allow-origin'), '*');
+  } finally {
+    await s3.stop('SIGTERM');
+  }
+});
