@@ -212,6 +212,35 @@ START_TEST(test_metrics_label_escape)
 }
 END_TEST
 
+/* Route patterns: "{model}" is one non-empty segment, the rest of the path
+ * when last; every route gets a metrics label of its pattern. */
+START_TEST(test_route_patterns)
+{
+    const srv_route_t *rt;
+    int ep;
+
+    rt = srv_route_find("/v1/models/austen-2.7m", "GET", &ep);
+    ck_assert_ptr_nonnull(rt);
+    ck_assert_int_eq(ep, SRV_EP_MODEL);
+    ck_assert_str_eq(srv_route_param(rt, "/v1/models/austen-2.7m"), "austen-2.7m");
+    rt = srv_route_find("/v1/models/org/name", "GET", &ep);
+    ck_assert_ptr_nonnull(rt);
+    ck_assert_str_eq(srv_route_param(rt, "/v1/models/org/name"), "org/name");
+    ck_assert_ptr_null(srv_route_find("/v1/models/x", "POST", &ep));
+    ck_assert_int_eq(ep, SRV_EP_MODEL); /* 405, counted under the route */
+    ck_assert_ptr_null(srv_route_find("/v1/models/", "GET", &ep));
+    ck_assert_int_eq(ep, SRV_EP_OTHER);
+    ck_assert_ptr_null(srv_route_find("/v1/modelsx", "GET", &ep));
+    ck_assert_int_eq(ep, SRV_EP_OTHER);
+    rt = srv_route_find("/v1/models", "GET", &ep);
+    ck_assert_int_eq(ep, SRV_EP_MODELS);
+    ck_assert_ptr_null(srv_route_param(rt, "/v1/models"));
+    ck_assert_ptr_nonnull(srv_route_find("/v1/embeddings", "POST", &ep));
+    ck_assert_int_eq(ep, SRV_EP_EMBEDDINGS);
+    ck_assert_str_eq(srv_route_label(SRV_EP_MODEL), "/v1/models/{model}");
+}
+END_TEST
+
 Suite *
 server_metrics_suite(void)
 {
@@ -221,6 +250,7 @@ server_metrics_suite(void)
     tcase_add_test(tc, test_hist_cumulative);
     tcase_add_test(tc, test_metrics_text);
     tcase_add_test(tc, test_metrics_label_escape);
+    tcase_add_test(tc, test_route_patterns);
     suite_add_tcase(s, tc);
     return s;
 }
