@@ -212,3 +212,39 @@ test('mean pooling differs from last-token pooling, and is unit-norm', async () 
     assert.equal((await mean.stop('SIGTERM')).code, 0);
   }
 });
+
+test('mean pooling in chunks under preemption gives the vector computed alone', async () => {
+  // A tiny pool and 16-token steps: the embedding's prompt is prefilled in
+  // chunks among long generations, which preempt each other (recompute).
+  const s2 = await startServer(['--pooling', 'mean', '--num-kv-blocks', '24',
+    '--max-num-batched-tokens', '16', '--swap-space', '0', '--no-enable-prefix-caching']);
+  try {
+    const c2 = new OpenAI({ baseURL: `${s2.base}/v1`, apiKey: 'none', maxRetries: 0 });
+    const text = 'Emma Woodhouse, handsome, clever, and rich, with a comfortable home '.repeat(6);
+    const alone = checked(await c2.embeddings.create({
+      model: MODEL_NAME, input: text, encoding_format: 'float',
+    }));
+    assert.ok(alone.usage.prompt_tokens > 64);
+    const gens = [];
+    for (let i = 0; i < 4; i++) {
+      gens.push(c2.completions.create({
+        model: MODEL_NAME, prompt: 'It is a truth universally acknowledged '.repeat(8),
+        max_tokens: 96, ignore_eos: true, temperature: 0,
+      }));
+    }
+    const embs = [];
+    for (let i = 0; i < 3; i++) {
+      embs.push(c2.embeddings.create({ model: MODEL_NAME, input: text, encoding_format: 'float' }));
+    }
+    const got = await Promise.all([...embs, ...gens]);
+    for (let i = 0; i < 3; i++) {
+      assert.ok(maxDiff(got[i].data[0].embedding, alone.data[0].embedding) < 1e-4, `emb ${i}`);
+    }
+    const m = await (await fetch(`${s2.base}/metrics`)).text();
+    const pre = /kvserve:num_preemptions_total\{kind="recompute"\} (\d+)/.exec(m);
+    console.log(`preemptions (recompute): ${pre ? pre[1] : '?'}`);
+    await waitKvEmpty(s2.base);
+  } finally {
+    assert.equal((await s2.stop('SIGTERM')).code, 0);
+  }
+});
