@@ -461,8 +461,10 @@ srv_embed_on_msg(srv_t *s, const msg_t *m)
 
 /* ---- start ------------------------------------------------------------------- */
 
+/* The SUBMIT of one input (its tokens move into it), or NULL when out of
+ * memory. */
 static eng_msg_submit_t *
-make_submit(const srv_t *s, const srv_embed_t *em, embed_job_t *job, int tenant, uint64_t t0)
+make_submit(const srv_t *s, embed_job_t *job, int tenant, uint64_t t0)
 {
     eng_msg_submit_t *m = xcalloc_try(1, sizeof(*m));
     eng_request_t *q;
@@ -470,7 +472,6 @@ make_submit(const srv_t *s, const srv_embed_t *em, embed_job_t *job, int tenant,
     if (m == NULL) {
         return NULL;
     }
-    (void)em;
     q = &m->req;
     m->hdr.type = ENG_MSG_SUBMIT;
     q->id = job->id;
@@ -540,7 +541,7 @@ srv_embed_start(srv_req_t *r)
     }
     for (int32_t i = 0; i < em->n_jobs; i++) {
         em->jobs[i].id = i == 0 ? srv_req_id(r) : s->next_id++;
-        msgs[i] = make_submit(s, em, &em->jobs[i], srv_req_tenant(r), srv_req_arrival_ns(r));
+        msgs[i] = make_submit(s, &em->jobs[i], srv_req_tenant(r), srv_req_arrival_ns(r));
         if (msgs[i] == NULL) {
             for (int32_t k = 0; k < i; k++) {
                 em->jobs[k].ids = msgs[k]->req.prompt; /* back to the job */
