@@ -248,3 +248,21 @@ test('mean pooling in chunks under preemption gives the vector computed alone', 
     assert.equal((await s2.stop('SIGTERM')).code, 0);
   }
 });
+
+test('tensor parallel (2 CPU ranks) gives the same vectors', async () => {
+  const input = ['Emma Woodhouse, handsome, clever, and rich', 'Mr. Knightley'];
+  const one = await embed(input);
+  const tp = await startServer(['--tensor-parallel-size', '2']);
+  try {
+    const c2 = new OpenAI({ baseURL: `${tp.base}/v1`, apiKey: 'none', maxRetries: 0 });
+    const two = checked(await c2.embeddings.create({
+      model: MODEL_NAME, input, encoding_format: 'float',
+    }));
+    for (let i = 0; i < input.length; i++) {
+      assert.ok(maxDiff(two.data[i].embedding, one.data[i].embedding) < 1e-4, `input ${i}`);
+    }
+    await waitKvEmpty(tp.base);
+  } finally {
+    assert.equal((await tp.stop('SIGTERM')).code, 0);
+  }
+});
