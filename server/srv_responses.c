@@ -403,6 +403,13 @@ rsp_parse(const srv_t *s, const char *body, size_t len, srv_params_t *p, srv_err
         srv_err_set(err, 400, "background", "'background': true is not supported");
         goto done;
     }
+    if ((j = field(root, "max_output_tokens")) != NULL &&
+        (!cJSON_IsNumber(j) || j->valuedouble < 1 || j->valuedouble > (double)(1 << 30) ||
+         j->valuedouble != (double)(int64_t)j->valuedouble)) {
+        srv_err_set(err, 400, "max_output_tokens",
+                    "'max_output_tokens' must be an integer in 1..%d", 1 << 30);
+        goto done;
+    }
     chat = cJSON_CreateObject();
     echo = cJSON_CreateObject();
     msgs = cJSON_AddArrayToObject(chat, "messages");
@@ -585,8 +592,6 @@ response_json(const srv_resp_t *rs, const srv_choice_t *ch, const srv_usage_t *u
     cJSON_AddFalseToObject(o, "store");
     if (u != NULL) {
         srv_json_add(o, "usage", usage_json(u));
-    } else {
-        cJSON_AddNullToObject(o, "usage");
     }
     return o;
 }

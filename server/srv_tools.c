@@ -475,7 +475,8 @@ generic_prompt(const srv_params_t *p, const cJSON *tools, srv_buf_t *out)
         const cJSON *fn = field(t, "function");
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", field(fn, "name")->valuestring);
-        if (cJSON_IsString(field(fn, "description"))) {
+        if (cJSON_IsString(field(fn, "description")) &&
+            field(fn, "description")->valuestring[0] != '\0') {
             cJSON_AddStringToObject(o, "description", field(fn, "description")->valuestring);
         }
         srv_json_add(o, "parameters", tool_params(t));
@@ -483,7 +484,7 @@ generic_prompt(const srv_params_t *p, const cJSON *tools, srv_buf_t *out)
     }
     char *lj = cJSON_PrintUnformatted(list);
     cJSON_Delete(list);
-    srv_buf_adds(out, "Tools (with a JSON Schema of their arguments):\n");
+    srv_buf_adds(out, "Tools (JSON Schema of the arguments):\n");
     srv_buf_adds(out, lj != NULL ? lj : "[]");
     if (lj == NULL) {
         out->oom = 1;

@@ -356,7 +356,7 @@ START_TEST(test_render_generic)
     ck_assert_int_eq(p.constraint.kind, SRV_CONSTRAINT_JSON_SCHEMA);
     assert_has(p.constraint.spec, "\"tool_calls\"");
     assert_has(p.constraint.spec, "\"response\"");
-    assert_has(out, "system: Tools (with a JSON Schema of their arguments):\n[{\"name\":"
+    assert_has(out, "system: Tools (JSON Schema of the arguments):\n[{\"name\":"
                     "\"get_weather\",\"description\":\"Current weather in a city\"");
     assert_has(out, "user: Weather in Paris?\n");
     assert_has(out, "assistant: {\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":{"
