@@ -470,6 +470,24 @@ generic_prompt(const srv_params_t *p, const cJSON *tools, srv_buf_t *out)
     cJSON *list = cJSON_CreateArray();
     const cJSON *t;
 
+    if (x->mode == SRV_TP_NAMED) {
+        /* Only the function to call, and only its schema. */
+        cJSON_ArrayForEach(t, tools)
+        {
+            if (strcmp(field(field(t, "function"), "name")->valuestring, x->tool_name) == 0) {
+                cJSON *pj = tool_params(t);
+                char *pt = cJSON_PrintUnformatted(pj);
+                cJSON_Delete(pj);
+                srv_buf_printf(out, "Call the tool %s: reply with its arguments, a JSON object "
+                                    "of this JSON Schema:\n%s",
+                               x->tool_name, pt != NULL ? pt : "{}");
+                out->oom |= pt == NULL;
+                free(pt);
+            }
+        }
+        cJSON_Delete(list);
+        return;
+    }
     cJSON_ArrayForEach(t, tools)
     {
         const cJSON *fn = field(t, "function");
@@ -490,10 +508,7 @@ generic_prompt(const srv_params_t *p, const cJSON *tools, srv_buf_t *out)
         out->oom = 1;
     }
     free(lj);
-    if (x->mode == SRV_TP_NAMED) {
-        srv_buf_printf(out, "\nCall %s: reply with its arguments as a JSON object.",
-                       x->tool_name);
-    } else if (x->mode == SRV_TP_REQUIRED) {
+    if (x->mode == SRV_TP_REQUIRED) {
         srv_buf_adds(out, "\nReply with a JSON array of calls: [{\"name\": ..., "
                           "\"parameters\": {...}}]");
     } else {
