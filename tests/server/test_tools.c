@@ -386,6 +386,25 @@ START_TEST(test_render_generic_merges_system)
 }
 END_TEST
 
+/* A named function: only it is described, by its schema. */
+START_TEST(test_render_generic_named)
+{
+    srv_params_t p;
+    const char *tmpl = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
+
+    parse_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]," TOOLS
+             ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}}",
+             &p);
+    char *out = render(&p, tmpl, "auto");
+    ck_assert_str_eq(out, "[system] Call the tool get_time: reply with its arguments, a JSON "
+                          "object of this JSON Schema:\n{\"type\":\"object\",\"properties\":{}}\n"
+                          "[user] x\n");
+    ck_assert_str_eq(p.constraint.spec, "{\"type\":\"object\",\"properties\":{}}");
+    free(out);
+    srv_params_free(&p);
+}
+END_TEST
+
 START_TEST(test_render_kwargs)
 {
     srv_params_t p;
@@ -425,6 +444,7 @@ server_tools_suite(void)
     tcase_add_test(tc, test_render_mistral);
     tcase_add_test(tc, test_render_generic);
     tcase_add_test(tc, test_render_generic_merges_system);
+    tcase_add_test(tc, test_render_generic_named);
     tcase_add_test(tc, test_render_kwargs);
     suite_add_tcase(s, tc);
     return s;
