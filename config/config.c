@@ -60,6 +60,11 @@ static const opt_t opts[] = {
      "model id in the API (default: basename of --model)"},
     {"chat-template", OT_STR, F(chat_template), 0, 0, NULL, "FILE",
      "Jinja chat template (default: the model's own)"},
+    {"tool-call-parser", OT_ENUM, F(tool_call_parser), 0, 0,
+     "auto|hermes|llama3_json|mistral|generic", "NAME",
+     "tool-call format: hermes, llama3_json, mistral, generic (auto: the template's)"},
+    {"reasoning-parser", OT_ENUM, F(reasoning_parser), 0, 0, "none|deepseek_r1|qwen3", "NAME",
+     "deepseek_r1 or qwen3: <think>...</think> into reasoning_content"},
     {"host", OT_STR, F(host), 0, 0, NULL, "ADDR", "address to listen on"},
     {"port", OT_I32, F(port), 0, 65535, NULL, "N", "TCP port (0: ephemeral)"},
     {"api-key", OT_APIKEY, F(api_key_sha256), 0, 0, NULL, "KEY",
@@ -577,6 +582,8 @@ cfg_defaults(cfg_t *c)
     c->tensor_parallel_size = 1;
     c->gpu_memory_utilization = 0.9;
     strcpy(c->kv_cache_dtype, "auto");
+    strcpy(c->tool_call_parser, "auto");
+    strcpy(c->reasoning_parser, "none");
     strcpy(c->dtype, "auto");
     strcpy(c->kv_policy, "full");
     c->enable_prefix_caching = 1;

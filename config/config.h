@@ -56,6 +56,8 @@ typedef struct cfg {
     char served_model_name[CFG_NAME_MAX]; /* --served-model-name; "" = basename of model */
     char chat_template[CFG_PATH_MAX];  /* --chat-template FILE; "" = the model's own */
     char config_path[CFG_PATH_MAX];    /* --config FILE that was read; "" if none */
+    char tool_call_parser[16];         /* --tool-call-parser; "auto": the template's */
+    char reasoning_parser[16];         /* --reasoning-parser: none deepseek_r1 qwen3 */
 
     /* Network. */
     char host[256];                    /* --host, default "127.0.0.1" */

@@ -48,6 +48,13 @@ srv_chat_fini(srv_t *s)
 char *
 srv_chat_render(const srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp, srv_error_t *err)
 {
+    return srv_chat_render_extra(s, msgs, n, agp, NULL, err);
+}
+
+char *
+srv_chat_render_extra(const srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp,
+                      const char *extra_json, srv_error_t *err)
+{
     int32_t bos = tok_bos_id(s->tok), eos = tok_eos_id(s->tok);
     const char *bos_s = bos >= 0 ? tok_token_str(s->tok, bos) : NULL;
     chat_render_opts_t opts;
@@ -67,6 +74,7 @@ srv_chat_render(const srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp, 
     opts.eos_token = eos >= 0 ? tok_token_str(s->tok, eos) : NULL;
     opts.add_generation_prompt = agp;
     opts.max_output = 4u << 20;
+    opts.extra_json = extra_json;
     cm = xcalloc_try((size_t)n + 1, sizeof(*cm));
     if (cm == NULL) {
         srv_err_oom(err);

@@ -346,6 +346,12 @@ do_chat(srv_req_t *r)
     return srv_gen_start(r, &srv_api_chat);
 }
 
+static enum MHD_Result
+do_responses(srv_req_t *r)
+{
+    return srv_gen_start(r, &srv_api_responses);
+}
+
 /* The route table names the endpoint; this binds it to what it does. */
 static enum MHD_Result (*const handlers[SRV_EP_COUNT])(srv_req_t *r) = {
     [SRV_EP_COMPLETIONS] = do_completions,
@@ -358,6 +364,7 @@ static enum MHD_Result (*const handlers[SRV_EP_COUNT])(srv_req_t *r) = {
     [SRV_EP_VERSION] = do_version,
     [SRV_EP_MODEL] = do_model,
     [SRV_EP_EMBEDDINGS] = srv_embed_start,
+    [SRV_EP_RESPONSES] = do_responses,
 };
 
 enum MHD_Result

@@ -32,6 +32,7 @@
 #include "common/util.h"
 #include "common/xmalloc.h"
 #include "server/srv_gen.h"
+#include "server/srv_tools.h"
 
 /* Room a stream's output buffer gets up front: chunks of a client that
  * reads along never make it grow (one allocation, not one per doubling
@@ -146,6 +147,12 @@ srv_gen_free(srv_gen_t *g)
 {
     if (g == NULL) {
         return;
+    }
+    for (int32_t i = 0; g->choices != NULL && i < g->n_choices; i++) {
+        if (g->choices[i].tp != NULL) {
+            srv_tp_fini(g->choices[i].tp);
+            free(g->choices[i].tp);
+        }
     }
     for (int32_t i = 0; i < g->n_choices; i++) {
         srv_stop_free(&g->choices[i].stop);
@@ -284,6 +291,29 @@ static void
 choice_emit(srv_gen_t *g, int32_t ci, srv_choice_t *ch, srv_buf_t *piece, cJSON *lp,
             const char *finish)
 {
+    if (ch->tp != NULL) {
+        /* Tool calls and reasoning (srv_toolparse.h): the parser keeps the
+         * results for the body; a stream sends its events one chunk each,
+         * then the finish in a chunk of its own. */
+        srv_buf_t none = {0};
+        srv_tp_feed(ch->tp, piece->data ? piece->data : "", piece->len, finish != NULL);
+        if (ch->tp->oom) {
+            cJSON_Delete(g->p.stream ? lp : NULL);
+            fail_oom(g);
+            return;
+        }
+        if (finish != NULL) {
+            ch->finish = finish = srv_tp_finish_reason(ch->tp, finish);
+        }
+        while (g->p.stream && srv_tp_pending(ch->tp) && !g->err.status && !g->stream_error) {
+            stream_emit(g, ci, ch, &none, lp, NULL);
+            lp = NULL;
+        }
+        if (g->p.stream && (finish != NULL || lp != NULL)) {
+            stream_emit(g, ci, ch, &none, lp, finish);
+        }
+        return;
+    }
     if (g->p.stream) {
         stream_emit(g, ci, ch, piece, lp, finish);
     } else if (piece->len > 0) {
@@ -332,11 +362,16 @@ stream_end(srv_gen_t *g)
     size_t out_len = g->out.len;
     unsigned long mark = srv_json_mark();
 
-    if (g->p.include_usage) {
+    if (g->rs.api->stream_end != NULL) {
         srv_usage_t u = usage_of(g);
-        srv_api_usage_chunk(&g->rs, &u, &g->out);
+        g->rs.api->stream_end(&g->rs, &g->choices[0], &u, &g->out);
+    } else {
+        if (g->p.include_usage) {
+            srv_usage_t u = usage_of(g);
+            srv_api_usage_chunk(&g->rs, &u, &g->out);
+        }
+        srv_sse_done(&g->out);
     }
-    srv_sse_done(&g->out);
     if (xmalloc_try_failures() != mark) {
         out_truncate(g, out_len);
         srv_err_oom(&g->err);
@@ -736,6 +771,41 @@ make_submit(const srv_gen_t *g, const srv_job_t *job)
     return m;
 }
 
+static void
+free_tp(srv_gen_t *g, int32_t n)
+{
+    for (int32_t c = 0; c < n; c++) {
+        if (g->choices[c].tp != NULL) {
+            srv_tp_fini(g->choices[c].tp);
+            free(g->choices[c].tp);
+            g->choices[c].tp = NULL;
+        }
+    }
+}
+
+/* The output parser of each choice, when the request needs one
+ * (srv_tools.h). 1, or 0 with none left allocated. */
+static int
+alloc_tp(srv_gen_t *g, int32_t n)
+{
+    srv_tp_cfg_t cfg;
+
+    if (!g->p.ext.output) {
+        return 1;
+    }
+    for (int32_t c = 0; c < n; c++) {
+        srv_tools_tp_cfg(&g->p, g->id * 1000003u + (uint64_t)g->rs.created + (uint64_t)c, &cfg);
+        g->choices[c].tp = xcalloc_try(1, sizeof(srv_tp_t));
+        if (g->choices[c].tp == NULL || !srv_tp_init(g->choices[c].tp, &cfg)) {
+            free(g->choices[c].tp);
+            g->choices[c].tp = NULL;
+            free_tp(g, c);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* Allocates, fallibly, everything the generation needs (jobs, choices, the
  * hang-up watch, the stream's room) and the SUBMIT messages into msgs.
  * Returns 1, or 0 with nothing left allocated. */
@@ -746,8 +816,13 @@ alloc_jobs(srv_gen_t *g, int32_t n_jobs, eng_msg_submit_t **msgs)
 
     g->jobs = xcalloc_try((size_t)n_jobs, sizeof(srv_job_t));
     g->choices = g->jobs ? xcalloc_try((size_t)(n_jobs * g->p.n), sizeof(srv_choice_t)) : NULL;
+    if (g->choices != NULL && !alloc_tp(g, n_jobs * g->p.n)) {
+        free(g->choices);
+        g->choices = NULL;
+    }
     if (g->choices != NULL &&
         (!srv_req_reserve(r) || (g->p.stream && !srv_buf_reserve(&g->out, SRV_STREAM_RESERVE)))) {
+        free_tp(g, n_jobs * g->p.n);
         free(g->choices);
         g->choices = NULL;
     }
@@ -759,6 +834,7 @@ alloc_jobs(srv_gen_t *g, int32_t n_jobs, eng_msg_submit_t **msgs)
             for (int32_t k = 0; k < j; k++) {
                 eng_msg_free(&msgs[k]->hdr);
             }
+            free_tp(g, n_jobs * g->p.n);
             free(g->choices);
             g->choices = NULL;
         }
@@ -801,7 +877,8 @@ srv_gen_start(srv_req_t *r, const srv_api_t *api)
     srv_req_set_gen(r, g); /* freed with the request from here on */
 
     body = srv_req_body(r, &len);
-    if (!srv_params_parse(api->kind, body, len, &s->lim, &g->p, &err)) {
+    if (api->parse != NULL ? !api->parse(s, body, len, &g->p, &err)
+                           : !srv_params_parse(api->kind, body, len, &s->lim, &g->p, &err)) {
         return srv_req_reply_error(r, &err);
     }
     g->have_params = 1;

@@ -133,6 +133,31 @@ typedef struct srv_constraint {
     char *spec; /* owned, NUL-terminated; NULL for NONE and JSON_OBJECT */
 } srv_constraint_t;
 
+/* Tool calling and chat template extras of a chat request (srv_tools.c
+ * parses them; srv_tools_prepare() fills the rest before rendering). */
+enum srv_tool_choice {
+    SRV_TOOL_CHOICE_AUTO = 0,
+    SRV_TOOL_CHOICE_NONE,
+    SRV_TOOL_CHOICE_REQUIRED,
+    SRV_TOOL_CHOICE_NAMED,
+};
+
+typedef struct srv_chat_ext {
+    char *tools;         /* the "tools" array as JSON text; NULL: none */
+    int32_t n_tools;
+    int tool_choice;     /* enum srv_tool_choice */
+    char *tool_name;     /* SRV_TOOL_CHOICE_NAMED: the function */
+    int parallel_tool_calls; /* default 1 */
+    char *kwargs;        /* chat_template_kwargs, a JSON object's text; NULL: none */
+    char *messages;      /* the messages with their tool fields (JSON array text), as
+                          * templates see them; NULL when none has such fields */
+    int output;          /* 1: the output goes through the tool / reasoning parser */
+    int format;          /* srv_toolparse.h: enum srv_tp_format (set by prepare) */
+    int mode;            /* enum srv_tp_mode */
+    int reasoning;       /* enum srv_tp_reasoning */
+    char *echo;          /* the Responses API: request fields its response repeats (JSON) */
+} srv_chat_ext_t;
+
 typedef struct srv_params {
     int kind;
     int32_t n_prompts;
@@ -164,6 +189,7 @@ typedef struct srv_params {
      * absent: 0, the server's --kv-policy. */
     int32_t kv_sink, kv_window;
     srv_constraint_t constraint; /* SRV_CONSTRAINT_NONE unless asked for */
+    srv_chat_ext_t ext;          /* chat: tools, tool history, template kwargs */
 } srv_params_t;
 
 /* Parses and validates a request body of the given kind against the
@@ -182,6 +208,13 @@ void srv_params_free(srv_params_t *p);
  * need (kv_blocks 0: unchecked). Returns 1 or 0 with err naming the limit. */
 int srv_params_check_context(srv_params_t *p, const srv_limits_t *lim, int32_t block_size,
                              int32_t kv_blocks, srv_error_t *err);
+
+/* srv_tools.c: parses tools, tool_choice, parallel_tool_calls,
+ * chat_template_kwargs and the messages' tool fields of a chat body (after
+ * its messages were parsed) into p->ext. 1, or 0 with err (400 naming the
+ * problem, 503 out of memory). */
+int srv_chat_ext_parse(const cJSON *root, srv_params_t *p, srv_error_t *err);
+void srv_chat_ext_free(srv_chat_ext_t *x);
 
 /* ---- stop strings ------------------------------------------------------------ */
 
@@ -232,6 +265,7 @@ enum {
     SRV_EP_VERSION,
     SRV_EP_MODEL,      /* GET /v1/models/{model} */
     SRV_EP_EMBEDDINGS, /* POST /v1/embeddings */
+    SRV_EP_RESPONSES, /* POST /v1/responses */
     SRV_EP_OTHER, /* no route: 404 */
     SRV_EP_COUNT,
 };

@@ -28,6 +28,7 @@
 #include "common/xmalloc.h"
 #include "server/srv_openai.h"
 #include "server/srv_state.h"
+#include "server/srv_tools.h"
 
 /* ---- shared pieces ----------------------------------------------------------- */
 
@@ -243,8 +244,17 @@ const srv_api_t srv_api_completions = {
 static int
 chat_prepare(const srv_t *s, srv_params_t *p, srv_error_t *err)
 {
-    char *text = srv_chat_render(s, p->messages, p->n_messages, p->add_generation_prompt, err);
+    /* Tools, tool history, kwargs and the output parser: srv_tools.h. */
+    srv_tools_opts_t o = {s->chat != NULL ? s->chat_template : NULL, s->cfg->tool_call_parser,
+                          s->cfg->reasoning_parser, 0};
+    char *extra = NULL, *text;
 
+    if (!srv_tools_prepare(p, &o, &extra, err)) {
+        return 0;
+    }
+    text = srv_chat_render_extra(s, p->messages, p->n_messages, p->add_generation_prompt, extra,
+                                 err);
+    free(extra);
     if (text == NULL) {
         return 0;
     }
@@ -307,7 +317,25 @@ static int
 chat_chunk_owed(const srv_resp_t *rs, const srv_choice_t *ch)
 {
     (void)rs;
-    return !ch->role_sent;
+    return !ch->role_sent || (ch->tp != NULL && srv_tp_pending(ch->tp));
+}
+
+/* A chunk's delta from the output parser: its next event. */
+static void
+chat_chunk_tp(srv_choice_t *ch, srv_buf_t *out)
+{
+    srv_tp_event_t ev;
+    int has = srv_tp_next(ch->tp, &ev);
+
+    srv_buf_adds(out, "\"delta\":{");
+    if (!ch->role_sent) {
+        srv_buf_adds(out, has ? "\"role\":\"assistant\"," : "\"role\":\"assistant\"");
+        ch->role_sent = 1;
+    }
+    if (has) {
+        srv_tp_chat_delta(ch->tp, &ev, out);
+    }
+    srv_buf_adds(out, "},");
 }
 
 static void
@@ -316,6 +344,10 @@ chat_chunk_content(const srv_resp_t *rs, int32_t ci, srv_choice_t *ch, const srv
 {
     (void)rs;
     (void)ci;
+    if (ch->tp != NULL) {
+        chat_chunk_tp(ch, out);
+        return;
+    }
     srv_buf_adds(out, "\"delta\":{");
     if (!ch->role_sent) {
         srv_buf_adds(out, "\"role\":\"assistant\"");
@@ -337,8 +369,30 @@ chat_body_content(const srv_resp_t *rs, int32_t ci, const srv_choice_t *ch, cJSO
     (void)rs;
     (void)ci;
     cJSON *m = cJSON_AddObjectToObject(c, "message");
+    const srv_tp_t *tp = ch->tp;
     cJSON_AddStringToObject(m, "role", "assistant");
-    cJSON_AddStringToObject(m, "content", ch->text.data ? ch->text.data : "");
+    if (tp == NULL) {
+        cJSON_AddStringToObject(m, "content", ch->text.data ? ch->text.data : "");
+    } else if (tp->n_calls > 0 && tp->content.len == 0) {
+        cJSON_AddNullToObject(m, "content");
+    } else {
+        cJSON_AddStringToObject(m, "content", tp->content.data ? tp->content.data : "");
+    }
+    if (tp != NULL && tp->reasoning.len > 0) {
+        cJSON_AddStringToObject(m, "reasoning_content", tp->reasoning.data);
+    }
+    if (tp != NULL && tp->n_calls > 0) {
+        cJSON *calls = cJSON_AddArrayToObject(m, "tool_calls");
+        for (int32_t i = 0; i < tp->n_calls; i++) {
+            cJSON *tc = cJSON_CreateObject(), *fn;
+            cJSON_AddStringToObject(tc, "id", tp->calls[i].id);
+            cJSON_AddStringToObject(tc, "type", "function");
+            fn = cJSON_AddObjectToObject(tc, "function");
+            cJSON_AddStringToObject(fn, "name", tp->calls[i].name);
+            cJSON_AddStringToObject(fn, "arguments", tp->calls[i].args);
+            srv_json_push(calls, tc);
+        }
+    }
     cJSON_AddNullToObject(m, "refusal");
 }
 
@@ -393,6 +447,11 @@ void
 srv_api_chunk(const srv_resp_t *rs, srv_buf_t *prefix, int32_t ci, srv_choice_t *ch,
               const srv_buf_t *piece, cJSON *lp, const char *finish, srv_buf_t *out)
 {
+    if (rs->api->chunk != NULL) {
+        cJSON_Delete(lp);
+        rs->api->chunk(rs, ch, finish, out);
+        return;
+    }
     if (prefix->len == 0) {
         char id[48];
         id_string(rs, id, sizeof(id));
@@ -449,6 +508,9 @@ srv_api_usage_chunk(const srv_resp_t *rs, const srv_usage_t *u, srv_buf_t *out)
 char *
 srv_api_body(const srv_resp_t *rs, srv_choice_t *choices, int32_t n_choices, const srv_usage_t *u)
 {
+    if (rs->api->body != NULL) {
+        return rs->api->body(rs, choices, u);
+    }
     unsigned long mark = srv_json_mark();
     cJSON *root = base_object(rs, 0);
     cJSON *arr = cJSON_AddArrayToObject(root, "choices");

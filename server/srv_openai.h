@@ -36,6 +36,7 @@ typedef struct srv_choice {
     const char *finish;  /* NULL while running */
     int engine_done;     /* FINISHED received */
     int role_sent;       /* chat stream: role delta sent */
+    struct srv_tp *tp;   /* tool-call / reasoning parser (srv_toolparse.h), or NULL */
     int echo_sent;       /* completions stream: prompt echoed */
     int32_t held_tok;    /* a possible stop token whose text waits for the
                           * engine's verdict (srv_gen.c), or -1 */
@@ -83,10 +84,22 @@ struct srv_api {
                           const srv_buf_t *piece, const char *finish, srv_buf_t *out);
     /* Adds the choice's content to its object in a whole response. */
     void (*body_content)(const srv_resp_t *rs, int32_t ci, const srv_choice_t *ch, cJSON *c);
+    /* Optional, for endpoints of another shape (the Responses API; NULL:
+     * the shared assembly): the body's parser (instead of
+     * srv_params_parse), a stream's chunk for choice 0 (instead of
+     * srv_api_chunk's; it drains ch->tp), the stream's end (instead of
+     * the usage chunk and [DONE]) and the whole body. */
+    int (*parse)(const srv_t *s, const char *body, size_t len, srv_params_t *p,
+                 srv_error_t *err);
+    void (*chunk)(const srv_resp_t *rs, srv_choice_t *ch, const char *finish, srv_buf_t *out);
+    void (*stream_end)(const srv_resp_t *rs, srv_choice_t *ch, const srv_usage_t *u,
+                       srv_buf_t *out);
+    char *(*body)(const srv_resp_t *rs, srv_choice_t *ch, const srv_usage_t *u);
 };
 
 extern const srv_api_t srv_api_completions;
 extern const srv_api_t srv_api_chat;
+extern const srv_api_t srv_api_responses; /* srv_responses.c */
 
 /* Prepares and tokenizes the prompts of p (those given as text). 1, or 0
  * with err (400, or 503 when out of memory). */
@@ -109,5 +122,9 @@ char *srv_api_body(const srv_resp_t *rs, srv_choice_t *choices, int32_t n_choice
  * refuses it or exceeds its limits, 503 when out of memory). */
 char *srv_chat_render(const srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp,
                       srv_error_t *err);
+/* The same with the template's extra variables (a JSON object's text, or
+ * NULL; text/chat.h extra_json): tools, messages with tool fields, kwargs. */
+char *srv_chat_render_extra(const srv_t *s, const srv_chat_msg_t *msgs, int32_t n, int agp,
+                            const char *extra_json, srv_error_t *err);
 
 #endif /* SERVER_SRV_OPENAI_H */

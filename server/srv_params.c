@@ -34,6 +34,7 @@ srv_params_free(srv_params_t *p)
         free(p->stop[i]);
     }
     free(p->constraint.spec);
+    srv_chat_ext_free(&p->ext);
     memset(p, 0, sizeof(*p));
 }
 
@@ -224,10 +225,12 @@ parse_messages(const cJSON *mj, srv_params_t *p, srv_error_t *err)
         if (strcmp(r, "developer") == 0) {
             r = "system";
         }
-        if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0) {
+        if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0 &&
+            strcmp(r, "tool") != 0) {
             srv_err_set(err, 400, "messages",
-                        "messages[%d]: role '%.40s' is not supported (system, user, assistant)", i,
-                        role->valuestring);
+                        "messages[%d]: role '%.40s' is not supported (system, user, assistant, "
+                        "tool)",
+                        i, role->valuestring);
             return 0;
         }
         srv_buf_t text = {0};
@@ -633,8 +636,7 @@ srv_params_parse(int kind, const char *body, size_t len, const srv_limits_t *lim
             !get_bool(j, "add_generation_prompt", &p->add_generation_prompt, err)) {
             goto done;
         }
-        if ((j = field(root, "tools")) && cJSON_IsArray(j) && cJSON_GetArraySize(j) > 0) {
-            srv_err_set(err, 400, "tools", "tool calls are not supported");
+        if (!srv_chat_ext_parse(root, p, err)) {
             goto done;
         }
         if ((j = field(root, "response_format")) && cJSON_IsObject(j)) {

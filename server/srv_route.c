@@ -25,6 +25,7 @@ const srv_route_t srv_routes[] = {
     {"/tokenize", "POST", SRV_EP_TOKENIZE, SRV_ACCESS_KEY},
     {"/detokenize", "POST", SRV_EP_DETOKENIZE, SRV_ACCESS_KEY},
     {"/version", "GET", SRV_EP_VERSION, SRV_ACCESS_KEY},
+    {"/v1/responses", "POST", SRV_EP_RESPONSES, SRV_ACCESS_KEY},
     {NULL, NULL, SRV_EP_OTHER, SRV_ACCESS_KEY},
 };
 

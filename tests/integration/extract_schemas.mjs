@@ -82,22 +82,49 @@ function convert(node, refs) {
   return out;
 }
 
-const definitions = {};
-const todo = [...ROOTS];
-while (todo.length > 0) {
-  const name = todo.pop();
-  if (definitions[name] !== undefined) {
-    continue;
+// The Responses API's schemas go to their own bundle (openai-responses.json):
+// the Response object and every stream event.
+const RESPONSES_ROOTS = ['Response', 'ResponseStreamEvent'];
+
+// Copies roots and every schema they reference, transitively.
+function collect(roots) {
+  const defs = {};
+  const todo = [...roots];
+  while (todo.length > 0) {
+    const name = todo.pop();
+    if (defs[name] !== undefined) {
+      continue;
+    }
+    if (all[name] === undefined) {
+      throw new Error(`schema ${name} is not in ${src}`);
+    }
+    const refs = new Set();
+    defs[name] = convert(all[name], refs);
+    for (const r of refs) {
+      todo.push(r);
+    }
   }
-  if (all[name] === undefined) {
-    throw new Error(`schema ${name} is not in ${src}`);
-  }
-  const refs = new Set();
-  definitions[name] = convert(all[name], refs);
-  for (const r of refs) {
-    todo.push(r);
-  }
+  return defs;
 }
+
+// Writes defs as the bundle schemas/<id>, sorted by name.
+function write(id, defs) {
+  const sorted = {};
+  for (const k of Object.keys(defs).sort()) {
+    sorted[k] = defs[k];
+  }
+  const bundle = {
+    $id: id,
+    $comment: `Extracted from the OpenAI OpenAPI document (openapi ${doc.openapi}, ` +
+      `version ${doc.info.version}) by tests/integration/extract_schemas.mjs; see LICENSE.`,
+    definitions: sorted,
+  };
+  fs.mkdirSync(path.join(here, 'schemas'), { recursive: true });
+  fs.writeFileSync(path.join(here, 'schemas', id), JSON.stringify(bundle, null, 1) + '\n');
+  console.log(`${id}: ${Object.keys(sorted).length} schemas: ${Object.keys(sorted).join(', ')}`);
+}
+
+const definitions = collect(ROOTS);
 
 // Streamed completions: the document says streamed and non-streamed objects
 // share one shape, but the API sends finish_reason null until a choice ends.
@@ -112,16 +139,5 @@ stream.description = 'Derived from CreateCompletionResponse for streamed chunks 
   '(finish_reason may be null).';
 definitions.CreateCompletionStreamResponse = stream;
 
-const sorted = {};
-for (const k of Object.keys(definitions).sort()) {
-  sorted[k] = definitions[k];
-}
-const bundle = {
-  $id: 'openai.json',
-  $comment: `Extracted from the OpenAI OpenAPI document (openapi ${doc.openapi}, ` +
-    `version ${doc.info.version}) by tests/integration/extract_schemas.mjs; see LICENSE.`,
-  definitions: sorted,
-};
-fs.mkdirSync(path.join(here, 'schemas'), { recursive: true });
-fs.writeFileSync(path.join(here, 'schemas', 'openai.json'), JSON.stringify(bundle, null, 1) + '\n');
-console.log(`wrote ${Object.keys(sorted).length} schemas: ${Object.keys(sorted).join(', ')}`);
+write('openai.json', definitions);
+write('openai-responses.json', collect(RESPONSES_ROOTS));

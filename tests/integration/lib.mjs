@@ -25,10 +25,14 @@ export const API_KEY = 'sk-kvserve-test-key';
 const ajv = new Ajv({ allErrors: true, strict: false });
 addFormats(ajv);
 ajv.addSchema(JSON.parse(fs.readFileSync(path.join(here, 'schemas', 'openai.json'), 'utf8')));
+ajv.addSchema(JSON.parse(fs.readFileSync(path.join(here, 'schemas', 'openai-responses.json'),
+  'utf8')));
 
-// Throws with ajv's errors when obj does not match the named OpenAI schema.
+// Throws with ajv's errors when obj does not match the named OpenAI schema
+// (openai.json, or the Responses API's openai-responses.json).
 export function validate(name, obj) {
-  const v = ajv.getSchema(`openai.json#/definitions/${name}`);
+  const v = ajv.getSchema(`openai.json#/definitions/${name}`) ??
+    ajv.getSchema(`openai-responses.json#/definitions/${name}`);
   if (v === undefined) {
     throw new Error(`no schema ${name}`);
   }

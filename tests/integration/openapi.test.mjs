@@ -53,6 +53,7 @@ const sampleBodies = {
   '/v1/completions': { model: MODEL_NAME, prompt: 'Emma', max_tokens: 2 },
   '/v1/chat/completions': { model: MODEL_NAME, messages: [{ role: 'user', content: 'Hi' }],
     max_tokens: 2 },
+  '/v1/responses': { model: MODEL_NAME, input: 'Hi', max_output_tokens: 2 },
   '/tokenize': { prompt: 'Emma' },
   '/detokenize': { tokens: [1, 2] },
   '/v1/embeddings': { model: MODEL_NAME, input: 'Emma' },

@@ -7,6 +7,8 @@ Suite *server_params_suite(void);
 Suite *server_stop_sse_suite(void);
 Suite *server_metrics_suite(void);
 Suite *server_oom_suite(void);
+Suite *server_toolparse_suite(void);
+Suite *server_tools_suite(void);
 
 int
 main(void)
@@ -17,6 +19,8 @@ main(void)
     srunner_add_suite(sr, server_stop_sse_suite());
     srunner_add_suite(sr, server_metrics_suite());
     srunner_add_suite(sr, server_oom_suite());
+    srunner_add_suite(sr, server_toolparse_suite());
+    srunner_add_suite(sr, server_tools_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
