@@ -750,6 +750,7 @@ req_end_error(sched_t *s, sched_req_t *rq, int status)
 void
 sched_abort_all(sched_t *s, int status)
 {
+    bm_pool_step_end(s->pool); /* no forward follows the plan */
     while (!list_empty(&s->reqs)) {
         req_end_error(s, LIST_ENTRY(s->reqs.next, sched_req_t, node), status);
     }
@@ -1253,6 +1254,7 @@ sched_step(sched_t *s, sched_plan_t *plan)
     list_node_t *it;
 
     ASSERT_THREAD(ENGINE);
+    bm_pool_step_begin(s->pool); /* blockmgr checks the step contract */
     reap_dead(s);
     s->step_no++;
     for (int32_t u = 0; u < s->cfg.n_tenants; u++) {
@@ -1514,6 +1516,7 @@ void
 sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
 {
     ASSERT_THREAD(ENGINE);
+    bm_pool_step_end(s->pool); /* the forward has written the planned slots */
     for (int32_t r = 0; r < s->n_rows; r++) {
         sched_seq_t *q = s->rows_seq[r];
         q->n_computed += s->rows_new[r];
