@@ -67,6 +67,12 @@ sysmem_lock_all(char *err, size_t errlen)
     int e;
 
     if (mlockall(MCL_CURRENT) == 0) {
+        if (sysmem_self_field("VmLck") == 0) {
+            /* The sanitizers intercept mlockall as a no-op that succeeds. */
+            snprintf(err, errlen, "--mlock: mlockall reported success but nothing is locked "
+                                  "(a sanitizer build intercepts it)");
+            return ST_EUNSUPPORTED;
+        }
         return ST_OK;
     }
     e = errno;

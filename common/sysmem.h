@@ -27,7 +27,8 @@ int64_t sysmem_memlock_limit(void);
 /* Locks every page mapped now (mlockall(MCL_CURRENT)), which also faults
  * them in. On failure returns -errno and writes one line to err naming the
  * resident size, the locked size and RLIMIT_MEMLOCK, and how to raise it;
- * nothing is left locked. ST_OK otherwise. */
+ * nothing is left locked. ST_EUNSUPPORTED when mlockall succeeds but
+ * VmLck stays 0 (sanitizer builds make it a no-op). ST_OK otherwise. */
 int sysmem_lock_all(char *err, size_t errlen);
 
 /* Bytes of the calling process's VmRSS, VmLck or another kB field of
