@@ -793,6 +793,7 @@ bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_
             seal_block(pool, s, s->n_blocks - 1);
         }
     }
+    bm__step_wrote(pool, s);
     return ST_OK;
 }
 
@@ -806,6 +807,7 @@ bm_seq_truncate(bm_pool_t *pool, uint64_t seq, uint32_t n)
         div_up(s->len - n, pool->bs) < s->n_released + (s->len - n > 0)) {
         return ST_EINVAL;
     }
+    bm__step_check_move(pool, s, "truncate");
     s->len -= n;
     keep = div_up(s->len, pool->bs);
     /* A tail block left partly filled keeps its hash until it is written:
@@ -850,6 +852,8 @@ bm_seq_fork(bm_pool_t *pool, uint64_t parent, uint64_t child)
     for (uint32_t i = c->n_released; i < c->n_blocks; i++) {
         blk_get(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)c->table[i]), c->tenant);
     }
+    bm__step_wrote(pool, p);
+    bm__step_wrote(pool, c);
     return ST_OK;
 }
 
@@ -862,6 +866,7 @@ bm_seq_free(bm_pool_t *pool, uint64_t seq)
     if (s == NULL) {
         return;
     }
+    bm__step_check_free(pool, s);
     tier = s->swapped ? BM_CPU : BM_DEV;
     /* Last to first: the tail reaches the queue first and is evicted first. */
     for (uint32_t i = s->n_blocks; i-- > s->n_released;) {
@@ -1020,6 +1025,7 @@ bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint3
     s->len = i * bs;
     pool->st.prefix_hits += s->len;
     *n_cached = s->len;
+    bm__step_taint(pool, s);
     return ST_OK;
 }
 
@@ -1087,6 +1093,7 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
     if (s == NULL || s->swapped) {
         return ST_EINVAL;
     }
+    bm__step_check_move(pool, s, "swap-out");
     /* Count the CPU queue entries this takes: new copies plus revived
      * cached CPU blocks. Twins and USED hash matches are free. */
     for (uint32_t i = s->n_released; i < s->n_blocks; i++) {
@@ -1240,6 +1247,7 @@ bm_seq_swap_in(bm_pool_t *pool, uint64_t seq)
         s->table[i] = plan[i - s->n_released];
     }
     s->swapped = 0;
+    bm__step_taint(pool, s);
     return ST_OK;
 }
 

@@ -254,6 +254,18 @@ uint32_t bm_tenant_swap_blocks(const bm_pool_t *pool, uint32_t tenant);
 /* Drops every CACHED block (device and CPU tier) from the prefix cache. */
 void bm_pool_reset_prefix_cache(bm_pool_t *pool);
 
+/* The step contract, checked instead of assumed (issue 15). Block hashes
+ * and slots are fixed at plan time, so between bm_pool_step_begin() and
+ * bm_pool_step_end() (the planner's step, up to the forward that writes
+ * its slots) a sequence that reserved or was forked in the step is not
+ * freed, and one that reserved, was forked, looked up a prefix or swapped
+ * in is not truncated or swapped out: any of those would let another
+ * sequence take blocks the forward is about to write or read. A breach
+ * aborts (CHECK) naming the call. Outside a step nothing is checked (unit
+ * tests and kv_stream drive the pool directly). Cannot fail. */
+void bm_pool_step_begin(bm_pool_t *pool);
+void bm_pool_step_end(bm_pool_t *pool);
+
 /* Walks every structure; aborts with a message on any violation:
  * refcount == table entries naming the block, every block in exactly one
  * state (USED off the queue; FREE then CACHED on it, once), each tier's

@@ -102,10 +102,15 @@ typedef struct bm_seq {
     /* Never hashed nor looked up (bm_seq_set_nohash): its blocks may be
      * evicted from the middle and re-rotated (attention sinks). */
     uint8_t nohash;
+    /* Step epochs (bm_step.c): the pool epoch of its last reserve or fork
+     * (wrote) and of its last reserve, fork, lookup or swap-in (taint). */
+    uint64_t wrote_epoch, taint_epoch;
 } bm_seq_t;
 
 struct bm_pool {
     bm_config_t cfg;
+    uint64_t epoch; /* bm_pool_step_begin count */
+    int in_step;    /* between bm_pool_step_begin and _end */
     uint32_t bs;
     uint32_t watermark_blocks;
     bm_tier_t tier[2];
@@ -153,5 +158,13 @@ void bm__hash_block(const bm_pool_t *pool, const uint8_t *parent, const bm_tenan
 
 /* blockmgr.c, for bm_check.c */
 bm_seq_t *bm__seq_find(const bm_pool_t *pool, uint64_t id);
+
+/* Step epochs (bm_step.c). The sequence reserved or was forked this step;
+ * it read or will read blocks written this step; a free (wrote) or a
+ * swap-out / truncate (taint) of it is checked against the step. */
+void bm__step_wrote(const bm_pool_t *pool, bm_seq_t *s);
+void bm__step_taint(const bm_pool_t *pool, bm_seq_t *s);
+void bm__step_check_free(const bm_pool_t *pool, const bm_seq_t *s);
+void bm__step_check_move(const bm_pool_t *pool, const bm_seq_t *s, const char *what);
 
 #endif /* BLOCKMGR_INT_H */

@@ -7,7 +7,9 @@
  * contexts (at most 1 GiB) on cpu; on cuda, what --gpu-memory-utilization of
  * the device leaves after the weights, the largest step's activations and
  * a fixed reserve (mdl_kv_blocks_for_budget). --swap-space GiB sizes the
- * CPU tier.
+ * CPU tier (default 0 on cpu, 1 GiB on cuda). Before the engine maps its
+ * pools, cli/serve_mem.c fits max_model_len to the pool and checks the
+ * host memory they commit against MemAvailable.
  */
 #define LOG_MODULE "serve"
 
@@ -17,9 +19,11 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "common/sysmem.h"
 #include "common/xmalloc.h"
 #include "config/config.h"
 #include "cli/cmds.h"
+#include "cli/serve_mem.h"
 #include "server/srv.h"
 
 static mdl_kv_dtype_t
@@ -76,6 +80,8 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     int32_t ctx = mc->max_pos;
     size_t block_bytes;
     int64_t blocks;
+    int64_t avail = sysmem_available();
+    char err[512];
 
     if (cfg->max_model_len > 0) {
         if (cfg->max_model_len > mc->max_pos) {
@@ -87,15 +93,6 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     }
     su->max_model_len = ctx;
 
-    if (cfg->kv_policy_window > 0 &&
-        cfg->kv_policy_sink + cfg->kv_policy_window + 2 * cfg->block_size > ctx) {
-        /* The cpu and cuda backends re-rotate kept keys (KV_OP_SHIFT,
-         * every tensor-parallel rank its KV heads); the window must leave
-         * room in the context. */
-        LOG_ERROR("--kv-policy %s needs sink + window + 2 blocks within the context of %d tokens",
-                  cfg->kv_policy, ctx);
-        return ST_EUNSUPPORTED;
-    }
     memset(e, 0, sizeof(*e));
     e->rt.device = cfg->device;
     e->rt.tp_size = cfg->tensor_parallel_size;
@@ -122,7 +119,6 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
          * largest step's activations (model/model.h). */
         mdl_kv_budget_t kb;
         size_t total;
-        char err[320];
         int st = mdl_device_memory("cuda", e->rt.tp_size > 0 ? e->rt.tp_size : 1, &total, err,
                                    sizeof(err));
 
@@ -143,9 +139,16 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
                  (double)kb.weight_bytes / (double)(1u << 30),
                  (double)kb.act_bytes / (double)(1u << 30), cfg->gpu_memory_utilization);
     } else {
+        /* Room for max_num_seqs full contexts, at most 1 GiB and at most
+         * half of what the host has available now. */
+        int64_t cap = 1LL << 30;
+
+        if (avail > 0 && avail / 2 < cap) {
+            cap = avail / 2;
+        }
         blocks = (int64_t)cfg->max_num_seqs * e->rt.max_blocks_per_seq + 1;
-        if (blocks * (int64_t)block_bytes > (1LL << 30)) {
-            blocks = (1LL << 30) / (int64_t)block_bytes;
+        if (blocks * (int64_t)block_bytes > cap) {
+            blocks = cap / (int64_t)block_bytes;
         }
     }
     if (blocks < 2 || blocks > INT32_MAX) {
@@ -153,8 +156,47 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
                   (long long)blocks, block_bytes);
         return ST_EINVAL;
     }
+    if (serve_fit_context(blocks, cfg->block_size, cfg->max_model_len > 0, &ctx, err,
+                          sizeof(err)) != ST_OK) {
+        LOG_ERROR("%s", err);
+        return ST_EINVAL;
+    }
+    su->max_model_len = ctx;
+    e->rt.max_blocks_per_seq = (ctx + cfg->block_size - 1) / cfg->block_size;
+    if (cfg->kv_policy_window > 0 &&
+        cfg->kv_policy_sink + cfg->kv_policy_window + 2 * cfg->block_size > ctx) {
+        /* The cpu and cuda backends re-rotate kept keys (KV_OP_SHIFT,
+         * every tensor-parallel rank its KV heads); the window must leave
+         * room in the context. */
+        LOG_ERROR("--kv-policy %s needs sink + window + 2 blocks within the context of %d tokens",
+                  cfg->kv_policy, ctx);
+        return ST_EUNSUPPORTED;
+    }
     e->rt.num_blocks = (int32_t)blocks;
     e->rt.swap_blocks = (int32_t)(cfg->swap_space_gib * (double)(1LL << 30) / (double)block_bytes);
+    for (int32_t t = 0; t < cfg->n_tenants; t++) {
+        /* A tenant's share must hold a block, or its every request waits
+         * for ever. */
+        if ((int64_t)(cfg->tenants[t].max_kv_share * (double)(blocks - 1)) < 1) {
+            LOG_ERROR("tenant %s: max_kv_share %g of %lld KV blocks is less than one block",
+                      cfg->tenants[t].name, cfg->tenants[t].max_kv_share, (long long)blocks - 1);
+            return ST_EINVAL;
+        }
+    }
+    /* What start-up commits in host RAM (the engine touches it all before
+     * the server reports ready) must fit what the host has. */
+    int on_cpu = strcmp(cfg->device, "cuda") != 0;
+    int64_t pool_host = on_cpu ? blocks * (int64_t)block_bytes : 0;
+    int64_t swap_host = (int64_t)e->rt.swap_blocks * (int64_t)block_bytes;
+    int64_t other_host =
+        on_cpu ? (int64_t)mdl_kv_residual_bytes(mc, cfg->block_size, e->rt.kv_dtype,
+                                                cfg->max_num_seqs, cfg->max_num_batched_tokens)
+               : 0;
+
+    if (serve_check_memory(avail, pool_host, swap_host, other_host, err, sizeof(err)) != ST_OK) {
+        LOG_ERROR("%s", err);
+        return ST_ENOMEM;
+    }
     e->max_num_seqs = cfg->max_num_seqs;
     e->max_num_batched_tokens = cfg->max_num_batched_tokens;
     e->max_model_len = ctx;

@@ -86,8 +86,11 @@ static const opt_t opts[] = {
      "device KV blocks (0: from --kv-cache-memory)"},
     {"kv-cache-memory", OT_BYTES, F(kv_cache_memory), 0, 0, NULL, "BYTES",
      "device KV cache size, suffix K/M/G (0: default)"},
-    {"swap-space", OT_DBL, F(swap_space_gib), 0, 1024, NULL, "GIB",
-     "CPU swap tier for preempted KV blocks, GiB (0: off)"},
+    {"swap-space", OT_DBL, F(swap_space_gib), -1, 1024, NULL, "GIB",
+     "CPU swap tier for preempted KV blocks, GiB (0: off; -1: 1 on cuda, 0 on cpu, where "
+     "the KV pool is host RAM already and swapping would only copy it)"},
+    {"mlock", OT_BOOL, F(mlock), 0, 0, NULL, NULL,
+     "pin weights, KV pool and swap tier in RAM (needs RLIMIT_MEMLOCK)"},
     {"max-model-len", OT_I32, F(max_model_len), 0, 1 << 24, NULL, "N",
      "context length cap (0: the model's)"},
     {"device", OT_ENUM, F(device), 0, 0, "cpu|cuda", "DEV", "backend"},
@@ -577,7 +580,7 @@ cfg_defaults(cfg_t *c)
     c->max_num_seqs = 128;
     c->max_num_batched_tokens = 2048;
     c->block_size = 16;
-    c->swap_space_gib = 1.0;
+    c->swap_space_gib = -1.0; /* auto: cfg_validate */
     strcpy(c->device, "cpu");
     c->tensor_parallel_size = 1;
     c->gpu_memory_utilization = 0.9;
@@ -850,6 +853,18 @@ cfg_validate(cfg_t *c, char *err, size_t errlen)
     if (c->num_kv_blocks > 0 && c->kv_cache_memory > 0) {
         set_err(err, errlen, "--num-kv-blocks and --kv-cache-memory are exclusive");
         return ST_EINVAL;
+    }
+    if (c->max_num_batched_tokens < c->max_num_seqs) {
+        /* Every running sequence decodes one token a step: fewer tokens
+         * than sequences and some decodes starve every step. */
+        set_err(err, errlen,
+                "--max-num-batched-tokens %d is below --max-num-seqs %d: every running sequence "
+                "needs a token each step",
+                c->max_num_batched_tokens, c->max_num_seqs);
+        return ST_EINVAL;
+    }
+    if (c->swap_space_gib < 0) {
+        c->swap_space_gib = strcmp(c->device, "cuda") == 0 ? 1.0 : 0.0;
     }
     if (c->model[0] == '\0') {
         set_err(err, errlen, "--model: must not be empty");

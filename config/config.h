@@ -76,7 +76,9 @@ typedef struct cfg {
     int32_t block_size;                /* --block-size, default 16 */
     int32_t num_kv_blocks;             /* --num-kv-blocks; 0 = derive from memory */
     int64_t kv_cache_memory;           /* --kv-cache-memory bytes; 0 = default size */
-    double swap_space_gib;             /* --swap-space GiB of CPU swap tier, default 1 */
+    double swap_space_gib;             /* --swap-space GiB of CPU swap tier; default: 1 on
+                                        * cuda, 0 on cpu (-1 until cfg_parse resolves it) */
+    int mlock;                         /* --mlock: pin the process's memory at start */
     int32_t max_model_len;             /* --max-model-len; 0 = the model's context */
     char device[8];                    /* --device "cpu" (default) or "cuda" */
     int32_t tensor_parallel_size;      /* --tensor-parallel-size, default 1 */

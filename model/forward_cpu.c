@@ -35,8 +35,8 @@
  * compressed KIVI store of kernels/cpu/kv_quant.h for the other dtypes (a
  * quantization group never spans KV heads, so rank r keeps its heads'
  * codes, scales and residual slots). kv_ops run on every rank's slice of a
- * block. Both tiers are anonymous mmaps (zero pages, committed on first
- * write). Activations are sized for max_num_batched_tokens rows and logits
+ * block. Both tiers are anonymous mmaps, populated when mapped (so the
+ * memory is committed before the server reports ready). Activations are sized for max_num_batched_tokens rows and logits
  * for max_num_seqs rows at creation; forward() allocates nothing.
  *
  * Thread: the engine thread; at T > 1 ranks 1 .. T-1 run on the rank
@@ -289,6 +289,7 @@ cpu_rank_init(cpu_state_t *s, int32_t r, char *err, size_t errlen)
 
     widest = (size_t)sh->n_f > widest ? (size_t)sh->n_f : widest;
     rk->act_buf = xmalloc(kn_act_bytes((int32_t)(T > S ? T : S), (int32_t)widest));
+    memset(rk->act_buf, 0, kn_act_bytes((int32_t)(T > S ? T : S), (int32_t)widest)); /* commit */
     return ST_OK;
 }
 
@@ -324,8 +325,10 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
         }
     }
     s->inv_freq = xmalloc(sizeof(float) * (size_t)(c->head_dim / 2));
-    s->logits = xmalloc(sizeof(float) * S * (size_t)c->vocab_size);
-    s->hidden = xmalloc(sizeof(float) * (size_t)rc->max_num_batched_tokens * (size_t)c->dim);
+    s->logits = xcalloc(S * (size_t)c->vocab_size, sizeof(float));
+    memset(s->logits, 0, sizeof(float) * S * (size_t)c->vocab_size); /* commit the pages */
+    s->hidden = xcalloc((size_t)rc->max_num_batched_tokens * (size_t)c->dim, sizeof(float));
+    memset(s->hidden, 0, sizeof(float) * (size_t)rc->max_num_batched_tokens * (size_t)c->dim);
     s->sub_qs = xcalloc(S + 1, sizeof(int32_t));
     s->sub_ctx = xcalloc(S, sizeof(int32_t));
     s->sub_bt = xcalloc(S * (size_t)rc->max_blocks_per_seq, sizeof(int32_t));

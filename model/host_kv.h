@@ -44,7 +44,11 @@ host_kv_region(float *base, int32_t n_blocks, size_t blk_floats, int32_t layer, 
 static inline void *
 host_kv_map(size_t len)
 {
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* MAP_POPULATE: committed now, before the server reports ready, not
+     * page by page under load (the start-up check sized it against
+     * MemAvailable). */
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                   -1, 0);
 
     return p == MAP_FAILED ? NULL : p;
 }

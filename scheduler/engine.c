@@ -90,11 +90,8 @@ out_flush(engine_t *e)
 
     e->pending = NULL;
     e->pending_tail = &e->pending;
-    while (m != NULL) {
-        msg_t *next = m->next;
-        chan_send(e->outbox, m);
-        m = next;
-    }
+    /* One lock and at most one wake-up per step, not one per message. */
+    chan_send_list(e->outbox, m);
 }
 
 /* Turns a SUBMIT message (its prompt and bias already released or handed

@@ -44,6 +44,7 @@
 #include "common/thread.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
+#include "scheduler/req_index.h"
 
 typedef enum seq_state {
     SEQ_UNBORN = 0,
@@ -110,6 +111,17 @@ typedef struct sched_tenant {
     uint64_t requests_rejected;
 } sched_tenant_t;
 
+/* victim_cmp's fields copied out of the sequence, request and tenant, so
+ * the sort compares contiguous keys instead of chasing three pointers per
+ * comparison. */
+struct sort_key {
+    double vtc;
+    int32_t priority;
+    int32_t choice;
+    uint64_t admit_no;
+    sched_seq_t *q;
+};
+
 struct sched {
     sched_config_t cfg;
     bm_pool_t *pool;
@@ -120,6 +132,7 @@ struct sched {
 
     sched_tenant_t tenants[ENG_MAX_TENANTS];
     list_node_t reqs; /* live requests */
+    ridx_t req_ids;   /* id -> live request (req_index.h) */
     list_node_t dead; /* finished, to free at a safe point */
     list_node_t running;
     list_node_t swapped;
@@ -153,6 +166,7 @@ struct sched {
     int32_t *rows_new;       /* [max_num_seqs] tokens planned per row */
     sched_sample_t *samples; /* [max_num_seqs] */
     sched_seq_t **snap;      /* [max_num_seqs] running list snapshot */
+    struct sort_key *keys;   /* [max_num_seqs] sort_running's keys */
     int32_t n_tok, n_rows, n_logits, n_samples;
     int32_t budget_tokens;
     uint32_t step_swap, step_recompute, step_swap_in, step_admitted;
@@ -324,6 +338,7 @@ req_retire(sched_t *s, sched_req_t *rq)
     }
     list_remove(&rq->node);
     list_push_back(&s->dead, &rq->node);
+    ridx_del(&s->req_ids, rq->r.id);
     CHECK(s->n_reqs > 0 && t->n_live_reqs > 0);
     s->n_reqs--;
     t->n_live_reqs--;
@@ -430,6 +445,7 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     bm_pool_stats(pool, &bst);
     s->dev_total = bst.dev_total;
     list_init(&s->reqs);
+    ridx_init(&s->req_ids);
     list_init(&s->dead);
     list_init(&s->running);
     list_init(&s->swapped);
@@ -464,6 +480,13 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     s->rows_new = xcalloc((size_t)mns, sizeof(int32_t));
     s->samples = xcalloc((size_t)mns, sizeof(*s->samples));
     s->snap = xcalloc((size_t)mns, sizeof(*s->snap));
+    s->keys = xcalloc((size_t)mns, sizeof(*s->keys));
+    /* Room for 2 * max_num_seqs live requests (at least 64) up front: a
+     * submit allocates for the index only past that. */
+    if (ridx_reserve(&s->req_ids, (uint32_t)(2 * mns > 64 ? 2 * mns : 64)) != ST_OK) {
+        sched_destroy(s);
+        return ST_ENOMEM;
+    }
     *out = s;
     return ST_OK;
 }
@@ -483,6 +506,7 @@ sched_destroy(sched_t *s)
         req_free(s, rq);
     }
     reap_dead(s);
+    ridx_fini(&s->req_ids);
     free(s->b_tokens);
     free(s->b_positions);
     free(s->b_slots);
@@ -494,6 +518,7 @@ sched_destroy(sched_t *s)
     free(s->rows_new);
     free(s->samples);
     free(s->snap);
+    free(s->keys);
     free(s);
 }
 
@@ -502,16 +527,7 @@ sched_destroy(sched_t *s)
 static sched_req_t *
 req_find(sched_t *s, uint64_t id)
 {
-    list_node_t *it;
-
-    LIST_FOREACH(it, &s->reqs)
-    {
-        sched_req_t *rq = LIST_ENTRY(it, sched_req_t, node);
-        if (rq->r.id == id) {
-            return rq;
-        }
-    }
-    return NULL;
+    return ridx_get(&s->req_ids, id);
 }
 
 /* Records why a submit failed (sched_last_error) and returns rc. */
@@ -650,6 +666,9 @@ sched_submit(sched_t *s, eng_request_t *req, void *udata)
               : s->cfg.max_model_len;
     /* Everything is allocated before anything changes, so a failure
      * leaves the scheduler exactly as it was. */
+    if (ridx_reserve(&s->req_ids, s->req_ids.n + 1) != ST_OK) {
+        return submit_fail(s, ST_ENOMEM, "out of memory");
+    }
     rq = req_alloc(req->n, cap);
     if (rq == NULL) {
         return submit_fail(s, ST_ENOMEM, "out of memory");
@@ -682,6 +701,7 @@ sched_submit(sched_t *s, eng_request_t *req, void *udata)
     t->n_live_reqs++;
     s->n_reqs++;
     list_push_back(&s->reqs, &rq->node);
+    ridx_put(&s->req_ids, rq->r.id, rq);
     t->n_waiting_fresh++;
     waiting_add(s, &rq->seqs[0]);
     return ST_OK;
@@ -730,6 +750,7 @@ req_end_error(sched_t *s, sched_req_t *rq, int status)
 void
 sched_abort_all(sched_t *s, int status)
 {
+    bm_pool_step_end(s->pool); /* no forward follows the plan */
     while (!list_empty(&s->reqs)) {
         req_end_error(s, LIST_ENTRY(s->reqs.next, sched_req_t, node), status);
     }
@@ -848,19 +869,70 @@ pick_victim(sched_t *s)
     return best;
 }
 
-/* Sorts v[0..n) most protected first (insertion sort: n <= max_num_seqs
- * and the order changes little from step to step). */
+static int
+key_cmp(const struct sort_key *a, const struct sort_key *b)
+{
+    if (a->vtc != b->vtc) {
+        return a->vtc > b->vtc ? 1 : -1;
+    }
+    if (a->priority != b->priority) {
+        return a->priority > b->priority ? 1 : -1;
+    }
+    if (a->admit_no != b->admit_no) {
+        return a->admit_no > b->admit_no ? 1 : -1;
+    }
+    return (a->choice > b->choice) - (a->choice < b->choice);
+}
+
+static void
+sift_down(struct sort_key *v, int32_t root, int32_t n)
+{
+    for (;;) {
+        int32_t c = 2 * root + 1;
+
+        if (c >= n) {
+            return;
+        }
+        if (c + 1 < n && key_cmp(&v[c + 1], &v[c]) > 0) {
+            c++;
+        }
+        if (key_cmp(&v[c], &v[root]) <= 0) {
+            return;
+        }
+        struct sort_key tmp = v[c];
+        v[c] = v[root];
+        v[root] = tmp;
+        root = c;
+    }
+}
+
+/* Sorts v[0..n) most protected first, in victim_cmp's order: heapsort
+ * over copied keys, O(n log n) with no allocation (an insertion sort was
+ * O(n^2) once interleaved tenants' service reorders the running set each
+ * step; issue 15). */
 static void
 sort_running(sched_t *s, sched_seq_t **v, int32_t n)
 {
-    for (int32_t i = 1; i < n; i++) {
-        sched_seq_t *q = v[i];
-        int32_t j = i;
-        while (j > 0 && victim_cmp(s, v[j - 1], q) > 0) {
-            v[j] = v[j - 1];
-            j--;
-        }
-        v[j] = q;
+    struct sort_key *k = s->keys;
+
+    for (int32_t i = 0; i < n; i++) {
+        k[i] = (struct sort_key){.vtc = seq_tenant(s, v[i])->vtc,
+                                 .priority = v[i]->req->r.priority,
+                                 .choice = v[i]->choice,
+                                 .admit_no = v[i]->admit_no,
+                                 .q = v[i]};
+    }
+    for (int32_t i = n / 2 - 1; i >= 0; i--) {
+        sift_down(k, i, n);
+    }
+    for (int32_t end = n - 1; end > 0; end--) {
+        struct sort_key tmp = k[0];
+        k[0] = k[end];
+        k[end] = tmp;
+        sift_down(k, 0, end);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        v[i] = k[i].q;
     }
 }
 
@@ -1183,6 +1255,7 @@ sched_step(sched_t *s, sched_plan_t *plan)
     list_node_t *it;
 
     ASSERT_THREAD(ENGINE);
+    bm_pool_step_begin(s->pool); /* blockmgr checks the step contract */
     reap_dead(s);
     s->step_no++;
     for (int32_t u = 0; u < s->cfg.n_tenants; u++) {
@@ -1454,6 +1527,7 @@ void
 sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
 {
     ASSERT_THREAD(ENGINE);
+    bm_pool_step_end(s->pool); /* the forward has written the planned slots */
     for (int32_t r = 0; r < s->n_rows; r++) {
         sched_seq_t *q = s->rows_seq[r];
         q->n_computed += s->rows_new[r];
@@ -1582,7 +1656,9 @@ sched_check(const sched_t *s)
             live += !rq->seqs[k].done;
         }
         CHECK(live == rq->n_live && live > 0);
+        CHECK(ridx_get(&s->req_ids, rq->r.id) == rq);
         n_reqs++;
     }
     CHECK(n_reqs == s->n_reqs);
+    CHECK(s->req_ids.n == s->n_reqs);
 }

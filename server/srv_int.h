@@ -87,6 +87,7 @@ enum srv_kind {
 };
 
 #define SRV_MAX_STOP 4
+#define SRV_MAX_STOP_BYTES 1024 /* per stop string: the hold-back check is O(len^2) */
 #define SRV_MAX_PROMPTS 64
 
 typedef struct srv_prompt {

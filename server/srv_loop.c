@@ -36,6 +36,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "common/sysmem.h"
 #include "common/thread.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
@@ -592,6 +593,15 @@ srv_run(const srv_setup_t *setup)
     if (rc != ST_OK) {
         LOG_ERROR("engine: %s", err[0] ? err : st_str(rc));
         goto out;
+    }
+    if (s->cfg->mlock) {
+        /* Weights, KV pool, swap tier and scratch exist now: pin them. */
+        rc = sysmem_lock_all(err, sizeof(err));
+        if (rc != ST_OK) {
+            LOG_ERROR("%s", err);
+            goto out;
+        }
+        LOG_INFO("--mlock: %lld MiB locked", (long long)(sysmem_self_field("VmLck") >> 20));
     }
     rc = engine_start(s->engine);
     if (rc != ST_OK) {

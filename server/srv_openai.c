@@ -26,6 +26,7 @@
 
 #include "common/status.h"
 #include "common/xmalloc.h"
+#include "server/srv_limits.h"
 #include "server/srv_openai.h"
 #include "server/srv_state.h"
 #include "server/srv_tools.h"
@@ -424,6 +425,13 @@ srv_api_prompts(const srv_t *s, const srv_api_t *api, srv_params_t *p, srv_error
         size_t n = 0;
         if (pr->ids != NULL) {
             continue;
+        }
+        if (pr->text_len > srv_prompt_byte_cap(s->tok, s->max_model_len)) {
+            /* Refused on its length, before any tokenizing (srv_limits.h). */
+            srv_err_set(err, 400, "prompt",
+                        "the prompt is %zu bytes: more than %d tokens of context can hold",
+                        pr->text_len, s->max_model_len);
+            return 0;
         }
         int rc = tok_encode(s->tok, pr->text, pr->text_len, api->tok_flags, &pr->ids, &n);
         if (rc == ST_ENOMEM) {

@@ -294,6 +294,11 @@ parse_stop(const cJSON *sj, srv_params_t *p, srv_error_t *err)
             srv_err_set(err, 400, "stop", "'stop' strings must not be empty");
             return 0;
         }
+        if (strlen(sj->valuestring) > SRV_MAX_STOP_BYTES) {
+            srv_err_set(err, 400, "stop", "'stop' strings must be at most %d bytes",
+                        SRV_MAX_STOP_BYTES);
+            return 0;
+        }
         if ((p->stop[p->n_stop] = xstrdup_try(sj->valuestring)) == NULL) {
             srv_err_oom(err);
             return 0;
@@ -311,6 +316,11 @@ parse_stop(const cJSON *sj, srv_params_t *p, srv_error_t *err)
     {
         if (!cJSON_IsString(it) || it->valuestring[0] == '\0') {
             srv_err_set(err, 400, "stop", "'stop' items must be non-empty strings");
+            return 0;
+        }
+        if (strlen(it->valuestring) > SRV_MAX_STOP_BYTES) {
+            srv_err_set(err, 400, "stop", "'stop' strings must be at most %d bytes",
+                        SRV_MAX_STOP_BYTES);
             return 0;
         }
         if ((p->stop[p->n_stop] = xstrdup_try(it->valuestring)) == NULL) {

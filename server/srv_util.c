@@ -3,6 +3,7 @@
  * framing and the plain chat template. All pure; loop thread.
  */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,6 +268,9 @@ srv_err_oom(srv_error_t *err)
 
 /* ---- JSON pre-check ---------------------------------------------------------- */
 
+/* Nonzero when some byte of w is 0. */
+#define HAS_ZERO_BYTE(w) ((((w) - 0x0101010101010101ull) & ~(w) & 0x8080808080808080ull) != 0)
+
 int
 srv_json_precheck(const char *s, size_t n, int max_depth, srv_error_t *err)
 {
@@ -278,6 +282,23 @@ srv_json_precheck(const char *s, size_t n, int max_depth, srv_error_t *err)
         return 0;
     }
     for (size_t i = 0; i < n; i++) {
+        if (in_str) {
+            /* Inside a string, skip 8 bytes at a time while none is '"',
+             * '\\' or NUL (an 8 MiB prompt is checked on the loop thread). */
+            while (i + 8 <= n) {
+                uint64_t w;
+
+                memcpy(&w, s + i, 8);
+                if (HAS_ZERO_BYTE(w) || HAS_ZERO_BYTE(w ^ 0x2222222222222222ull) ||
+                    HAS_ZERO_BYTE(w ^ 0x5C5C5C5C5C5C5C5Cull)) {
+                    break;
+                }
+                i += 8;
+            }
+            if (i >= n) {
+                break;
+            }
+        }
         unsigned char c = (unsigned char)s[i];
 
         if (c == 0) {

@@ -537,7 +537,9 @@ struct kn_kvq_store {
 static void *
 kvq_map(size_t len)
 {
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* MAP_POPULATE: committed at creation, not page by page under load. */
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                   -1, 0);
 
     return p == MAP_FAILED ? NULL : p;
 }

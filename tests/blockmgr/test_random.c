@@ -21,6 +21,12 @@
  * written this step (reserve, lookup, fork, swap-in) is not truncated,
  * swapped out or forked.
  *
+ * Seeds with drop ops and policies also turn on bm_config_t.drop_ops (a
+ * DROP poisons the block's shadow slots: whoever reads them after without
+ * rewriting fails), sliding-window release_front, nohash sequences (no
+ * prefix hits) and attention-sink evictions (the model closes the gap in
+ * its tokens; EINVAL only for a sequence that may share a later block).
+ *
  * Pools are small (tens of blocks) so that exhaustion, eviction, demotion
  * and EAGAIN paths are hit constantly; every EAGAIN is checked to change
  * nothing and to be justified by the *_needed() figures. Every 5th
@@ -65,6 +71,9 @@ typedef struct mseq {
     uint32_t tenant;
     int swapped;
     int wrote;   /* reserved (or forked) this step: pending writes */
+    int nohash;  /* bm_seq_set_nohash: never hashed, evictable */
+    int forked;  /* was a fork's parent or child: may share blocks */
+    uint32_t released; /* leading blocks given back (release_front) */
     int tainted; /* may hold blocks with pending writes */
     uint32_t len;
     int32_t toks[MAXLEN];
@@ -90,9 +99,26 @@ typedef struct rt {
     /* what happened, to make sure the run exercised every path */
     uint64_t n_ok[16], n_eagain[16];
     uint64_t n_enomem; /* reserves failed on purpose for memory (every 5th) */
+    int policy;        /* run release_front, nohash and evict ops */
+    uint64_t n_drops;  /* DROP / DROP_SWAP ops applied */
 } rt_t;
 
-enum { OP_ADMIT, OP_DECODE, OP_FREE, OP_FORK, OP_TRUNC, OP_SWOUT, OP_SWIN, OP_RESET, OP_COUNT };
+enum {
+    OP_ADMIT,
+    OP_DECODE,
+    OP_FREE,
+    OP_FORK,
+    OP_TRUNC,
+    OP_SWOUT,
+    OP_SWIN,
+    OP_RESET,
+    OP_RELEASE,
+    OP_EVICT,
+    OP_COUNT
+};
+
+#define POISON_TOK (-7)
+#define POISON_GRP 99
 
 static uint32_t
 rnd(rt_t *r, uint32_t n)
@@ -250,12 +276,16 @@ op_admit(rt_t *r)
     m->tenant = rnd(r, N_TENANTS);
     m->live = 1;
     REQ_CMP(bm_seq_create(r->pool, m->id, m->tenant), ==, ST_OK);
+    if (r->policy && rnd(r, 3) == 0) {
+        REQ_CMP(bm_seq_set_nohash(r->pool, m->id), ==, ST_OK);
+        m->nohash = 1;
+    }
     probe = bm_prefix_probe(r->pool, m->tenant, prompt, n);
     REQ_CMP(bm_seq_lookup_prefix(r->pool, m->id, prompt, n, &nc), ==, ST_OK);
     REQ_CMP(nc, <=, probe);
     REQ_CMP(nc % r->cfg.block_size, ==, 0);
     REQ_CMP(nc, <, n);
-    if (!r->cfg.prefix_caching) {
+    if (!r->cfg.prefix_caching || m->nohash) {
         REQ_CMP(nc, ==, 0);
     }
     memcpy(m->toks, prompt, nc * sizeof(*prompt));
@@ -327,6 +357,9 @@ op_fork(rt_t *r)
     c->live = 1;
     c->tenant = p->tenant;
     c->swapped = 0;
+    c->nohash = p->nohash;
+    c->released = p->released;
+    c->forked = p->forked = 1;
     c->len = p->len;
     memcpy(c->toks, p->toks, p->len * sizeof(*p->toks));
     c->wrote = c->tainted = p->wrote = p->tainted = 1;
@@ -339,7 +372,7 @@ op_trunc(rt_t *r)
     mseq_t *m = pick(r, 1);
     uint32_t n;
 
-    if (m == NULL || m->tainted) {
+    if (m == NULL || m->tainted || m->released > 0) {
         return;
     }
     if (m->swapped) {
@@ -407,6 +440,71 @@ op_swap_in(rt_t *r)
     r->n_ok[OP_SWIN]++;
 }
 
+/* Sliding window: give back 0..2 more leading blocks. */
+static void
+op_release_front(rt_t *r)
+{
+    mseq_t *m = pick(r, 1);
+    uint32_t bs = r->cfg.block_size, nb, n;
+    int rc;
+
+    if (m == NULL || m->tainted) {
+        return;
+    }
+    nb = (m->len + bs - 1) / bs;
+    n = m->released + rnd(r, 3);
+    rc = bm_seq_release_front(r->pool, m->id, n);
+    if (m->swapped) {
+        REQ_CMP(rc, ==, ST_EINVAL);
+        return;
+    }
+    if (nb < n + 2) {
+        REQ_CMP(rc, ==, ST_EINVAL); /* fewer than two live blocks would remain */
+        r->n_eagain[OP_RELEASE]++;
+        return;
+    }
+    REQ_CMP(rc, ==, ST_OK);
+    REQ_CMP(bm_seq_released(r->pool, m->id), ==, n > m->released ? n : m->released);
+    m->released = n > m->released ? n : m->released;
+    r->n_ok[OP_RELEASE]++;
+}
+
+/* Attention sinks: evict a run of whole blocks before the last one of a
+ * nohash sequence; the model drops those tokens. */
+static void
+op_evict(rt_t *r)
+{
+    mseq_t *m = pick(r, 1);
+    uint32_t bs = r->cfg.block_size, nb, first, n;
+    int rc;
+
+    if (m == NULL || m->tainted || !m->nohash) {
+        return;
+    }
+    nb = (m->len + bs - 1) / bs;
+    if (nb < m->released + 2) {
+        return;
+    }
+    first = m->released + rnd(r, nb - 1 - m->released);
+    n = 1 + rnd(r, nb - 1 - first);
+    rc = bm_seq_evict(r->pool, m->id, first, n);
+    if (m->swapped) {
+        REQ_CMP(rc, ==, ST_EINVAL);
+        return;
+    }
+    if (rc == ST_EINVAL) {
+        REQ(m->forked); /* a later block may be shared with a fork */
+        r->n_eagain[OP_EVICT]++;
+        return;
+    }
+    REQ_CMP(rc, ==, ST_OK);
+    memmove(m->toks + first * bs, m->toks + (first + n) * bs,
+            (m->len - (first + n) * bs) * sizeof(*m->toks));
+    m->len -= n * bs;
+    REQ_CMP(bm_seq_len(r->pool, m->id), ==, m->len);
+    r->n_ok[OP_EVICT]++;
+}
+
 /* End of step: ops in queue order, then the forward's writes; then every
  * sequence reads back its own tokens. */
 static void
@@ -416,6 +514,23 @@ end_step(rt_t *r)
     const kv_op_t *ops = bm_pool_ops(r->pool, &n);
 
     for (uint32_t i = 0; i < n; i++) {
+        if (ops[i].kind == KV_OP_SHIFT) {
+            continue; /* re-rotates keys; the tokens stay */
+        }
+        if (ops[i].kind == KV_OP_DROP || ops[i].kind == KV_OP_DROP_SWAP) {
+            /* Its bytes are dead: nobody may read them before a write. */
+            int32_t *pt = ops[i].kind == KV_OP_DROP ? r->dev_tok : r->cpu_tok;
+            int8_t *pg = ops[i].kind == KV_OP_DROP ? r->dev_grp : r->cpu_grp;
+
+            REQ(r->cfg.drop_ops);
+            REQ_CMP(ops[i].src, ==, ops[i].dst);
+            for (uint32_t j = 0; j < bs; j++) {
+                pt[(size_t)ops[i].src * bs + j] = POISON_TOK;
+                pg[(size_t)ops[i].src * bs + j] = POISON_GRP;
+            }
+            r->n_drops++;
+            continue;
+        }
         int32_t *st = ops[i].kind == KV_OP_SWAP_IN ? r->cpu_tok : r->dev_tok;
         int8_t *sg = ops[i].kind == KV_OP_SWAP_IN ? r->cpu_grp : r->dev_grp;
         int32_t *dt = ops[i].kind == KV_OP_SWAP_OUT ? r->cpu_tok : r->dev_tok;
@@ -449,6 +564,10 @@ end_step(rt_t *r)
         tok = m->swapped ? r->cpu_tok : r->dev_tok;
         grp = m->swapped ? r->cpu_grp : r->dev_grp;
         for (uint32_t i = 0; i < m->len; i++) {
+            if (i / bs < m->released) {
+                REQ_CMP(t[i / bs], ==, 0); /* released: the null block, kept in place */
+                continue;
+            }
             size_t slot = (size_t)t[i / bs] * bs + i % bs;
             if (tok[slot] != m->toks[i] || grp[slot] != group_of(m->tenant)) {
                 ck_abort_msg("seq %llu pos %u reads %d/%d, wrote %d/%d (block %d, %s)",
@@ -479,7 +598,7 @@ check_tenants(rt_t *r)
                     continue;
                 }
                 t = bm_seq_table(r->pool, m->id, &nb);
-                for (uint32_t i = 0; i < nb; i++) {
+                for (uint32_t i = m->released; i < nb; i++) {
                     cnt += !mark[t[i]];
                     mark[t[i]] = 1;
                 }
@@ -491,8 +610,13 @@ check_tenants(rt_t *r)
     free(mark);
 }
 
+/* flags: RUN_DROP sets drop_ops, RUN_POLICY adds release_front, nohash
+ * and evict ops. */
+#define RUN_DROP 1
+#define RUN_POLICY 2
+
 static void
-run_seed(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefix)
+run_seed_flags(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefix, int flags)
 {
     rt_t *r = calloc(1, sizeof(*r));
     uint32_t op = 0;
@@ -503,6 +627,8 @@ run_seed(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefix)
     r->cfg.swap_blocks = cpu;
     r->cfg.prefix_caching = prefix;
     r->cfg.watermark = 0.05f;
+    r->cfg.drop_ops = (flags & RUN_DROP) != 0;
+    r->policy = (flags & RUN_POLICY) != 0;
     r->rng = seed * 0x9E3779B97F4A7C15ULL + 1;
     r->next_id = seed << 32;
     REQ_CMP(bm_pool_create(&r->cfg, &r->pool), ==, ST_OK);
@@ -526,7 +652,7 @@ run_seed(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefix)
     while (op < N_OPS) {
         uint32_t n_step = 1 + rnd(r, 10);
         for (uint32_t k = 0; k < n_step; k++, op++) {
-            uint32_t x = rnd(r, 100);
+            uint32_t x = rnd(r, r->policy ? 110 : 100);
             if (x < 16) {
                 op_admit(r);
             } else if (x < 52) {
@@ -541,9 +667,15 @@ run_seed(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefix)
                 op_swap_out(r);
             } else if (x < 99) {
                 op_swap_in(r);
-            } else if (rnd(r, 10) == 0) {
-                bm_pool_reset_prefix_cache(r->pool);
-                r->n_ok[OP_RESET]++;
+            } else if (x < 100) {
+                if (rnd(r, 10) == 0) {
+                    bm_pool_reset_prefix_cache(r->pool);
+                    r->n_ok[OP_RESET]++;
+                }
+            } else if (x < 105) {
+                op_release_front(r);
+            } else {
+                op_evict(r);
             }
             bm_pool_check(r->pool);
         }
@@ -600,6 +732,17 @@ run_seed(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefix)
     if (prefix) {
         REQ_CMP(st.prefix_hits, >, 0);
     }
+    if (flags & RUN_DROP) {
+        REQ_CMP(r->n_drops, >, 100);
+    }
+    if (flags & RUN_POLICY) {
+        printf("  release_front %llu (einval %llu) evict %llu (einval %llu) drops %llu\n",
+               (unsigned long long)r->n_ok[OP_RELEASE], (unsigned long long)r->n_eagain[OP_RELEASE],
+               (unsigned long long)r->n_ok[OP_EVICT], (unsigned long long)r->n_eagain[OP_EVICT],
+               (unsigned long long)r->n_drops);
+        REQ_CMP(r->n_ok[OP_RELEASE], >, 100);
+        REQ_CMP(r->n_ok[OP_EVICT], >, 100);
+    }
 
     bm_pool_destroy(r->pool);
     free(r->dev_tok);
@@ -608,6 +751,12 @@ run_seed(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefix)
     free(r->cpu_grp);
     free(r->wr);
     free(r);
+}
+
+static void
+run_seed(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefix)
+{
+    run_seed_flags(seed, bs, dev, cpu, prefix, 0);
 }
 
 START_TEST(test_random_bs4_swap_prefix)
@@ -646,6 +795,24 @@ START_TEST(test_random_bs3_small_cpu)
 }
 END_TEST
 
+START_TEST(test_random_bs4_drop_policy_prefix)
+{
+    run_seed_flags(7, 4, 48, 24, 1, RUN_DROP | RUN_POLICY);
+}
+END_TEST
+
+START_TEST(test_random_bs2_drop_policy_noprefix)
+{
+    run_seed_flags(8, 2, 64, 40, 0, RUN_DROP | RUN_POLICY);
+}
+END_TEST
+
+START_TEST(test_random_bs4_drop_noswap)
+{
+    run_seed_flags(9, 4, 40, 0, 1, RUN_DROP);
+}
+END_TEST
+
 Suite *
 blockmgr_random_suite(void)
 {
@@ -659,6 +826,9 @@ blockmgr_random_suite(void)
     tcase_add_test(tc, test_random_bs4_swap_noprefix);
     tcase_add_test(tc, test_random_bs8_noswap_prefix);
     tcase_add_test(tc, test_random_bs3_small_cpu);
+    tcase_add_test(tc, test_random_bs4_drop_policy_prefix);
+    tcase_add_test(tc, test_random_bs2_drop_policy_noprefix);
+    tcase_add_test(tc, test_random_bs4_drop_noswap);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -287,6 +287,29 @@ START_TEST(test_cross_field_checks)
 }
 END_TEST
 
+/* Issue 15: decodes starve when a step has fewer tokens than sequences;
+ * the swap tier defaults by device; --mlock parses. */
+START_TEST(test_budget_and_swap_defaults)
+{
+    cfg_t c;
+
+    ck_assert_int_eq(PARSE(&c, "--max-num-seqs", "64", "--max-num-batched-tokens", "63"),
+                     ST_EINVAL);
+    assert_err_is("--max-num-batched-tokens 63 is below --max-num-seqs 64");
+    ck_assert_int_eq(PARSE(&c, "--max-num-seqs", "64", "--max-num-batched-tokens", "64"), ST_OK);
+    ck_assert_int_eq(PARSE(&c, "--max-num-seqs", "4096"), ST_EINVAL); /* default 2048 tokens */
+    ck_assert_int_eq(PARSE(&c, "--model", "m"), ST_OK);
+    ck_assert_double_eq(c.swap_space_gib, 0.0); /* cpu: the pool is RAM already */
+    ck_assert_int_eq(c.mlock, 0);
+    ck_assert_int_eq(PARSE(&c, "--device", "cuda"), ST_OK);
+    ck_assert_double_eq(c.swap_space_gib, 1.0);
+    ck_assert_int_eq(PARSE(&c, "--device", "cuda", "--swap-space", "0", "--mlock"), ST_OK);
+    ck_assert_double_eq(c.swap_space_gib, 0.0);
+    ck_assert_int_eq(c.mlock, 1);
+    ck_assert_int_eq(PARSE(&c, "--swap-space", "-2"), ST_EINVAL);
+}
+END_TEST
+
 START_TEST(test_env_api_key)
 {
     cfg_t c;
@@ -746,6 +769,7 @@ config_suite(void)
     tcase_add_test(tc, test_help);
     tcase_add_test(tc, test_bad_flags);
     tcase_add_test(tc, test_cross_field_checks);
+    tcase_add_test(tc, test_budget_and_swap_defaults);
     tcase_add_test(tc, test_env_api_key);
     tcase_add_test(tc, test_file_every_key);
     tcase_add_test(tc, test_flags_override_file);

@@ -217,7 +217,8 @@ test('mean pooling in chunks under preemption gives the vector computed alone', 
   // A tiny pool and 16-token steps: the embedding's prompt is prefilled in
   // chunks among long generations, which preempt each other (recompute).
   const s2 = await startServer(['--pooling', 'mean', '--num-kv-blocks', '24',
-    '--max-num-batched-tokens', '16', '--swap-space', '0', '--no-enable-prefix-caching']);
+    '--max-num-batched-tokens', '16', '--max-num-seqs', '8', '--swap-space', '0',
+    '--no-enable-prefix-caching']);
   try {
     const c2 = new OpenAI({ baseURL: `${s2.base}/v1`, apiKey: 'none', maxRetries: 0 });
     const text = 'Emma Woodhouse, handsome, clever, and rich, with a comfortable home '.repeat(6);

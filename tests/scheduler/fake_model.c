@@ -199,9 +199,10 @@ run_ops(fake_env_t *env)
     bm_pool_ops_clear(env->pool);
 }
 
-/* The fake forward: write K/V, then hash each logits row's context. */
+/* The fake forward: write K/V, then hash each logits row's context (the
+ * tokens read back through its block table, positions [row_p0, row_ctx)). */
 static void
-forward(fake_env_t *env, const mdl_batch_t *b, uint64_t *hash)
+forward(fake_env_t *env, const mdl_batch_t *b, uint64_t *hash, int32_t *row_ctx, int32_t *row_p0)
 {
     int32_t bs = env->block_size;
     int32_t li = 0;
@@ -231,6 +232,8 @@ forward(fake_env_t *env, const mdl_batch_t *b, uint64_t *hash)
                           p, env->dev[slot][1]);
             h = (h ^ (uint64_t)env->dev[slot][0]) * 1099511628211ull;
         }
+        row_ctx[li] = b->context_len[r];
+        row_p0[li] = p0;
         hash[li++] = h;
     }
     ck_assert_int_eq(li, b->n_logits);
@@ -242,6 +245,7 @@ fake_step(fake_env_t *env, sched_plan_t *plan_out)
     sched_plan_t plan;
     sched_stats_t before, after;
     uint64_t hash[256];
+    int32_t row_ctx[256], row_p0[256];
     smp_result_t res[256];
     float logits[FAKE_VOCAB];
 
@@ -265,11 +269,26 @@ fake_step(fake_env_t *env, sched_plan_t *plan_out)
     if ((uint64_t)plan.batch.n_seqs > env->max_rows_seen) {
         env->max_rows_seen = (uint64_t)plan.batch.n_seqs;
     }
-    forward(env, &plan.batch, hash);
+    forward(env, &plan.batch, hash, row_ctx, row_p0);
     for (int32_t i = 0; i < plan.n_samples; i++) {
         sched_sample_view_t v;
         sched_sample_view(env->sched, &plan, i, &v);
         uint64_t h = hash[plan.samples[i].row];
+        int32_t ctx = row_ctx[plan.samples[i].row];
+
+        /* The KV the row read is the sequence's own tokens (a wrong share
+         * between choices, a stale swap-in or a wrong block table reads
+         * someone else's). A rolling window evicted the middle: skip. */
+        ck_assert_int_le(ctx, v.n_hist);
+        if (ctx == v.n_hist) {
+            uint64_t own = 1469598103934665603ull;
+
+            for (int32_t p = row_p0[plan.samples[i].row]; p < ctx; p++) {
+                own = (own ^ (uint64_t)v.history[p]) * 1099511628211ull;
+            }
+            ck_assert_msg(own == h, "req %llu choice %d read KV that is not its own tokens",
+                          (unsigned long long)v.id, v.choice);
+        }
         int32_t top = 3 + (int32_t)(h % (FAKE_VOCAB - 3));
         int32_t alt = 3 + (int32_t)((h / 7 + 1) % (FAKE_VOCAB - 3));
         if (alt == top) {

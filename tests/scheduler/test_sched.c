@@ -3,6 +3,7 @@
  * cache, n > 1 forks, cancel, tenant fair share and quotas. Every test
  * ends with every block FREE or CACHED (fake_env_fini). */
 #include <check.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1168,6 +1169,9 @@ START_TEST(test_random_schedules_match_reference)
         }
         fake_run(&env, 100000);
         sched_get_stats(env.sched, &st);
+        bm_stats_t bst;
+        bm_pool_stats(env.pool, &bst);
+        uint32_t dev_total = bst.dev_total;
         for (uint64_t id = 1; id < next_id; id++) {
             int32_t ref[FAKE_MAX_OUT];
             if (kept[id].prompt == NULL) {
@@ -1183,9 +1187,25 @@ START_TEST(test_random_schedules_match_reference)
                               "round %d req %llu choice %d differs from the reference", round,
                               (unsigned long long)id, k);
                 if (o->reason == ENG_FINISH_LENGTH) {
-                    ck_assert(o->n_tokens == kept[id].max_tokens ||
-                              kept[id].n_prompt + o->n_tokens >= c.max_model_len ||
-                              o->n_tokens < kept[id].max_tokens); /* outgrew the pool */
+                    /* LENGTH before max_tokens and the context only when
+                     * the choice outgrew the pool or its tenant's share:
+                     * alone it could not hold its tokens in blocks. */
+                    int32_t total = kept[id].n_prompt + o->n_tokens;
+                    uint32_t limit = dev_total;
+                    double share = c.tenants[kept[id].tenant].max_kv_share;
+
+                    if (share > 0 && share < 1) {
+                        limit = (uint32_t)floor(share * dev_total);
+                        limit = limit > 0 ? limit : 1;
+                    }
+                    ck_assert_msg(o->n_tokens == kept[id].max_tokens ||
+                                      total >= c.max_model_len ||
+                                      (uint32_t)((total + c.block_size - 1) / c.block_size) >
+                                          limit,
+                                  "round %d req %llu choice %d: LENGTH at %d of %d tokens, %d "
+                                  "in context, %u blocks could hold it",
+                                  round, (unsigned long long)id, k, o->n_tokens,
+                                  kept[id].max_tokens, total, limit);
                 }
             }
             free(kept[id].prompt);

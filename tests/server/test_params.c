@@ -246,6 +246,28 @@ START_TEST(test_precheck)
     ck_assert(!srv_json_precheck("{\"a\":\"\xff\"}", 9, 8, &err));
     ck_assert(!srv_json_precheck("{\"a\":\"\xc0\xaf\"}", 10, 8, &err)); /* overlong */
     ck_assert(!srv_json_precheck("{\"a\":\"x\0\"}", 9, 8, &err));
+    /* The 8-byte fast paths (issue 15): a NUL, a \u0000, a closing quote,
+     * a bad byte at every offset of a long string is still seen. */
+    for (int off = 0; off < 24; off++) {
+        char b[96];
+        size_t n;
+
+        memset(b, 0, sizeof(b));
+        memcpy(b, "{\"a\":\"", 6);
+        memset(b + 6, 'x', 40);
+        memcpy(b + 46, "\"}", 2);
+        n = 48;
+        ck_assert(srv_json_precheck(b, n, 1, &err));
+        b[6 + off] = '\0';
+        ck_assert_msg(!srv_json_precheck(b, n, 1, &err), "NUL at %d", off);
+        b[6 + off] = '\xff';
+        ck_assert_msg(!srv_json_precheck(b, n, 1, &err), "0xff at %d", off);
+        memcpy(b + 6 + off, "\\u0000", 6);
+        ck_assert_msg(!srv_json_precheck(b, n, 1, &err), "\\u0000 at %d", off);
+        memset(b + 6, 'x', 40);
+        memcpy(b + 6 + off, "\"[[\"", 4); /* a string ends, brackets outside */
+        ck_assert_msg(!srv_json_precheck(b, n, 1, &err), "depth at %d", off);
+    }
 }
 END_TEST
 

@@ -1,5 +1,6 @@
 // soak.test.mjs - a bounded soak on loopback: 64 concurrent clients for a
-// fixed time (KVSERVE_SOAK_SECONDS, default 120) with random sampling
+// fixed time (KVSERVE_SOAK_SECONDS, default 120; KVSERVE_SOAK_CLIENTS,
+// KVSERVE_SOAK_FLAGS the daemon's flags) with random sampling
 // parameters and lengths, mostly streaming; about 10% drop the connection
 // mid-stream, some cancel before the first token, some send malformed
 // requests. Afterwards the daemon is alive and gives the same greedy answer
@@ -238,12 +239,13 @@ async function client(srv, deadline, stats) {
 const greedy = { model: MODEL_NAME, prompt: PROMPTS[0], max_tokens: 32, temperature: 0 };
 
 test(`soak: ${CLIENTS} clients for ${SECONDS} s`, { timeout: (SECONDS + 240) * 1000 }, async () => {
-  // The CPU tier (swap and demoted prefix-cache blocks) is allocated lazily:
-  // its pages become resident as blocks are first demoted to it, so RSS
-  // grows up to --swap-space. A small tier fills within the first minute,
-  // after which RSS growth means a leak.
-  const srv = await startServer(['--max-num-seqs', '32', '--drain-timeout', '5',
-    '--swap-space', '0.0625']);
+  // The KV pool and the CPU tier are committed at start, so RSS growth
+  // after the first minute means a leak. KVSERVE_SOAK_FLAGS replaces the
+  // flags below ('' for the defaults, as a user runs it).
+  const flags = process.env.KVSERVE_SOAK_FLAGS !== undefined
+    ? process.env.KVSERVE_SOAK_FLAGS.split(/\s+/).filter(Boolean)
+    : ['--max-num-seqs', '32', '--drain-timeout', '5', '--swap-space', '0.0625'];
+  const srv = await startServer(flags);
   try {
     const before = await postJson(srv.base, '/v1/completions', greedy, {});
     assert.equal(before.status, 200);
