@@ -40,6 +40,11 @@ int32_t tok_eos_id(const tok_tokenizer_t *t); /* -1 when none */
 /* The token's text as stored in the vocabulary, or NULL if out of range. */
 const char *tok_token_str(const tok_tokenizer_t *t, int32_t id);
 int tok_is_special(const tok_tokenizer_t *t, int32_t id);
+/* The bytes token id adds to a decoded text (SentencePiece's U+2581 as a
+ * space, byte-fallback and byte-level tokens as their bytes, special
+ * tokens as their text): borrowed, *len bytes, not NUL-terminated. NULL
+ * for an out-of-range id. */
+const char *tok_token_bytes(const tok_tokenizer_t *t, int32_t id, size_t *len);
 /* Id of an exact token string (special or not), or -1. */
 int32_t tok_find(const tok_tokenizer_t *t, const char *s);
 
