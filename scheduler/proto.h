@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "common/chan.h"
+#include "grammar/grammar.h"
 #include "sampler/sampler.h"
 
 enum eng_msg_type {
@@ -82,6 +83,11 @@ typedef struct eng_request {
     int32_t stop_ids[ENG_MAX_STOP_IDS];
     int32_t n_stop_ids;
     uint64_t t_arrival_ns; /* now_ns() when the loop thread received it */
+    /* Structured output (grammar/grammar.h): owned by the message, then by
+     * the scheduler, which gives every choice its own matcher, masks its
+     * logits each step, advances it on the committed token and finishes
+     * the choice when the grammar is complete. NULL: unconstrained. */
+    gr_grammar_t *grammar;
 } eng_request_t;
 
 typedef struct eng_msg_error {
