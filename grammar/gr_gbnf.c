@@ -472,8 +472,8 @@ skip_space(parser_t *ps)
 static int
 is_name_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
 }
 
 /* 1 when p starts `name ::=`. */
@@ -1104,8 +1104,7 @@ gr__gbnf_compile(const char *text, gr_prog_t *p, char *err, size_t errlen)
     p->root = -1;
     for (int32_t r = 0; r < ps.n_rules; r++) {
         if (!ps.rules[r].defined) {
-            snprintf(err, errlen, "grammar: rule '%s' is used but not defined",
-                     ps.rules[r].name);
+            snprintf(err, errlen, "grammar: rule '%s' is used but not defined", ps.rules[r].name);
             goto done;
         }
         if (ps.rules[r].name != NULL && strcmp(ps.rules[r].name, "root") == 0) {

@@ -20,12 +20,12 @@ enum { GR_EL_END = 0, GR_EL_CLASS = 1, GR_EL_REF = 2 };
 
 #define GR_EL(type, arg) (((uint32_t)(type) << 30) | (uint32_t)(arg))
 #define GR_EL_TYPE(e) ((e) >> 30)
-#define GR_EL_ARG(e) ((e) & 0x3fffffffu)
+#define GR_EL_ARG(e) ((e)&0x3fffffffu)
 
 /* Limits that keep a hostile grammar from exhausting memory. */
-#define GR_MAX_CODE (1 << 22)   /* elements */
-#define GR_MAX_REPEAT 10000     /* x{m,n} bounds */
-#define GR_MAX_SPEC (1 << 20)   /* source text bytes */
+#define GR_MAX_CODE (1 << 22) /* elements */
+#define GR_MAX_REPEAT 10000   /* x{m,n} bounds */
+#define GR_MAX_SPEC (1 << 20) /* source text bytes */
 
 typedef struct gr_prog {
     uint32_t *code;

@@ -40,9 +40,9 @@
 
 #define GR_NONE UINT32_MAX
 #define GR_ACC 0u
-#define GR_MAX_DEPTH 2048        /* expansion recursion */
-#define GR_MAX_SET (1 << 14)     /* stacks in one state */
-#define GR_MAX_WORK (1 << 20)    /* expansion steps per advance */
+#define GR_MAX_DEPTH 2048     /* expansion recursion */
+#define GR_MAX_SET (1 << 14)  /* stacks in one state */
+#define GR_MAX_WORK (1 << 20) /* expansion steps per advance */
 #define GR_CACHE_BYTES (64u << 20)
 #define GR_MAX_NODES (1u << 24)
 
@@ -83,8 +83,8 @@ tok_cmp(const void *a, const void *b)
 }
 
 int
-gr_vocab_create(int32_t n, const char *const *bytes, const uint32_t *lens,
-                const int32_t *eos_ids, int32_t n_eos, gr_vocab_t **out)
+gr_vocab_create(int32_t n, const char *const *bytes, const uint32_t *lens, const int32_t *eos_ids,
+                int32_t n_eos, gr_vocab_t **out)
 {
     if (n <= 0 || bytes == NULL || lens == NULL || n_eos < 0 || out == NULL) {
         return ST_EINVAL;
@@ -450,8 +450,8 @@ set_bytes(const gr_grammar_t *g, const uint32_t *s, uint32_t n, uint32_t out[8])
 }
 
 int
-gr_compile(gr_kind_t kind, const char *spec, const gr_vocab_t *vocab, gr_grammar_t **out,
-           char *err, size_t errlen)
+gr_compile(gr_kind_t kind, const char *spec, const gr_vocab_t *vocab, gr_grammar_t **out, char *err,
+           size_t errlen)
 {
     gr_sb_t text = {0};
     int rc;

@@ -234,9 +234,11 @@ static int
 decode_cp(rx_t *x, uint32_t *cp)
 {
     const unsigned char *s = (const unsigned char *)x->p;
-    int n = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3
-                                                      : (s[0] & 0xF8) == 0xF0   ? 4
-                                                                                : 0;
+    int n = s[0] < 0x80             ? 1
+            : (s[0] & 0xE0) == 0xC0 ? 2
+            : (s[0] & 0xF0) == 0xE0 ? 3
+            : (s[0] & 0xF8) == 0xF0 ? 4
+                                    : 0;
     if (n == 0) {
         rx_err(x, "invalid UTF-8 in the regex");
         return 0;

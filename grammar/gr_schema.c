@@ -38,7 +38,8 @@
 static const char k_prelude[] =
     "ws ::= ( \" \" | \"\\n\" \" \"{0,12} )?\n"
     "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n"
-    "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? "
+    "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* "
+    ")? "
     "\"}\"\n"
     "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n"
     "string ::= \"\\\"\" char* \"\\\"\"\n"
@@ -117,10 +118,9 @@ json_literal(sc_t *c, gr_sb_t *b, const cJSON *v)
 static int
 is_annotation(const char *k)
 {
-    static const char *const ann[] = {
-        "title",    "description", "default",   "examples", "$schema", "$id",  "$comment",
-        "deprecated", "readOnly",  "writeOnly", "$defs",    "definitions", "strict", "name",
-        NULL};
+    static const char *const ann[] = {"title", "description", "default",    "examples", "$schema",
+                                      "$id",   "$comment",    "deprecated", "readOnly", "writeOnly",
+                                      "$defs", "definitions", "strict",     "name",     NULL};
     for (int i = 0; ann[i] != NULL; i++) {
         if (strcmp(k, ann[i]) == 0) {
             return 1;
@@ -132,12 +132,29 @@ is_annotation(const char *k)
 static int
 keyword_known(const char *k)
 {
-    static const char *const kw[] = {
-        "type",      "properties", "required",  "additionalProperties", "items",
-        "minItems",  "maxItems",   "enum",      "const",                "minLength",
-        "maxLength", "pattern",    "format",    "minimum",              "maximum",
-        "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "$ref",
-        "uniqueItems", NULL};
+    static const char *const kw[] = {"type",
+                                     "properties",
+                                     "required",
+                                     "additionalProperties",
+                                     "items",
+                                     "minItems",
+                                     "maxItems",
+                                     "enum",
+                                     "const",
+                                     "minLength",
+                                     "maxLength",
+                                     "pattern",
+                                     "format",
+                                     "minimum",
+                                     "maximum",
+                                     "exclusiveMinimum",
+                                     "exclusiveMaximum",
+                                     "anyOf",
+                                     "oneOf",
+                                     "allOf",
+                                     "$ref",
+                                     "uniqueItems",
+                                     NULL};
     for (int i = 0; kw[i] != NULL; i++) {
         if (strcmp(k, kw[i]) == 0) {
             return 1;
@@ -413,8 +430,9 @@ gen_string(sc_t *c, gr_sb_t *b, const cJSON *s, const char *path)
             gr__sb_puts(b, "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
                            "[0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}");
         } else {
-            sc_err(c, "unsupported JSON Schema: format '%s' at %s (date, time, date-time and "
-                      "uuid are supported)",
+            sc_err(c,
+                   "unsupported JSON Schema: format '%s' at %s (date, time, date-time and "
+                   "uuid are supported)",
                    f, path);
             return;
         }
@@ -503,15 +521,15 @@ gen_object(sc_t *c, gr_sb_t *b, const cJSON *s, const char *path)
         return;
     }
     for (const cJSON *r = req ? req->child : NULL; r != NULL; r = r->next) {
-        if (!cJSON_IsString(r) ||
-            (props == NULL || !cJSON_GetObjectItemCaseSensitive(props, r->valuestring))) {
-            if (cJSON_IsString(r) && (addl == NULL || cJSON_IsFalse(addl) || props != NULL)) {
-                sc_err(c, "unsupported JSON Schema: required property '%s' at %s is not in "
-                          "'properties'",
-                       r->valuestring, path);
-            } else {
-                sc_err(c, "'required' at %s must list property names", path);
-            }
+        if (!cJSON_IsString(r)) {
+            sc_err(c, "'required' at %s must list property names", path);
+            return;
+        }
+        if (props == NULL || !cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) {
+            sc_err(c,
+                   "unsupported JSON Schema: required property '%s' at %s is not in "
+                   "'properties'",
+                   r->valuestring, path);
             return;
         }
     }
@@ -567,8 +585,9 @@ gen_object(sc_t *c, gr_sb_t *b, const cJSON *s, const char *path)
                 const char *sep = rest ? "\",\" ws " : "";
                 if (i == n) {
                     if (add != NULL) {
-                        gr__sb_printf(o, "( %sstring ws \":\" ws %s ws ( \",\" ws string ws \":\" "
-                                         "ws %s ws )* )?\n",
+                        gr__sb_printf(o,
+                                      "( %sstring ws \":\" ws %s ws ( \",\" ws string ws \":\" "
+                                      "ws %s ws )* )?\n",
                                       sep, add, add);
                     } else {
                         gr__sb_puts(o, "\"\"\n");
@@ -615,8 +634,9 @@ resolve_ref(sc_t *c, const char *ref, const char *path)
         defs = cJSON_GetObjectItemCaseSensitive(c->root, "definitions");
     }
     if (name == NULL || strchr(name, '/') != NULL) {
-        sc_err(c, "unsupported JSON Schema: $ref '%s' at %s (only '#', '#/$defs/NAME' and "
-                  "'#/definitions/NAME')",
+        sc_err(c,
+               "unsupported JSON Schema: $ref '%s' at %s (only '#', '#/$defs/NAME' and "
+               "'#/definitions/NAME')",
                ref, path);
         return NULL;
     }
@@ -640,8 +660,9 @@ gen_type(sc_t *c, gr_sb_t *b, const cJSON *s, const char *type, const char *path
         if (get_bound(c, s, "minimum", &v, path) || get_bound(c, s, "maximum", &v, path) ||
             get_bound(c, s, "exclusiveMinimum", &v, path) ||
             get_bound(c, s, "exclusiveMaximum", &v, path)) {
-            sc_err(c, "unsupported JSON Schema: bounds on type 'number' at %s (bounds are "
-                      "supported on 'integer')",
+            sc_err(c,
+                   "unsupported JSON Schema: bounds on type 'number' at %s (bounds are "
+                   "supported on 'integer')",
                    path);
             return;
         }

@@ -31,8 +31,8 @@ set(srv_params_t *p, const char *name, int kind, const cJSON *v, const char **se
     char *spec = NULL;
 
     if (*seen != NULL) {
-        srv_err_set(err, 400, name, "'%s' and '%s' both ask for structured output; give one",
-                    *seen, name);
+        srv_err_set(err, 400, name, "'%s' and '%s' both ask for structured output; give one", *seen,
+                    name);
         return 0;
     }
     *seen = name;
@@ -140,9 +140,12 @@ srv_constraint_parse(const cJSON *root, srv_params_t *p, srv_error_t *err)
         const char *name;
         int kind;
     } guided[] = {
-        {"guided_json", SRV_CONSTRAINT_JSON_SCHEMA}, {"guided_regex", SRV_CONSTRAINT_REGEX},
-        {"guided_choice", SRV_CONSTRAINT_CHOICE},    {"guided_grammar", SRV_CONSTRAINT_GBNF},
-        {"grammar", SRV_CONSTRAINT_GBNF},            {"json_schema", SRV_CONSTRAINT_JSON_SCHEMA},
+        {"guided_json", SRV_CONSTRAINT_JSON_SCHEMA},
+        {"guided_regex", SRV_CONSTRAINT_REGEX},
+        {"guided_choice", SRV_CONSTRAINT_CHOICE},
+        {"guided_grammar", SRV_CONSTRAINT_GBNF},
+        {"grammar", SRV_CONSTRAINT_GBNF},
+        {"json_schema", SRV_CONSTRAINT_JSON_SCHEMA},
     };
 
     if ((j = fld(root, "response_format")) && !parse_response_format(j, p, &seen, err)) {
