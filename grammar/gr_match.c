@@ -227,12 +227,12 @@ gr_vocab_mask_words(const gr_vocab_t *v)
 
 /* ---- grammar ---------------------------------------------------------------- */
 
-typedef struct cache_ent {
-    uint64_t h;
-    uint32_t key_off, key_n;
-    uint32_t mask_off; /* in words */
-    uint32_t used;
-} cache_ent_t;
+/* Interned states: a state (sorted node ids) gets an id the first time it
+ * is seen; its byte union, acceptance and cached mask hang off the id, and
+ * advance(state, byte) is memoized per (id, byte). Ids are never freed
+ * while the grammar lives (matchers hold them). */
+#define GR_DEAD UINT32_MAX
+#define GR_MAX_STATES (1u << 22)
 
 struct gr_grammar {
     gr_prog_t prog;
@@ -243,23 +243,29 @@ struct gr_grammar {
     uint32_t n_nodes, cap_nodes;
     uint32_t *nhash; /* node id + 1, 0 empty */
     uint32_t nhash_mask;
-    /* the start state */
-    uint32_t *init;
-    uint32_t n_init;
-    /* arena for states under construction */
+    /* scratch for one advance */
     uint32_t *buf;
     size_t buf_n, buf_cap;
     int failed; /* a cap was hit in this advance */
     uint32_t work;
-    /* per-depth walk state */
-    size_t *lvl_off;
-    uint32_t *lvl_n;
-    uint32_t (*lvl_bytes)[8];
+    /* states */
+    uint32_t *sdata; /* contents, concatenated */
+    size_t sdata_n, sdata_cap;
+    uint32_t *soff, *slen;
+    uint32_t (*sbytes)[8]; /* bytes some stack top takes */
+    uint8_t *sacc;         /* ACC in the state */
+    int64_t *smask;        /* offset of the cached mask in cmasks, -1 none */
+    uint32_t n_states, cap_states;
+    uint32_t *shash; /* state id + 1 */
+    uint32_t shash_mask;
+    uint32_t init; /* the start state */
+    /* advance memo: key (state << 8 | byte) + 1, value the next state */
+    uint64_t *mkey;
+    uint32_t *mval;
+    uint32_t mmask, m_used;
+    /* per-depth walk states */
+    uint32_t *lvl;
     /* mask cache */
-    cache_ent_t *ctab;
-    uint32_t ctab_mask, c_used;
-    uint32_t *ckeys;
-    size_t ckeys_n, ckeys_cap;
     uint32_t *cmasks;
     size_t cmasks_n, cmasks_cap;
     uint64_t walks, hits;
@@ -434,19 +440,150 @@ advance(gr_grammar_t *g, size_t src, uint32_t n, uint8_t byte)
     return k;
 }
 
-static void
-set_bytes(const gr_grammar_t *g, const uint32_t *s, uint32_t n, uint32_t out[8])
+
+static uint64_t
+key_hash(const uint32_t *s, uint32_t n)
 {
-    memset(out, 0, 32);
+    uint64_t h = 0xcbf29ce484222325ull ^ n;
+    for (uint32_t i = 0; i < n; i++) {
+        h = (h ^ s[i]) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+static void
+shash_grow(gr_grammar_t *g)
+{
+    uint32_t cap = g->shash_mask ? (g->shash_mask + 1) * 2 : 1024;
+    uint32_t *t = xcalloc(cap, sizeof(uint32_t));
+    for (uint32_t id = 0; id < g->n_states; id++) {
+        uint32_t h = (uint32_t)key_hash(g->sdata + g->soff[id], g->slen[id]) & (cap - 1);
+        while (t[h] != 0) {
+            h = (h + 1) & (cap - 1);
+        }
+        t[h] = id + 1;
+    }
+    free(g->shash);
+    g->shash = t;
+    g->shash_mask = cap - 1;
+}
+
+/* The id of the state s[0..n) (sorted, deduped), interning it when new;
+ * GR_DEAD for the empty state or when the state table is full. s must
+ * not point into g->sdata. */
+static uint32_t
+intern(gr_grammar_t *g, const uint32_t *s, uint32_t n)
+{
+    if (n == 0) {
+        return GR_DEAD;
+    }
+    uint64_t hk = key_hash(s, n);
+    uint32_t h = (uint32_t)hk & g->shash_mask;
+    for (;;) {
+        uint32_t e = g->shash[h];
+        if (e == 0) {
+            break;
+        }
+        if (g->slen[e - 1] == n && memcmp(g->sdata + g->soff[e - 1], s, n * 4) == 0) {
+            return e - 1;
+        }
+        h = (h + 1) & g->shash_mask;
+    }
+    if (g->n_states >= GR_MAX_STATES || g->sdata_n + n > (size_t)UINT32_MAX) {
+        return GR_DEAD;
+    }
+    if (g->n_states == g->cap_states) {
+        g->cap_states = g->cap_states ? g->cap_states * 2 : 256;
+        g->soff = xrealloc(g->soff, g->cap_states * sizeof(uint32_t));
+        g->slen = xrealloc(g->slen, g->cap_states * sizeof(uint32_t));
+        g->sbytes = xrealloc(g->sbytes, g->cap_states * 32);
+        g->sacc = xrealloc(g->sacc, g->cap_states);
+        g->smask = xrealloc(g->smask, g->cap_states * sizeof(int64_t));
+    }
+    if (g->sdata_n + n > g->sdata_cap) {
+        g->sdata_cap = (g->sdata_n + n) * 2;
+        g->sdata = xrealloc(g->sdata, g->sdata_cap * 4);
+    }
+    uint32_t id = g->n_states++;
+    g->soff[id] = (uint32_t)g->sdata_n;
+    g->slen[id] = n;
+    memcpy(g->sdata + g->sdata_n, s, n * 4);
+    g->sdata_n += n;
+    g->sacc[id] = s[0] == GR_ACC;
+    g->smask[id] = -1;
+    memset(g->sbytes[id], 0, 32);
     for (uint32_t i = 0; i < n; i++) {
         if (s[i] == GR_ACC) {
             continue;
         }
         const uint32_t *c = g->prog.cls[GR_EL_ARG(g->prog.code[g->npos[s[i]]])];
         for (int k = 0; k < 8; k++) {
-            out[k] |= c[k];
+            g->sbytes[id][k] |= c[k];
         }
     }
+    g->shash[h] = id + 1;
+    if (g->n_states * 2 > g->shash_mask + 1) {
+        shash_grow(g);
+    }
+    return id;
+}
+
+static void
+memo_grow(gr_grammar_t *g)
+{
+    uint32_t cap = g->mmask ? (g->mmask + 1) * 2 : 4096;
+    uint64_t *k = xcalloc(cap, sizeof(uint64_t));
+    uint32_t *v = xmalloc(cap * sizeof(uint32_t));
+    for (uint32_t i = 0; g->mkey != NULL && i <= g->mmask; i++) {
+        if (g->mkey[i] != 0) {
+            uint32_t h = hash2((uint32_t)(g->mkey[i] >> 32), (uint32_t)g->mkey[i]) & (cap - 1);
+            while (k[h] != 0) {
+                h = (h + 1) & (cap - 1);
+            }
+            k[h] = g->mkey[i];
+            v[h] = g->mval[i];
+        }
+    }
+    free(g->mkey);
+    free(g->mval);
+    g->mkey = k;
+    g->mval = v;
+    g->mmask = cap - 1;
+}
+
+/* advance(state sid, byte) as a state id (GR_DEAD: refused), memoized. */
+static uint32_t
+step(gr_grammar_t *g, uint32_t sid, uint8_t byte)
+{
+    if (!(g->sbytes[sid][byte >> 5] & (1u << (byte & 31)))) {
+        return GR_DEAD;
+    }
+    uint64_t key = (((uint64_t)sid << 8) | byte) + 1;
+    uint32_t h = hash2((uint32_t)(key >> 32), (uint32_t)key) & g->mmask;
+    for (;;) {
+        if (g->mkey[h] == key) {
+            return g->mval[h];
+        }
+        if (g->mkey[h] == 0) {
+            break;
+        }
+        h = (h + 1) & g->mmask;
+    }
+    g->buf_n = 0;
+    for (uint32_t i = 0; i < g->slen[sid]; i++) {
+        buf_push(g, g->sdata[g->soff[sid] + i]);
+    }
+    uint32_t n = g->slen[sid];
+    uint32_t k = advance(g, 0, n, byte);
+    uint32_t r = intern(g, g->buf + n, k);
+    g->buf_n = 0;
+    g->mkey[h] = key;
+    g->mval[h] = r;
+    if (++g->m_used * 2 > g->mmask + 1) {
+        memo_grow(g);
+    }
+    return r;
 }
 
 int
@@ -509,9 +646,9 @@ gr_compile(gr_kind_t kind, const char *spec, const gr_vocab_t *vocab, gr_grammar
     g->npar[0] = GR_NONE;
     g->n_nodes = 1;
     nhash_grow(g);
-    g->lvl_off = xmalloc((size_t)(vocab->max_depth + 2) * sizeof(size_t));
-    g->lvl_n = xmalloc((size_t)(vocab->max_depth + 2) * sizeof(uint32_t));
-    g->lvl_bytes = xmalloc((size_t)(vocab->max_depth + 2) * 32);
+    g->lvl = xmalloc((size_t)(vocab->max_depth + 2) * sizeof(uint32_t));
+    shash_grow(g);
+    memo_grow(g);
 
     /* The start state: the root's alternatives, returning to nobody. */
     const gr_prog_t *p = &g->prog;
@@ -520,14 +657,17 @@ gr_compile(gr_kind_t kind, const char *spec, const gr_vocab_t *vocab, gr_grammar
     for (int32_t a = p->rule_alts[p->root]; a < p->rule_alts[p->root + 1]; a++) {
         expand(g, p->alt_start[a], GR_NONE, 0);
     }
-    g->n_init = set_finish(g, 0);
-    if (g->failed) {
-        snprintf(err, errlen, "grammar: the start state is too large");
+    uint32_t n_init = set_finish(g, 0);
+    if (g->failed || n_init == 0) {
+        snprintf(err, errlen, "grammar: %s", g->failed ? "the start state is too large"
+                                                      : "the grammar matches nothing");
         gr_grammar_destroy(g);
         return ST_EINVAL;
     }
-    g->init = xmalloc((g->n_init ? g->n_init : 1) * sizeof(uint32_t));
-    memcpy(g->init, g->buf, g->n_init * sizeof(uint32_t));
+    uint32_t *tmp = xmalloc(n_init * sizeof(uint32_t));
+    memcpy(tmp, g->buf, n_init * sizeof(uint32_t));
+    g->init = intern(g, tmp, n_init);
+    free(tmp);
     g->buf_n = 0;
     *out = g;
     return ST_OK;
@@ -544,13 +684,17 @@ gr_grammar_destroy(gr_grammar_t *g)
     free(g->npos);
     free(g->npar);
     free(g->nhash);
-    free(g->init);
     free(g->buf);
-    free(g->lvl_off);
-    free(g->lvl_n);
-    free(g->lvl_bytes);
-    free(g->ctab);
-    free(g->ckeys);
+    free(g->sdata);
+    free(g->soff);
+    free(g->slen);
+    free(g->sbytes);
+    free(g->sacc);
+    free(g->smask);
+    free(g->shash);
+    free(g->mkey);
+    free(g->mval);
+    free(g->lvl);
     free(g->cmasks);
     free(g);
 }
@@ -572,34 +716,18 @@ gr_grammar_stats(const gr_grammar_t *g, uint64_t *walks, uint64_t *hits)
 
 struct gr_matcher {
     gr_grammar_t *g;
-    uint32_t *ids; /* states, concatenated */
-    size_t n_ids, cap_ids;
-    size_t *off; /* [n_steps + 2]: state k = ids[off[k] .. off[k + 1]) */
-    int32_t n_steps, cap_steps;
+    uint32_t *hist; /* [n_steps + 1] state ids; hist[n_steps] is the current one */
+    int32_t n_steps, cap;
 };
 
 static void
-m_push_state(gr_matcher_t *m, const uint32_t *s, uint32_t n)
+m_push(gr_matcher_t *m, uint32_t sid)
 {
-    if (m->n_ids + n > m->cap_ids) {
-        size_t cap = m->cap_ids ? m->cap_ids : 64;
-        while (cap < m->n_ids + n) {
-            cap *= 2;
-        }
-        m->ids = xrealloc(m->ids, cap * sizeof(uint32_t));
-        m->cap_ids = cap;
+    if (m->n_steps + 2 > m->cap) {
+        m->cap = m->cap ? m->cap * 2 : 64;
+        m->hist = xrealloc(m->hist, (size_t)m->cap * sizeof(uint32_t));
     }
-    memcpy(m->ids + m->n_ids, s, n * sizeof(uint32_t));
-    m->n_ids += n;
-}
-
-static void
-m_grow_steps(gr_matcher_t *m)
-{
-    if (m->n_steps + 2 >= m->cap_steps) {
-        m->cap_steps = m->cap_steps ? m->cap_steps * 2 : 64;
-        m->off = xrealloc(m->off, (size_t)m->cap_steps * sizeof(size_t));
-    }
+    m->hist[++m->n_steps] = sid;
 }
 
 gr_matcher_t *
@@ -609,11 +737,14 @@ gr_matcher_create(gr_grammar_t *g)
     if (m == NULL) {
         return NULL;
     }
+    m->hist = xmalloc_try(64 * sizeof(uint32_t));
+    if (m->hist == NULL) {
+        free(m);
+        return NULL;
+    }
     m->g = g;
-    m_grow_steps(m);
-    m->off[0] = 0;
-    m_push_state(m, g->init, g->n_init);
-    m->off[1] = m->n_ids;
+    m->cap = 64;
+    m->hist[0] = g->init;
     return m;
 }
 
@@ -624,15 +755,15 @@ gr_matcher_copy(const gr_matcher_t *m)
     if (c == NULL) {
         return NULL;
     }
+    c->cap = m->n_steps + 64;
+    c->hist = xmalloc_try((size_t)c->cap * sizeof(uint32_t));
+    if (c->hist == NULL) {
+        free(c);
+        return NULL;
+    }
     c->g = m->g;
-    c->cap_ids = m->n_ids ? m->n_ids : 1;
-    c->ids = xmalloc(c->cap_ids * sizeof(uint32_t));
-    memcpy(c->ids, m->ids, m->n_ids * sizeof(uint32_t));
-    c->n_ids = m->n_ids;
-    c->cap_steps = m->n_steps + 4;
-    c->off = xmalloc((size_t)c->cap_steps * sizeof(size_t));
-    memcpy(c->off, m->off, (size_t)(m->n_steps + 2) * sizeof(size_t));
     c->n_steps = m->n_steps;
+    memcpy(c->hist, m->hist, (size_t)(m->n_steps + 1) * sizeof(uint32_t));
     return c;
 }
 
@@ -642,62 +773,36 @@ gr_matcher_destroy(gr_matcher_t *m)
     if (m == NULL) {
         return;
     }
-    free(m->ids);
-    free(m->off);
+    free(m->hist);
     free(m);
-}
-
-static inline const uint32_t *
-m_cur(const gr_matcher_t *m, uint32_t *n)
-{
-    size_t a = m->off[m->n_steps], b = m->off[m->n_steps + 1];
-    *n = (uint32_t)(b - a);
-    return m->ids + a;
 }
 
 int
 gr_matcher_accept_bytes(gr_matcher_t *m, const char *s, size_t len)
 {
-    gr_grammar_t *g = m->g;
-    uint32_t n;
-    const uint32_t *cur = m_cur(m, &n);
-
-    g->buf_n = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        buf_push(g, cur[i]);
-    }
-    size_t src = 0;
+    uint32_t sid = m->hist[m->n_steps];
     for (size_t i = 0; i < len; i++) {
-        size_t off = g->buf_n;
-        n = advance(g, src, n, (uint8_t)s[i]);
-        if (n == 0) {
-            g->buf_n = 0;
+        sid = step(m->g, sid, (uint8_t)s[i]);
+        if (sid == GR_DEAD) {
             return ST_EINVAL;
         }
-        src = off;
     }
-    m_grow_steps(m);
-    m_push_state(m, g->buf + src, n);
-    m->n_steps++;
-    m->off[m->n_steps + 1] = m->n_ids;
-    g->buf_n = 0;
+    m_push(m, sid);
     return ST_OK;
 }
 
 int
 gr_matcher_accepting(const gr_matcher_t *m)
 {
-    uint32_t n;
-    const uint32_t *cur = m_cur(m, &n);
-    return n > 0 && cur[0] == GR_ACC;
+    return m->g->sacc[m->hist[m->n_steps]];
 }
 
 int
 gr_matcher_done(const gr_matcher_t *m)
 {
-    uint32_t n;
-    const uint32_t *cur = m_cur(m, &n);
-    return n == 1 && cur[0] == GR_ACC;
+    const gr_grammar_t *g = m->g;
+    uint32_t sid = m->hist[m->n_steps];
+    return g->slen[sid] == 1 && g->sdata[g->soff[sid]] == GR_ACC;
 }
 
 static int
@@ -723,15 +828,7 @@ gr_matcher_accept_token(gr_matcher_t *m, int32_t id)
         if (!gr_matcher_accepting(m)) {
             return ST_EINVAL;
         }
-        uint32_t n;
-        const uint32_t *cur = m_cur(m, &n);
-        uint32_t *tmp = xmalloc(n * sizeof(uint32_t));
-        memcpy(tmp, cur, n * sizeof(uint32_t));
-        m_grow_steps(m);
-        m_push_state(m, tmp, n);
-        free(tmp);
-        m->n_steps++;
-        m->off[m->n_steps + 1] = m->n_ids;
+        m_push(m, m->hist[m->n_steps]); /* a step, so rollback counts tokens */
         return ST_OK;
     }
     if (v->lens[id] == 0) {
@@ -747,7 +844,6 @@ gr_matcher_rollback(gr_matcher_t *m, int32_t k)
         return ST_EINVAL;
     }
     m->n_steps -= k;
-    m->n_ids = m->off[m->n_steps + 1];
     return ST_OK;
 }
 
@@ -759,121 +855,25 @@ gr_matcher_steps(const gr_matcher_t *m)
 
 /* ---- mask ------------------------------------------------------------------- */
 
-static uint64_t
-key_hash(const uint32_t *s, uint32_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull ^ n;
-    for (uint32_t i = 0; i < n; i++) {
-        h = (h ^ s[i]) * 0x100000001b3ull;
-        h ^= h >> 29;
-    }
-    return h;
-}
-
-static cache_ent_t *
-cache_find(gr_grammar_t *g, uint64_t h, const uint32_t *s, uint32_t n)
-{
-    if (g->ctab == NULL) {
-        return NULL;
-    }
-    uint32_t i = (uint32_t)h & g->ctab_mask;
-    for (;;) {
-        cache_ent_t *e = &g->ctab[i];
-        if (!e->used) {
-            return NULL;
-        }
-        if (e->h == h && e->key_n == n && memcmp(g->ckeys + e->key_off, s, n * 4) == 0) {
-            return e;
-        }
-        i = (i + 1) & g->ctab_mask;
-    }
-}
-
-static void
-cache_clear(gr_grammar_t *g)
-{
-    free(g->ctab);
-    g->ctab = NULL;
-    g->ctab_mask = 0;
-    g->c_used = 0;
-    g->ckeys_n = 0;
-    g->cmasks_n = 0;
-}
-
-static void
-cache_insert(gr_grammar_t *g, uint64_t h, const uint32_t *s, uint32_t n, const uint32_t *mask)
-{
-    uint32_t words = (uint32_t)g->vocab->words;
-
-    if ((g->cmasks_n + words) * 4 + (g->ckeys_n + n) * 4 > GR_CACHE_BYTES) {
-        cache_clear(g);
-    }
-    if (g->ctab == NULL || (g->c_used + 1) * 2 > g->ctab_mask + 1) {
-        uint32_t cap = g->ctab ? (g->ctab_mask + 1) * 2 : 256;
-        cache_ent_t *t = xcalloc(cap, sizeof(cache_ent_t));
-        for (uint32_t i = 0; g->ctab != NULL && i <= g->ctab_mask; i++) {
-            if (g->ctab[i].used) {
-                uint32_t j = (uint32_t)g->ctab[i].h & (cap - 1);
-                while (t[j].used) {
-                    j = (j + 1) & (cap - 1);
-                }
-                t[j] = g->ctab[i];
-            }
-        }
-        free(g->ctab);
-        g->ctab = t;
-        g->ctab_mask = cap - 1;
-    }
-    if (g->ckeys_n + n > g->ckeys_cap) {
-        g->ckeys_cap = (g->ckeys_n + n) * 2 + 256;
-        g->ckeys = xrealloc(g->ckeys, g->ckeys_cap * 4);
-    }
-    if (g->cmasks_n + words > g->cmasks_cap) {
-        g->cmasks_cap = (g->cmasks_n + words) * 2;
-        g->cmasks = xrealloc(g->cmasks, g->cmasks_cap * 4);
-    }
-    uint32_t i = (uint32_t)h & g->ctab_mask;
-    while (g->ctab[i].used) {
-        i = (i + 1) & g->ctab_mask;
-    }
-    cache_ent_t *e = &g->ctab[i];
-    e->used = 1;
-    e->h = h;
-    e->key_off = (uint32_t)g->ckeys_n;
-    e->key_n = n;
-    e->mask_off = (uint32_t)g->cmasks_n;
-    memcpy(g->ckeys + g->ckeys_n, s, n * 4);
-    g->ckeys_n += n;
-    memcpy(g->cmasks + g->cmasks_n, mask, words * 4);
-    g->cmasks_n += words;
-    g->c_used++;
-}
-
 /* The trie walk: every token whose bytes the state takes. */
 static void
-walk(gr_grammar_t *g, const uint32_t *cur, uint32_t n, uint32_t *mask)
+walk(gr_grammar_t *g, uint32_t sid, uint32_t *mask)
 {
     const gr_vocab_t *v = g->vocab;
-
-    g->buf_n = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        buf_push(g, cur[i]);
-    }
-    g->lvl_off[0] = 0;
-    g->lvl_n[0] = n;
-    set_bytes(g, g->buf, n, g->lvl_bytes[0]);
+    uint32_t *lvl = g->lvl;
     int32_t i = 1;
+
+    lvl[0] = sid;
     while (i < v->n_nodes) {
         int32_t d = v->depth[i];
         uint8_t b = v->byte[i];
-        if (!(g->lvl_bytes[d - 1][b >> 5] & (1u << (b & 31)))) {
+        uint32_t p = lvl[d - 1];
+        if (!(g->sbytes[p][b >> 5] & (1u << (b & 31)))) {
             i = v->skip[i];
             continue;
         }
-        g->buf_n = g->lvl_off[d - 1] + g->lvl_n[d - 1];
-        size_t off = g->buf_n;
-        uint32_t k = advance(g, g->lvl_off[d - 1], g->lvl_n[d - 1], b);
-        if (k == 0) {
+        uint32_t r = step(g, p, b);
+        if (r == GR_DEAD) {
             i = v->skip[i];
             continue;
         }
@@ -883,14 +883,9 @@ walk(gr_grammar_t *g, const uint32_t *cur, uint32_t n, uint32_t *mask)
             int32_t id = v->tok_ids[t];
             mask[id >> 5] |= 1u << (id & 31);
         }
-        if (v->skip[i] != i + 1) { /* has children */
-            g->lvl_off[d] = off;
-            g->lvl_n[d] = k;
-            set_bytes(g, g->buf + off, k, g->lvl_bytes[d]);
-        }
+        lvl[d] = r;
         i++;
     }
-    g->buf_n = 0;
 }
 
 void
@@ -898,26 +893,35 @@ gr_matcher_fill_mask(gr_matcher_t *m, uint32_t *mask)
 {
     gr_grammar_t *g = m->g;
     const gr_vocab_t *v = g->vocab;
-    uint32_t n;
-    const uint32_t *cur = m_cur(m, &n);
-    uint64_t h = key_hash(cur, n);
-    cache_ent_t *e = cache_find(g, h, cur, n);
+    uint32_t sid = m->hist[m->n_steps];
+    size_t words = (size_t)v->words;
 
-    if (e != NULL) {
-        memcpy(mask, g->cmasks + e->mask_off, (size_t)v->words * 4);
+    if (g->smask[sid] >= 0) {
+        memcpy(mask, g->cmasks + g->smask[sid], words * 4);
         g->hits++;
         return;
     }
-    memset(mask, 0, (size_t)v->words * 4);
-    walk(g, cur, n, mask);
-    if (n > 0 && cur[0] == GR_ACC) {
+    memset(mask, 0, words * 4);
+    walk(g, sid, mask);
+    if (g->sacc[sid]) {
         for (int32_t k = 0; k < v->n_eos; k++) {
             mask[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31);
         }
     }
     g->walks++;
-    cur = m_cur(m, &n); /* the walk does not touch the matcher: same key */
-    cache_insert(g, h, cur, n, mask);
+    if ((g->cmasks_n + words) * 4 > GR_CACHE_BYTES) {
+        for (uint32_t k = 0; k < g->n_states; k++) {
+            g->smask[k] = -1;
+        }
+        g->cmasks_n = 0;
+    }
+    if (g->cmasks_n + words > g->cmasks_cap) {
+        g->cmasks_cap = (g->cmasks_n + words) * 2;
+        g->cmasks = xrealloc(g->cmasks, g->cmasks_cap * 4);
+    }
+    memcpy(g->cmasks + g->cmasks_n, mask, words * 4);
+    g->smask[sid] = (int64_t)g->cmasks_n;
+    g->cmasks_n += words;
 }
 
 void
