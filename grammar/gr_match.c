@@ -18,13 +18,16 @@
  *   so expansion terminates; its depth and work are still capped.
  *
  *   advance(state, byte) takes every top whose class holds byte and
- *   expands the position after it. The mask walk keeps one state per trie
- *   depth in one arena (a stack discipline: the trie is walked in
- *   preorder, so a node's parent state is always the last one at depth
- *   d - 1) and skips a child at once when no top's class holds its byte.
+ *   expands the position after it. States are interned and advance is
+ *   memoized per (state id, byte) (step()), so the mask walk, which keeps
+ *   the state id of each trie depth (a node's parent state is always the
+ *   last one at depth d - 1, the trie being walked in preorder), costs one
+ *   table lookup per visited node once the transitions are known, and
+ *   skips a child at once when no top's class holds its byte.
  *
- *   Masks are cached per state in the grammar (key: the id array); the
- *   cache is cleared when it outgrows GR_CACHE_BYTES.
+ *   Masks are cached per state id; the cache is cleared when it outgrows
+ *   GR_CACHE_BYTES. States, nodes and memo entries live as long as the
+ *   grammar (one request), bounded by GR_MAX_STATES and GR_MAX_NODES.
  *
  * Thread: see grammar.h.
  */

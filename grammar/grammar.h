@@ -16,19 +16,21 @@
  *   The matcher (gr_match.c) is a nondeterministic pushdown automaton over
  *   bytes (llama.cpp's grammar stacks): its state is a set of stacks whose
  *   tops are byte classes. Stacks are hash-consed nodes (pos, parent) in a
- *   pool shared by every matcher of one grammar, so a state is a small
- *   sorted array of node ids, equal states have equal arrays, a copy is a
- *   memcpy and rollback restores an earlier array (one per accepted token).
- *   A call to a rule whose caller has nothing left (tail position) does not
- *   push, so x* stays flat.
+ *   pool shared by every matcher of one grammar, and states (sorted arrays
+ *   of node ids) are interned, so a state is one id with its byte union,
+ *   acceptance and cached mask, and advance(state, byte) is memoized per
+ *   (id, byte). A matcher is the array of the state ids it went through:
+ *   a copy is a memcpy, rollback drops the last k. A call to a rule whose
+ *   caller has nothing left (tail position) does not push, so x* stays
+ *   flat.
  *
  *   The mask walks a trie of the vocabulary's token bytes (gr_vocab_t,
- *   built once at start-up, read-only) against the state, pruning a
- *   subtree as soon as no stack takes its byte, and caches the result per
- *   state (a hash of the node-id array) in the grammar: states repeat
- *   (inside a string, between array items), so most steps copy a cached
- *   bitmap. EOS ids are allowed exactly when some stack is empty (the
- *   grammar accepts).
+ *   built once at start-up, read-only) against the state, one memoized
+ *   step per trie node, pruning a subtree as soon as no stack takes its
+ *   byte, and is cached per state: states repeat (inside an unbounded
+ *   string, between array items), so those steps copy a cached bitmap.
+ *   EOS ids are allowed exactly when some stack is empty (the grammar
+ *   accepts).
  *
  * Thread: gr_vocab_t is immutable after creation and shared by any
  * thread. A grammar is compiled on any thread; once handed over, the
