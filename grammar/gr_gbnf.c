@@ -1022,7 +1022,9 @@ flatten(parser_t *ps, gr_prog_t *p)
         for (int32_t a = 0; a < ps->rules[r].n_alts; a++) {
             const seq_t *s = &ps->rules[r].alts[a];
             p->alt_start[ai++] = (uint32_t)pc;
-            memcpy(p->code + pc, s->el, (size_t)s->n * sizeof(uint32_t));
+            if (s->n > 0) {
+                memcpy(p->code + pc, s->el, (size_t)s->n * sizeof(uint32_t));
+            }
             pc += s->n;
             p->code[pc++] = GR_EL(GR_EL_END, 0);
         }
