@@ -387,9 +387,8 @@ cmd_bench(int argc, char **argv)
         m->req.n = 1;
         m->req.max_tokens = (int32_t)out_len;
         m->req.ignore_eos = 1;
-        if (schema != NULL &&
-            gr_compile(GR_KIND_JSON_SCHEMA, schema, vocab, &m->req.grammar, err, sizeof(err)) !=
-                ST_OK) {
+        if (schema != NULL && gr_compile(GR_KIND_JSON_SCHEMA, schema, vocab, &m->req.grammar, err,
+                                         sizeof(err)) != ST_OK) {
             fprintf(stderr, "kvserve bench: %s: %s\n", schema_path, err);
             return 2;
         }

@@ -443,7 +443,6 @@ advance(gr_grammar_t *g, size_t src, uint32_t n, uint8_t byte)
     return k;
 }
 
-
 static uint64_t
 key_hash(const uint32_t *s, uint32_t n)
 {
@@ -662,8 +661,8 @@ gr_compile(gr_kind_t kind, const char *spec, const gr_vocab_t *vocab, gr_grammar
     }
     uint32_t n_init = set_finish(g, 0);
     if (g->failed || n_init == 0) {
-        snprintf(err, errlen, "grammar: %s", g->failed ? "the start state is too large"
-                                                      : "the grammar matches nothing");
+        snprintf(err, errlen, "grammar: %s",
+                 g->failed ? "the start state is too large" : "the grammar matches nothing");
         gr_grammar_destroy(g);
         return ST_EINVAL;
     }

@@ -187,9 +187,8 @@ main(int argc, char **argv)
             printf("  %-12s mask+advance per token: mean %8.1f us  p50 %8.1f  p99 %9.1f  max "
                    "%9.1f | %5.1f tokens/doc, cache hits %4.1f%%, compile %.0f us\n",
                    k_schemas[s][0], sum / n_steps, step_us[n_steps / 2],
-                   step_us[(int)(n_steps * 0.99)], step_us[n_steps - 1],
-                   (double)n_steps / DOCS, 100.0 * (double)hits / (double)(hits + walks),
-                   compile_us / DOCS);
+                   step_us[(int)(n_steps * 0.99)], step_us[n_steps - 1], (double)n_steps / DOCS,
+                   100.0 * (double)hits / (double)(hits + walks), compile_us / DOCS);
             free(step_us);
         }
         free(mask);

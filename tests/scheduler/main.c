@@ -5,6 +5,7 @@
 
 Suite *scheduler_sched_suite(void);
 Suite *scheduler_engine_suite(void);
+Suite *scheduler_grammar_suite(void);
 
 int
 main(void)
@@ -13,6 +14,7 @@ main(void)
     int failed;
 
     srunner_add_suite(sr, scheduler_engine_suite());
+    srunner_add_suite(sr, scheduler_grammar_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
