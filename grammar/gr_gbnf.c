@@ -40,7 +40,9 @@ gr__sb_add(gr_sb_t *b, const char *s, size_t n)
         b->p = xrealloc(b->p, cap);
         b->cap = cap;
     }
-    memcpy(b->p + b->n, s, n);
+    if (n > 0) {
+        memcpy(b->p + b->n, s, n);
+    }
     b->n += n;
     b->p[b->n] = '\0';
 }
@@ -278,7 +280,9 @@ cpset_normalize(cpset_t *s, int negate)
 {
     cpset_t t = {0};
 
-    qsort(s->r, (size_t)s->n, sizeof(cp_range_t), cp_cmp);
+    if (s->n > 1) {
+        qsort(s->r, (size_t)s->n, sizeof(cp_range_t), cp_cmp);
+    }
     for (int32_t i = 0; i < s->n; i++) {
         if (t.n > 0 && s->r[i].lo <= t.r[t.n - 1].hi + 1) {
             if (s->r[i].hi > t.r[t.n - 1].hi) {

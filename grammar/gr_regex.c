@@ -83,7 +83,9 @@ static void
 rs_norm(rset_t *s)
 {
     int w = 0;
-    qsort(s->r, (size_t)s->n, sizeof(rng_t), rng_cmp);
+    if (s->n > 1) {
+        qsort(s->r, (size_t)s->n, sizeof(rng_t), rng_cmp);
+    }
     for (int i = 0; i < s->n; i++) {
         if (w > 0 && s->r[i].lo <= s->r[w - 1].hi + 1) {
             if (s->r[i].hi > s->r[w - 1].hi) {
