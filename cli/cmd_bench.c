@@ -6,6 +6,8 @@
  * ignored), greedy. The main thread reads the outbox and timestamps every
  * token. Prints requests/s, output and total tokens/s, time to first token
  * and per-token latency percentiles, peak KV usage and preemptions.
+ * --json-schema FILE constrains every request to the schema (structured
+ * output, grammar/): the same figures with the grammar mask in every step.
  */
 #define LOG_MODULE "bench"
 
@@ -21,8 +23,10 @@
 #include "common/util.h"
 #include "common/xmalloc.h"
 #include "kvserve_config.h"
+#include "grammar/grammar.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
+#include "text/tokenizer.h"
 #include "cli/cmds.h"
 
 #define BENCH_DEFAULT_MODEL "models/austen-2.7m"
@@ -57,6 +61,7 @@ bench_usage(FILE *f)
                "  --threads T                 CPU threads for the forward (default: all cores)\n"
                "  --seed X                    prompt RNG seed (default 1)\n"
                "  --kv-cache-dtype D          auto f32 f16 bf16 fp8_e4m3 int8 int4 (default auto)\n"
+               "  --json-schema FILE          constrain every output to this JSON schema\n"
                "  --help                      this text\n");
 }
 
@@ -122,6 +127,59 @@ print_dist(const char *name, double *v, size_t n)
            pct(v, n, 50), pct(v, n, 90), pct(v, n, 99), n > 0 ? v[n - 1] : 0.0);
 }
 
+/* The file's text (malloc'd), or NULL. */
+static char *
+bench_read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+
+    if (f == NULL) {
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        buf = xmalloc((size_t)n + 1);
+        if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+            free(buf);
+            buf = NULL;
+        } else {
+            buf[n] = '\0';
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+/* The grammar vocabulary of the model's tokenizer, as the server builds
+ * it (server/srv_grammar.c): special tokens have no bytes, EOS ids are
+ * allowed in accepting states. */
+static gr_vocab_t *
+bench_vocab(const mdl_model_t *model)
+{
+    const tok_tokenizer_t *tok = mdl_model_tokenizer(model);
+    const mdl_config_t *mc = mdl_model_config(model);
+    int32_t n = tok_vocab_size(tok);
+    const char **bytes = xcalloc((size_t)n, sizeof(char *));
+    uint32_t *lens = xcalloc((size_t)n, sizeof(uint32_t));
+    gr_vocab_t *v = NULL;
+
+    for (int32_t i = 0; i < n; i++) {
+        int type = tok_token_gguf_type(tok, i);
+        size_t len = 0;
+        if (!tok_is_special(tok, i) && type != 2 && type != 3) {
+            bytes[i] = tok_token_bytes(tok, i, &len);
+            lens[i] = (uint32_t)len;
+        }
+    }
+    if (gr_vocab_create(n, bytes, lens, mc->eos_ids, mc->n_eos, &v) != ST_OK) {
+        v = NULL;
+    }
+    free(bytes);
+    free(lens);
+    return v;
+}
+
 int
 cmd_bench(int argc, char **argv)
 {
@@ -139,11 +197,15 @@ cmd_bench(int argc, char **argv)
         {"threads", required_argument, NULL, 'j'},
         {"seed", required_argument, NULL, 'x'},
         {"kv-cache-dtype", required_argument, NULL, 'd'},
+        {"json-schema", required_argument, NULL, 'g'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     char model_buf[1024];
     const char *model_path = NULL;
+    const char *schema_path = NULL;
+    char *schema = NULL;
+    gr_vocab_t *vocab = NULL;
     long n_prompts = 200, in_len = 32, out_len = 64, mns = 64, mnbt = 2048, blocks = 0;
     long bsz = 16, swap = 0, threads = 0, seed = 1;
     int prefix = 0;
@@ -207,6 +269,9 @@ cmd_bench(int argc, char **argv)
         case 'p':
             prefix = 1;
             break;
+        case 'g':
+            schema_path = optarg;
+            break;
         case 'd':
             if (mdl_kv_dtype_parse(optarg, &kv_dtype) != ST_OK) {
                 fprintf(stderr, "kvserve bench: bad --kv-cache-dtype '%s'\n", optarg);
@@ -245,6 +310,17 @@ cmd_bench(int argc, char **argv)
                 in_len + out_len, mc->max_pos);
         mdl_model_destroy(model);
         return 2;
+    }
+
+    if (schema_path != NULL) {
+        schema = bench_read_file(schema_path);
+        vocab = schema != NULL ? bench_vocab(model) : NULL;
+        if (vocab == NULL) {
+            fprintf(stderr, "kvserve bench: cannot read %s\n", schema_path);
+            mdl_model_destroy(model);
+            free(schema);
+            return 2;
+        }
     }
 
     eng_config_t cfg;
@@ -311,6 +387,11 @@ cmd_bench(int argc, char **argv)
         m->req.n = 1;
         m->req.max_tokens = (int32_t)out_len;
         m->req.ignore_eos = 1;
+        if (schema != NULL && gr_compile(GR_KIND_JSON_SCHEMA, schema, vocab, &m->req.grammar, err,
+                                         sizeof(err)) != ST_OK) {
+            fprintf(stderr, "kvserve bench: %s: %s\n", schema_path, err);
+            return 2;
+        }
         subs[r] = m;
     }
 
@@ -444,6 +525,8 @@ done:
         m = next;
     }
     chan_fini(&outbox);
+    gr_vocab_destroy(vocab); /* after the engine: its grammars borrow it */
+    free(schema);
     free(reqs);
     free(itl);
     free(ttft);

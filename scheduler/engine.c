@@ -109,6 +109,7 @@ answer_error(engine_t *e, eng_msg_submit_t *sm, int status, const char *fmt, ...
 
     free(sm->req.prompt);
     free((void *)sm->req.sampling.bias);
+    gr_grammar_destroy(sm->req.grammar);
     memset(m, 0, sizeof(*m));
     m->hdr.type = ENG_MSG_ERROR;
     m->id = id;

@@ -17,6 +17,7 @@ eng_msg_free(msg_t *m)
         eng_msg_submit_t *sm = (eng_msg_submit_t *)m;
         free(sm->req.prompt);
         free((void *)sm->req.sampling.bias);
+        gr_grammar_destroy(sm->req.grammar);
     }
     free(m);
 }

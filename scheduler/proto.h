@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "common/chan.h"
+#include "grammar/grammar.h"
 #include "sampler/sampler.h"
 
 enum eng_msg_type {
@@ -95,6 +96,11 @@ typedef struct eng_request {
      * one sampled token is not reported). It gets one EMBED message, then
      * its FINISHED. */
     int32_t pooling;
+    /* Structured output (grammar/grammar.h): owned by the message, then by
+     * the scheduler, which gives every choice its own matcher, masks its
+     * logits each step, advances it on the committed token and finishes
+     * the choice when the grammar is complete. NULL: unconstrained. */
+    gr_grammar_t *grammar;
 } eng_request_t;
 
 /* The pooled hidden state of an embedding request, not normalized: the

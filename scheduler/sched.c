@@ -72,6 +72,7 @@ struct sched_seq {
     uint64_t admit_no; /* admission order, for victim choice */
     uint64_t step_no;  /* last step that planned it */
     smp_rng_t rng;
+    gr_matcher_t *gm; /* the choice's grammar matcher (r.grammar), or NULL */
 };
 
 struct sched_req {
@@ -151,6 +152,7 @@ struct sched {
     char err[200];      /* why the last submit failed */
 
     uint64_t preempt_swap, preempt_recompute;
+    uint32_t *gr_mask; /* [(vocab_size + 31) / 32] grammar mask scratch */
     uint64_t prompt_tokens, generation_tokens;
 
     /* Per-step arrays, allocated at creation (the step never grows them). */
@@ -307,8 +309,10 @@ req_free(sched_t *s, sched_req_t *rq)
     }
     for (int32_t k = 0; k < rq->r.n; k++) {
         free(rq->seqs[k].tokens);
+        gr_matcher_destroy(rq->seqs[k].gm);
     }
     free(rq->seqs);
+    gr_grammar_destroy(rq->r.grammar);
     free(rq->r.prompt);
     free((void *)rq->r.sampling.bias);
     if (rq->udata != NULL && s->cfg.udata_free != NULL) {
@@ -479,6 +483,7 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     s->rows_seq = xcalloc((size_t)mns, sizeof(*s->rows_seq));
     s->rows_new = xcalloc((size_t)mns, sizeof(int32_t));
     s->samples = xcalloc((size_t)mns, sizeof(*s->samples));
+    s->gr_mask = xcalloc((size_t)(cfg->vocab_size + 31) / 32, sizeof(uint32_t));
     s->snap = xcalloc((size_t)mns, sizeof(*s->snap));
     s->keys = xcalloc((size_t)mns, sizeof(*s->keys));
     /* Room for 2 * max_num_seqs live requests (at least 64) up front: a
@@ -519,6 +524,7 @@ sched_destroy(sched_t *s)
     free(s->samples);
     free(s->snap);
     free(s->keys);
+    free(s->gr_mask);
     free(s);
 }
 
@@ -578,6 +584,33 @@ req_alloc(int32_t n, int32_t cap)
         }
     }
     return rq;
+}
+
+/* Structured output: every choice gets its own matcher at the grammar's
+ * start (copies of choice 0's, as n > 1 forks of one prompt). The matcher
+ * follows the choice's generated tokens only, which preemption (swap or
+ * recompute) and the KV window never change, so it is kept as it is
+ * through both. 0 when out of memory (no matcher left). */
+static int
+grammar_attach(sched_req_t *rq, const eng_request_t *req)
+{
+    rq->seqs[0].gm = gr_matcher_create(req->grammar);
+    for (int32_t k = 1; k < req->n && rq->seqs[0].gm != NULL; k++) {
+        rq->seqs[k].gm = gr_matcher_copy(rq->seqs[0].gm);
+        if (rq->seqs[k].gm == NULL) {
+            break;
+        }
+    }
+    for (int32_t k = 0; k < req->n; k++) {
+        if (rq->seqs[k].gm == NULL) {
+            for (int32_t j = 0; j < req->n; j++) {
+                gr_matcher_destroy(rq->seqs[j].gm);
+                rq->seqs[j].gm = NULL;
+            }
+            return 0;
+        }
+    }
+    return 1;
 }
 
 int
@@ -676,10 +709,20 @@ sched_submit(sched_t *s, eng_request_t *req, void *udata)
     rq->r = *req;
     rq->udata = udata;
     rq->cap = cap;
+    if (req->grammar != NULL && !grammar_attach(rq, req)) {
+        /* What req owns stays with the caller. */
+        rq->r.prompt = NULL;
+        rq->r.sampling.bias = NULL;
+        rq->r.grammar = NULL;
+        rq->udata = NULL;
+        req_free(s, rq);
+        return submit_fail(s, ST_ENOMEM, "out of memory");
+    }
     rq->kv_sink = window > 0 ? sink : 0;
     rq->kv_window = window > 0 ? window : 0;
     req->prompt = NULL;
     req->sampling.bias = NULL;
+    req->grammar = NULL;
     rq->arrival = ++s->arrival_no;
     rq->n_live = req->n;
     rq->fork_pending = req->n > 1;
@@ -1328,6 +1371,35 @@ sched_sample_view(const sched_t *s, const sched_plan_t *plan, int32_t i, sched_s
     v->n_generated = q->n_generated;
 }
 
+/* The grammar's mask: -INFINITY before any sampling step, so bias,
+ * penalties, temperature and truncation see only allowed tokens, and the
+ * reported logprobs are those of the constrained distribution (vLLM
+ * applies its grammar bitmask to the logits before its sampler computes
+ * logprobs the same way). A dead end (no token allowed; it cannot happen
+ * with a vocabulary that has every single byte) allows EOS instead so
+ * the choice ends. */
+static void
+grammar_mask(const sched_t *s, const sched_seq_t *q, float *logits)
+{
+    uint32_t *mask = s->gr_mask;
+    int32_t words = (s->cfg.vocab_size + 31) / 32;
+    uint32_t any = 0;
+
+    gr_matcher_fill_mask(q->gm, mask);
+    for (int32_t w = 0; w < words; w++) {
+        any |= mask[w];
+    }
+    if (any == 0) {
+        for (int32_t k = 0; k < s->cfg.n_eos; k++) {
+            int32_t id = s->cfg.eos_ids[k];
+            if (id >= 0 && id < s->cfg.vocab_size) {
+                mask[id >> 5] |= 1u << (id & 31);
+            }
+        }
+    }
+    gr_mask_apply(mask, logits, s->cfg.vocab_size);
+}
+
 void
 sched_row_info(const sched_t *s, int32_t row, void **udata, int32_t *n_prompt, int32_t *pooling)
 {
@@ -1344,6 +1416,9 @@ sched_sample_mask(const sched_t *s, const sched_plan_t *plan, int32_t i, float *
     const sched_seq_t *q = plan->samples[i].seq;
     const eng_request_t *r = &q->req->r;
 
+    if (q->gm != NULL) {
+        grammar_mask(s, q, logits);
+    }
     if (q->n_generated >= r->min_tokens) {
         return;
     }
@@ -1441,6 +1516,17 @@ commit_token(sched_t *s, sched_seq_t *q, const smp_result_t *res)
         rq->failed = 1;
         s->n_failed++;
         return;
+    }
+
+    /* Structured output: the matcher follows the committed token; a
+     * complete grammar (nothing may follow) ends the choice with STOP, its
+     * last token part of the text. A token the grammar refuses (only a
+     * dead end's EOS can be one) ends it too. */
+    if (q->gm != NULL && !is_eos(s, tok)) {
+        if (gr_matcher_accept_token(q->gm, tok) != ST_OK || gr_matcher_done(q->gm)) {
+            seq_finish(s, q, ENG_FINISH_STOP, -1);
+            return;
+        }
     }
 
     /* EOS and stop ids do not stop a choice before min_tokens (the mask

@@ -33,6 +33,7 @@
 #include "common/xmalloc.h"
 #include "server/srv_gen.h"
 #include "server/srv_tools.h"
+#include "server/srv_grammar.h"
 
 /* Room a stream's output buffer gets up front: chunks of a client that
  * reads along never make it grow (one allocation, not one per doubling
@@ -768,6 +769,17 @@ make_submit(const srv_gen_t *g, const srv_job_t *job)
     memcpy(q->stop_ids, p->stop_ids, sizeof(q->stop_ids));
     q->n_stop_ids = p->n_stop_ids;
     q->t_arrival_ns = g->t_arrival_ns;
+    if (p->constraint.kind != SRV_CONSTRAINT_NONE) {
+        /* Each job's own grammar (its matchers and mask cache live on the
+         * engine thread); the spec compiled once already in srv_gen_start. */
+        srv_error_t e;
+        if (!srv_grammar_compile(g->s->gr_vocab, &p->constraint, &q->grammar, &e)) {
+            free((void *)q->sampling.bias);
+            free(q->prompt);
+            free(m);
+            return NULL;
+        }
+    }
     return m;
 }
 
@@ -885,6 +897,15 @@ srv_gen_start(srv_req_t *r, const srv_api_t *api)
     if (!srv_api_prompts(s, api, &g->p, &err) ||
         !srv_params_check_context(&g->p, &s->lim, s->block_size, s->kv_blocks, &err)) {
         return srv_req_reply_error(r, &err);
+    }
+    {
+        /* Structured output: any caller that filled g->p.constraint gets
+         * the compile and its 400 here, before anything is queued. */
+        gr_grammar_t *check = NULL;
+        if (!srv_grammar_compile(s->gr_vocab, &g->p.constraint, &check, &err)) {
+            return srv_req_reply_error(r, &err);
+        }
+        gr_grammar_destroy(check);
     }
     if (s->engine == NULL || !engine_alive(s->engine)) {
         return srv_req_reply_errmsg(r, 503, NULL, "the engine is not running");

@@ -40,6 +40,7 @@
 #include "common/thread.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
+#include "server/srv_grammar.h"
 #include "server/srv_state.h"
 
 #define SRV_SOCKET_SNDBUF (64 * 1024)
@@ -503,6 +504,10 @@ srv_init(srv_t *s, const srv_setup_t *setup)
     s->cfg = cfg;
     s->model = setup->model;
     s->tok = mdl_model_tokenizer(setup->model);
+    {
+        const mdl_config_t *mc = mdl_model_config(setup->model);
+        s->gr_vocab = srv_grammar_vocab(s->tok, mc->eos_ids, mc->n_eos);
+    }
     s->chat_template = setup->chat_template;
     s->max_model_len = setup->max_model_len;
     s->block_size = setup->eng.rt.block_size;
@@ -644,6 +649,7 @@ out:
         engine_destroy(s->engine);
         s->engine = NULL;
     }
+    gr_vocab_destroy(s->gr_vocab); /* after the engine: its grammars borrow it */
     uv_walk(&s->loop, walk_close, NULL);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 #include "server/srv_int.h"
+#include "server/srv_structured.h"
 
 void
 srv_params_free(srv_params_t *p)
@@ -649,14 +650,10 @@ srv_params_parse(int kind, const char *body, size_t len, const srv_limits_t *lim
         if (!srv_chat_ext_parse(root, p, err)) {
             goto done;
         }
-        if ((j = field(root, "response_format")) && cJSON_IsObject(j)) {
-            const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "type");
-            if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0) {
-                srv_err_set(err, 400, "response_format",
-                            "only response_format 'text' is supported");
-                goto done;
-            }
-        }
+    }
+    /* Structured output (srv_structured.c), on both kinds. */
+    if (!srv_constraint_parse(root, p, err)) {
+        goto done;
     }
     if (p->top_logprobs > lim->max_logprobs) {
         srv_err_set(err, 400, kind == SRV_KIND_CHAT ? "top_logprobs" : "logprobs",

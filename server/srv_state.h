@@ -49,6 +49,7 @@ struct srv {
     const cfg_t *cfg;
     const mdl_model_t *model;
     const tok_tokenizer_t *tok;
+    struct gr_vocab *gr_vocab; /* token bytes for structured output (srv_grammar.h) */
     const char *chat_template;
     struct chat_template *chat; /* compiled chat template, or NULL: plain */
     engine_t *engine;

@@ -592,6 +592,17 @@ tok_is_special(const tok_tokenizer_t *t, int32_t id)
     return t->tokens[id].special;
 }
 
+const char *
+tok_token_bytes(const tok_tokenizer_t *t, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->n_vocab) {
+        *len = 0;
+        return NULL;
+    }
+    *len = t->tokens[id].piece_len;
+    return t->tokens[id].piece != NULL ? t->tokens[id].piece : "";
+}
+
 int32_t
 tok_find(const tok_tokenizer_t *t, const char *s)
 {

@@ -46,6 +46,11 @@ int tok_is_special(const tok_tokenizer_t *t, int32_t id);
  * life, not NUL-terminated; *len receives their count. NULL (and *len 0)
  * if id is out of range. */
 const char *tok_token_piece(const tok_tokenizer_t *t, int32_t id, size_t *len);
+/* The bytes token id adds to a decoded text (SentencePiece's U+2581 as a
+ * space, byte-fallback and byte-level tokens as their bytes, special
+ * tokens as their text): borrowed, *len bytes, not NUL-terminated. NULL
+ * for an out-of-range id. */
+const char *tok_token_bytes(const tok_tokenizer_t *t, int32_t id, size_t *len);
 /* Id of an exact token string (special or not), or -1. */
 int32_t tok_find(const tok_tokenizer_t *t, const char *s);
 

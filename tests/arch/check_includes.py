@@ -24,7 +24,8 @@ import re
 import sys
 
 # The folders from the bottom up: a folder may only use folders before it.
-LAYERS = ["common", "kernels", "formats", "text", "model", "sampler", "blockmgr", "scheduler",
+LAYERS = ["common", "kernels", "formats", "text", "model", "sampler", "grammar", "blockmgr",
+          "scheduler",
           "config", "server", "cli", "loadtest"]
 
 # The arrows the code has: folder -> the folders it includes or depends on.
@@ -36,12 +37,13 @@ ALLOWED = {
     "text": {"common", "formats"},
     "model": {"common", "kernels", "formats", "text"},
     "sampler": {"common"},
+    "grammar": {"common"},
     "blockmgr": {"common"},
-    "scheduler": {"common", "model", "sampler", "blockmgr"},
+    "scheduler": {"common", "model", "sampler", "grammar", "blockmgr"},
     "config": {"common"},
-    "server": {"common", "text", "model", "sampler", "scheduler", "config"},
-    "cli": {"common", "kernels", "formats", "text", "model", "sampler", "blockmgr", "scheduler",
-            "config", "server"},
+    "server": {"common", "text", "model", "sampler", "grammar", "scheduler", "config"},
+    "cli": {"common", "kernels", "formats", "text", "model", "sampler", "grammar", "blockmgr",
+            "scheduler", "config", "server"},
     "loadtest": {"common"},
 }
 

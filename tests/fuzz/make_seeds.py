@@ -207,6 +207,21 @@ prefix_cache_salt = shared
     put('config', 'multiline.conf', '[serve]\nhost = a\n  b\nswap_space = 0.5\n')
 
 
+def grammar_seeds():
+    """Every case of tests/grammar/corpus.json with each of its documents:
+    kind byte, spec, NUL, document."""
+    kinds = {'json_schema': 0, 'json_object': 1, 'gbnf': 2, 'regex': 3, 'choice': 4}
+    with open(os.path.join(ROOT, 'tests', 'grammar', 'corpus.json'), encoding='utf-8') as f:
+        corpus = json.load(f)
+    for case in corpus:
+        spec = case['spec']
+        spec = '' if spec is None else spec if isinstance(spec, str) else json.dumps(spec)
+        for which in ('valid', 'invalid'):
+            for i, doc in enumerate(case[which]):
+                data = bytes([kinds[case['kind']]]) + spec.encode() + b'\0' + doc.encode()
+                put('grammar', '%s-%s-%d' % (case['name'], which, i), data)
+
+
 if __name__ == '__main__':
     request_seeds()
     chat_seeds()
@@ -214,6 +229,7 @@ if __name__ == '__main__':
     safetensors_seeds()
     gguf_seeds()
     config_seeds()
+    grammar_seeds()
     for t in ['request', 'chat', 'tokenizer', 'safetensors', 'gguf', 'config']:
         d = os.path.join(HERE, 'regress', t)
         os.makedirs(d, exist_ok=True)

@@ -20,7 +20,7 @@ set -eu
 cd "$(dirname "$0")/../.."
 secs=${1:-${FUZZ_SECONDS:-25}}
 [ $# -gt 0 ] && shift
-targets=${*:-request chat tokenizer safetensors gguf config}
+targets=${*:-request chat tokenizer safetensors gguf config grammar}
 dir=${FUZZ_DIR:-build-fuzz}
 CC=${FUZZ_CC:-clang-14}
 if ! command -v "$CC" >/dev/null; then
@@ -42,7 +42,7 @@ for t in $targets; do
     mkdir -p "$dir/corpus/$t"
     case $t in
     tokenizer) max_len=512 ;;
-    request | chat | config) max_len=4096 ;;
+    request | chat | config | grammar) max_len=4096 ;;
     *) max_len=65536 ;;
     esac
     log="$dir/fuzz-$t.log"

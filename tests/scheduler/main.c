@@ -6,6 +6,7 @@
 Suite *scheduler_sched_suite(void);
 Suite *scheduler_engine_suite(void);
 Suite *scheduler_req_index_suite(void);
+Suite *scheduler_grammar_suite(void);
 
 int
 main(void)
@@ -15,6 +16,7 @@ main(void)
 
     srunner_add_suite(sr, scheduler_engine_suite());
     srunner_add_suite(sr, scheduler_req_index_suite());
+    srunner_add_suite(sr, scheduler_grammar_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
