@@ -613,10 +613,10 @@ act_pad(int32_t d_in)
 size_t
 kn_act_bytes(int32_t n_tok, int32_t d_in)
 {
-    /* codes 1 + dl 1 + s16 1/4 + d32 1/8 + s32 1/8 bytes per column */
+    /* codes 1 + dl 1 + s16 1/4 + d32 1/8 + s32 1/8 + transposed codes 1 bytes per column */
     size_t per = (size_t)act_pad(d_in);
 
-    return (size_t)n_tok * (per + per + per / 4 + per / 4) + 5 * 64;
+    return (size_t)n_tok * (per + per + per / 4 + per / 4 + per) + 6 * 64;
 }
 
 static void *
@@ -643,6 +643,7 @@ kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf)
     a->s16 = act_carve(&p, n / 4);
     a->d32 = act_carve(&p, n / 8);
     a->s32 = act_carve(&p, n / 8);
+    a->qt = act_carve(&p, n);
     a->have_q8 = 0;
 }
 
@@ -690,6 +691,13 @@ kn_act_quantize_q8(kn_act_t *a)
 
         act_q8_row(a->x + (size_t)t * a->d_in, a->d_in, a->d_pad, a->q + o, a->dl + o / 4,
                    a->s16 + o / 16, a->d32 + o / 32, a->s32 + o / 32);
+        for (size_t s = 0; s < (size_t)a->d_pad; s += KN_QK) {
+            for (int i = 0; i < 8; i++) {
+                for (int j = 0; j < 8; j++) {
+                    memcpy(a->qt + o + s + 32 * i + 4 * j, a->q + o + s + 32 * j + 4 * i, 4);
+                }
+            }
+        }
     }
     a->have_q8 = 1;
 }
