@@ -869,3 +869,71 @@ kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int 
     }
     kn__pool_run(nt, n_chunks, kn_qregion, &j);
 }
+
+/* kn_matmul_w_n's region: the rows of every weight, end to end, cut into
+ * shares of 16-row multiples. */
+typedef struct kn_qjobs {
+    kn_qrows_fn fn;
+    const kn_act_t *a;
+    int n;
+    const kn_weight_t *const *w;
+    const float *const *bias;
+    float *const *y;
+    int accumulate;
+    int32_t rows; /* sum of w[i]->rows */
+} kn_qjobs_t;
+
+static void
+kn_qregion_n(void *arg, int chunk, int n_chunks)
+{
+    const kn_qjobs_t *j = arg;
+    int32_t per = ((j->rows + n_chunks - 1) / n_chunks + 15) / 16 * 16;
+    int32_t c0 = chunk * per < j->rows ? chunk * per : j->rows;
+    int32_t c1 = c0 + per < j->rows ? c0 + per : j->rows, base = 0;
+
+    for (int i = 0; i < j->n && base < c1; i++) {
+        int32_t r0 = c0 - base > 0 ? c0 - base : 0;
+        int32_t r1 = c1 - base < j->w[i]->rows ? c1 - base : j->w[i]->rows;
+
+        if (r0 < r1) {
+            j->fn(j->a, j->w[i], j->bias != NULL ? j->bias[i] : NULL, j->y[i], j->accumulate, r0,
+                  r1);
+        }
+        base += j->w[i]->rows;
+    }
+}
+
+void
+kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *const bias[],
+              float *const y[], int accumulate)
+{
+    kn_qjobs_t j = {kn_qrows_for_isa(kn_cpu_isa()), a, n, w, bias, y, accumulate, 0};
+    long work = 0;
+    int any_q = 0, nt;
+
+    for (int i = 0; i < n; i++) {
+        if (w[i]->type == KN_W_F32) { /* kn_cpu_matmul splits its own rows */
+            for (int k = 0; k < n; k++) {
+                kn_matmul_w(a, w[k], bias != NULL ? bias[k] : NULL, y[k], accumulate);
+            }
+            return;
+        }
+        any_q |= wtype_is_q(w[i]->type);
+        j.rows += w[i]->rows;
+        work += (long)a->n_tok * w[i]->rows * w[i]->cols;
+    }
+    if (any_q) {
+        kn_act_quantize_q8(a);
+    }
+    nt = work >= KN_QPAR ? kn_cpu_threads() : 1;
+    if (nt <= 1 || j.rows < 32) {
+        kn_qregion_n(&j, 0, 1);
+        return;
+    }
+    int n_chunks = nt * KN_QCHUNKS;
+
+    if (n_chunks > j.rows / 16) {
+        n_chunks = j.rows / 16;
+    }
+    kn__pool_run(nt, n_chunks, kn_qregion_n, &j);
+}

@@ -122,6 +122,14 @@ void kn_act_quantize_q8(kn_act_t *a);
  * a->d_in; y must not alias x. F32 calls kn_cpu_matmul(). Allocates
  * nothing; splits rows over the kernel thread team when large enough. */
 void kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int accumulate);
+/* The products of n weights (n <= KN_MATMUL_MAX) that read the same input
+ * (q/k/v, gate/up) as one fork-join region of the thread team: y[i] =
+ * x W[i]^T (+ bias[i] when bias != NULL and bias[i] != NULL) (+ y[i] when
+ * accumulate). Every w[i]->cols == a->d_in. Each y[i] is bit for bit what
+ * kn_matmul_w() gives; only the number of team wake-ups changes. */
+#define KN_MATMUL_MAX 4
+void kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *const bias[],
+                   float *const y[], int accumulate);
 /* Scalar reference of the same arithmetic: the same 8-bit activations,
  * exact integer block dots, then the same f32 products of scales (a_h *
  * dx, c_h * s16), all accumulated in double. F16, BF16 and F32
