@@ -658,17 +658,34 @@ act_q8_row(const float *x, int32_t d_in, int32_t d_pad, int8_t *q, float *dl, fl
         float amax = 0.0f;
 
         n = n > 0 ? n : 0;
+        /* fmaxf's result (NaN ignored) as a compare the compiler vectorizes */
         for (int32_t l = 0; l < n; l++) {
-            amax = fmaxf(amax, fabsf(x[32 * b + l]));
+            float v = fabsf(x[32 * b + l]);
+
+            amax = v > amax ? v : amax;
         }
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         int sum[2] = {0, 0};
 
-        for (int32_t l = 0; l < 32; l++) {
-            int v = l < n ? q_nearest_int(x[32 * b + l] * id) : 0;
+        if (n == 32) { /* fixed trip counts: vectorized */
+            for (int h = 0; h < 2; h++) {
+                int sh = 0;
 
-            q[32 * b + l] = (int8_t)v;
-            sum[l / 16] += v;
+                for (int32_t l = 16 * h; l < 16 * h + 16; l++) {
+                    int v = q_nearest_int(x[32 * b + l] * id);
+
+                    q[32 * b + l] = (int8_t)v;
+                    sh += v;
+                }
+                sum[h] = sh;
+            }
+        } else {
+            for (int32_t l = 0; l < 32; l++) {
+                int v = l < n ? q_nearest_int(x[32 * b + l] * id) : 0;
+
+                q[32 * b + l] = (int8_t)v;
+                sum[l / 16] += v;
+            }
         }
         for (int l = 0; l < 8; l++) {
             dl[8 * b + l] = d;
