@@ -422,8 +422,13 @@ cpu_mlp(cpu_state_t *s, cpu_rank_t *rk, int r, const mdl_layer_t *L, const cpu_l
 
     kn_cpu_rmsnorm(x, L->ffn_norm, h, n, c->dim, c->norm_eps);
     a = cpu_input(rk, h, n, c->dim);
-    kn_matmul_w(a, &cl->w_gate, NULL, rk->gate, 0);
-    kn_matmul_w(a, &cl->w_up, NULL, rk->up, 0);
+    {
+        /* gate and up in one parallel region over their shared input */
+        const kn_weight_t *const ws[2] = {&cl->w_gate, &cl->w_up};
+        float *const ys[2] = {rk->gate, rk->up};
+
+        kn_matmul_w_n(a, 2, ws, NULL, ys, 0);
+    }
     kn_cpu_silu_mul(rk->gate, rk->up, rk->gate, (size_t)n * n_f);
     cpu_row_parallel(s, rk, r, rk->gate, &cl->w_down, x, n);
 }
@@ -550,11 +555,14 @@ cpu_rank_forward(void *arg, int r)
 
         kn_cpu_rmsnorm(rk->x, L->attn_norm, rk->h, T, dim, c->norm_eps);
         a = cpu_input(rk, rk->h, T, dim);
-        if (!last) {
-            kn_matmul_w(a, &cl->wq, cl->bq, rk->q, 0);
+        {
+            /* q (not on the last layer of a sub-batch), k and v: one parallel region */
+            const kn_weight_t *const ws[3] = {&cl->wk, &cl->wv, &cl->wq};
+            const float *const bs[3] = {cl->bk, cl->bv, cl->bq};
+            float *const ys[3] = {rk->k, rk->v, rk->q};
+
+            kn_matmul_w_n(a, last ? 2 : 3, ws, bs, ys, 0);
         }
-        kn_matmul_w(a, &cl->wk, cl->bk, rk->k, 0);
-        kn_matmul_w(a, &cl->wv, cl->bv, rk->v, 0);
         kn_cpu_rope(rk->k, T, sh->n_kv, hd, rk->cos_t, rk->sin_t);
         /* All new K/V of this layer land before any attention reads. */
         host_kv_write(&rk->kv, l, rk->k, rk->v, b->slot_mapping, T);

@@ -613,10 +613,10 @@ act_pad(int32_t d_in)
 size_t
 kn_act_bytes(int32_t n_tok, int32_t d_in)
 {
-    /* codes 1 + dl 1 + s16 1/4 + d32 1/8 + s32 1/8 bytes per column */
+    /* codes 1 + dl 1 + s16 1/4 + d32 1/8 + s32 1/8 + transposed codes 1 bytes per column */
     size_t per = (size_t)act_pad(d_in);
 
-    return (size_t)n_tok * (per + per + per / 4 + per / 4) + 5 * 64;
+    return (size_t)n_tok * (per + per + per / 4 + per / 4 + per) + 6 * 64;
 }
 
 static void *
@@ -643,6 +643,7 @@ kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf)
     a->s16 = act_carve(&p, n / 4);
     a->d32 = act_carve(&p, n / 8);
     a->s32 = act_carve(&p, n / 8);
+    a->qt = act_carve(&p, n);
     a->have_q8 = 0;
 }
 
@@ -657,17 +658,34 @@ act_q8_row(const float *x, int32_t d_in, int32_t d_pad, int8_t *q, float *dl, fl
         float amax = 0.0f;
 
         n = n > 0 ? n : 0;
+        /* fmaxf's result (NaN ignored) as a compare the compiler vectorizes */
         for (int32_t l = 0; l < n; l++) {
-            amax = fmaxf(amax, fabsf(x[32 * b + l]));
+            float v = fabsf(x[32 * b + l]);
+
+            amax = v > amax ? v : amax;
         }
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         int sum[2] = {0, 0};
 
-        for (int32_t l = 0; l < 32; l++) {
-            int v = l < n ? q_nearest_int(x[32 * b + l] * id) : 0;
+        if (n == 32) { /* fixed trip counts: vectorized */
+            for (int h = 0; h < 2; h++) {
+                int sh = 0;
 
-            q[32 * b + l] = (int8_t)v;
-            sum[l / 16] += v;
+                for (int32_t l = 16 * h; l < 16 * h + 16; l++) {
+                    int v = q_nearest_int(x[32 * b + l] * id);
+
+                    q[32 * b + l] = (int8_t)v;
+                    sh += v;
+                }
+                sum[h] = sh;
+            }
+        } else {
+            for (int32_t l = 0; l < 32; l++) {
+                int v = l < n ? q_nearest_int(x[32 * b + l] * id) : 0;
+
+                q[32 * b + l] = (int8_t)v;
+                sum[l / 16] += v;
+            }
         }
         for (int l = 0; l < 8; l++) {
             dl[8 * b + l] = d;
@@ -690,6 +708,13 @@ kn_act_quantize_q8(kn_act_t *a)
 
         act_q8_row(a->x + (size_t)t * a->d_in, a->d_in, a->d_pad, a->q + o, a->dl + o / 4,
                    a->s16 + o / 16, a->d32 + o / 32, a->s32 + o / 32);
+        for (size_t s = 0; s < (size_t)a->d_pad; s += KN_QK) {
+            for (int i = 0; i < 8; i++) {
+                for (int j = 0; j < 8; j++) {
+                    memcpy(a->qt + o + s + 32 * i + 4 * j, a->q + o + s + 32 * j + 4 * i, 4);
+                }
+            }
+        }
     }
     a->have_q8 = 1;
 }
@@ -860,4 +885,72 @@ kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int 
         n_chunks = w->rows / 16;
     }
     kn__pool_run(nt, n_chunks, kn_qregion, &j);
+}
+
+/* kn_matmul_w_n's region: the rows of every weight, end to end, cut into
+ * shares of 16-row multiples. */
+typedef struct kn_qjobs {
+    kn_qrows_fn fn;
+    const kn_act_t *a;
+    int n;
+    const kn_weight_t *const *w;
+    const float *const *bias;
+    float *const *y;
+    int accumulate;
+    int32_t rows; /* sum of w[i]->rows */
+} kn_qjobs_t;
+
+static void
+kn_qregion_n(void *arg, int chunk, int n_chunks)
+{
+    const kn_qjobs_t *j = arg;
+    int32_t per = ((j->rows + n_chunks - 1) / n_chunks + 15) / 16 * 16;
+    int32_t c0 = chunk * per < j->rows ? chunk * per : j->rows;
+    int32_t c1 = c0 + per < j->rows ? c0 + per : j->rows, base = 0;
+
+    for (int i = 0; i < j->n && base < c1; i++) {
+        int32_t r0 = c0 - base > 0 ? c0 - base : 0;
+        int32_t r1 = c1 - base < j->w[i]->rows ? c1 - base : j->w[i]->rows;
+
+        if (r0 < r1) {
+            j->fn(j->a, j->w[i], j->bias != NULL ? j->bias[i] : NULL, j->y[i], j->accumulate, r0,
+                  r1);
+        }
+        base += j->w[i]->rows;
+    }
+}
+
+void
+kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *const bias[],
+              float *const y[], int accumulate)
+{
+    kn_qjobs_t j = {kn_qrows_for_isa(kn_cpu_isa()), a, n, w, bias, y, accumulate, 0};
+    long work = 0;
+    int any_q = 0, nt;
+
+    for (int i = 0; i < n; i++) {
+        if (w[i]->type == KN_W_F32) { /* kn_cpu_matmul splits its own rows */
+            for (int k = 0; k < n; k++) {
+                kn_matmul_w(a, w[k], bias != NULL ? bias[k] : NULL, y[k], accumulate);
+            }
+            return;
+        }
+        any_q |= wtype_is_q(w[i]->type);
+        j.rows += w[i]->rows;
+        work += (long)a->n_tok * w[i]->rows * w[i]->cols;
+    }
+    if (any_q) {
+        kn_act_quantize_q8(a);
+    }
+    nt = work >= KN_QPAR ? kn_cpu_threads() : 1;
+    if (nt <= 1 || j.rows < 32) {
+        kn_qregion_n(&j, 0, 1);
+        return;
+    }
+    int n_chunks = nt * KN_QCHUNKS;
+
+    if (n_chunks > j.rows / 16) {
+        n_chunks = j.rows / 16;
+    }
+    kn__pool_run(nt, n_chunks, kn_qregion_n, &j);
 }

@@ -25,8 +25,10 @@
  * thread team. On the SIMD levels a Q row is unpacked 256 columns at a
  * time in registers (nibble masks and shifts) and the codes go straight
  * to the integer dots of every token of the batch, one f32 scale per
- * block of 32 (memory-bound at decode on q4_K); a row's result for a
- * token is the same whatever the batch. The C level decodes 4-row tiles
+ * block of 32 (memory-bound at decode on q4_K); from 4 tokens a tiled
+ * GEMM decodes each slice of a row once per 64 tokens into a transposed
+ * register form that gives the same sums without a reduction. A row's
+ * result for a token is the same whatever the batch. The C level decodes 4-row tiles
  * into a buffer; F16 / BF16 run 4 rows x 4 tokens per micro-kernel.
  *
  * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
@@ -93,6 +95,10 @@ void kn_quant_row(kn_wtype_t t, const float *src, void *dst, int64_t n);
  *               tiles' min terms, the GEMV's q6_K offsets)
  *   d32, s32    (n_tok, d_pad / 32) d and d * sum(q) per block of 32 (the
  *               GEMV's compact forms of dl and s16)
+ *   qt          (n_tok, d_pad) q with each 256-column slice transposed as
+ *               8 x 8 dwords: bytes 32 i + 4 j .. + 3 hold codes 4 i .. 4 i + 3
+ *               of block j (the tiled GEMM's layout: one vpdpbusd lane
+ *               per block)
  *   have_q8     whether the 8-bit form is made (lazily, by kn_matmul_w)
  * buf is caller scratch of kn_act_bytes(n_tok, d_in) bytes, any alignment. */
 typedef struct kn_act {
@@ -102,6 +108,7 @@ typedef struct kn_act {
     float *dl;
     float *s16;
     float *d32, *s32;
+    int8_t *qt;
     int have_q8;
 } kn_act_t;
 
@@ -115,6 +122,14 @@ void kn_act_quantize_q8(kn_act_t *a);
  * a->d_in; y must not alias x. F32 calls kn_cpu_matmul(). Allocates
  * nothing; splits rows over the kernel thread team when large enough. */
 void kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int accumulate);
+/* The products of n weights (n <= KN_MATMUL_MAX) that read the same input
+ * (q/k/v, gate/up) as one fork-join region of the thread team: y[i] =
+ * x W[i]^T (+ bias[i] when bias != NULL and bias[i] != NULL) (+ y[i] when
+ * accumulate). Every w[i]->cols == a->d_in. Each y[i] is bit for bit what
+ * kn_matmul_w() gives; only the number of team wake-ups changes. */
+#define KN_MATMUL_MAX 4
+void kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *const bias[],
+                   float *const y[], int accumulate);
 /* Scalar reference of the same arithmetic: the same 8-bit activations,
  * exact integer block dots, then the same f32 products of scales (a_h *
  * dx, c_h * s16), all accumulated in double. F16, BF16 and F32

@@ -9,6 +9,9 @@
  * whose blocks divide them), against kn_matmul_w_ref and
  * against an f32 product over the dequantized weights; bias and
  * accumulate; one activation shared by every type; the embedding lookup.
+ * The tiled GEMM (n_tok >= 4) at odd row counts, n_tok 33, 40, 70 against
+ * the reference and every n_tok 1 .. 40 bit for bit against the GEMV
+ * (batch independence); kn_matmul_w_n bit for bit against kn_matmul_w.
  *
  * KVSERVE_TEST_SCALE < 1 (the sanitizer runs) drops n_tok 17 and 64.
  */
@@ -540,6 +543,94 @@ START_TEST(test_matmul_batch_independent)
 }
 END_TEST
 
+/* The tiled GEMM (n_tok >= 4 on the SIMD levels) against the reference
+ * and against the GEMV: odd row counts (a last pass of one row after
+ * two-row passes), every batch size 1 .. 40 across the GEMV / GEMM switch,
+ * and 70 tokens (a second 64-token tile). */
+START_TEST(test_matmul_gemm_tiles)
+{
+    int full = scale_env() >= 1.0;
+
+    check_matmul_case(13, 512, 40, 1, 0);
+    check_matmul_case(7, 576, 33, 0, 1);
+    if (full) {
+        check_matmul_case(5, 1280, 70, 1, 2);
+    }
+    for (int32_t n = 1; n <= (full ? 40 : 12); n++) {
+        check_batch_independent(5, 512, n);
+    }
+    check_batch_independent(3, 576, 70);
+    check_batch_independent(130, 2048, 40); /* two threads, 16-row shares */
+}
+END_TEST
+
+/* kn_matmul_w_n (one region for weights sharing an input) gives each
+ * output bit for bit what kn_matmul_w gives it alone: mixed types and
+ * row counts, biases present and absent, accumulate, 1 and 2 threads,
+ * every ISA level. */
+START_TEST(test_matmul_fused)
+{
+    enum { COLS = 1024, NW = 4 };
+    static const kn_wtype_t types[NW] = {KN_W_Q4_K, KN_W_Q6_K, KN_W_Q8_0, KN_W_BF16};
+    static const int32_t rows[NW] = {300, 48, 130, 17};
+    static const int32_t n_toks[] = {1, 3, 9};
+    float *deq = malloc(sizeof(float) * 300 * COLS), *x = malloc(sizeof(float) * 9 * COLS);
+    void *abuf = malloc(kn_act_bytes(9, COLS));
+    kn_weight_t w[NW];
+    float *bias[NW], *y[NW], *y1[NW];
+
+    fill(x, (size_t)9 * COLS, 1);
+    for (int i = 0; i < NW; i++) {
+        w[i] = make_weight(types[i], rows[i], COLS, i % 2, deq);
+        bias[i] = i == 1 ? NULL : malloc(sizeof(float) * (size_t)rows[i]);
+        if (bias[i] != NULL) {
+            fill(bias[i], (size_t)rows[i], 0);
+        }
+        y[i] = malloc(sizeof(float) * 9 * (size_t)rows[i]);
+        y1[i] = malloc(sizeof(float) * 9 * (size_t)rows[i]);
+    }
+    for (int isa = 0; isa <= (int)kn_cpu_isa_best(); isa++) {
+        ck_assert_int_eq(kn_cpu_set_isa((kn_isa_t)isa), ST_OK);
+        for (int nt = 1; nt <= 2; nt++) {
+            kn_cpu_init(nt);
+            for (int ti = 0; ti < 3; ti++) {
+                for (int accumulate = 0; accumulate <= 1; accumulate++) {
+                    int32_t n_tok = n_toks[ti];
+                    const kn_weight_t *ws[NW] = {&w[0], &w[1], &w[2], &w[3]};
+                    kn_act_t act;
+
+                    for (int i = 0; i < NW; i++) {
+                        fill(y[i], (size_t)n_tok * rows[i], 0);
+                        memcpy(y1[i], y[i], sizeof(float) * (size_t)n_tok * rows[i]);
+                    }
+                    kn_act_init(&act, x, n_tok, COLS, abuf);
+                    kn_matmul_w_n(&act, NW, ws, (const float *const *)bias, y, accumulate);
+                    for (int i = 0; i < NW; i++) {
+                        kn_act_init(&act, x, n_tok, COLS, abuf);
+                        kn_matmul_w(&act, &w[i], bias[i], y1[i], accumulate);
+                        ck_assert_msg(memcmp(y[i], y1[i],
+                                             sizeof(float) * (size_t)n_tok * rows[i]) == 0,
+                                      "%s %s nt %d n_tok %d acc %d: fused differs",
+                                      kn_wtype_name(types[i]), kn_isa_name((kn_isa_t)isa), nt,
+                                      n_tok, accumulate);
+                    }
+                }
+            }
+        }
+    }
+    kn_cpu_set_isa(kn_cpu_isa_best());
+    for (int i = 0; i < NW; i++) {
+        free((void *)w[i].data);
+        free(bias[i]);
+        free(y[i]);
+        free(y1[i]);
+    }
+    free(deq);
+    free(x);
+    free(abuf);
+}
+END_TEST
+
 START_TEST(test_embed)
 {
     enum { V = 10, D = 512 };
@@ -572,6 +663,8 @@ quant_suite(void)
     tcase_add_test(tc, test_matmul_partial_slices);
     tcase_add_test(tc, test_matmul_threads);
     tcase_add_test(tc, test_matmul_batch_independent);
+    tcase_add_test(tc, test_matmul_gemm_tiles);
+    tcase_add_test(tc, test_matmul_fused);
     tcase_add_test(tc, test_embed);
     suite_add_tcase(s, tc);
     return s;
