@@ -8,6 +8,7 @@ Suite *blockmgr_pool_suite(void);
 Suite *blockmgr_swap_suite(void);
 Suite *blockmgr_random_suite(void);
 Suite *blockmgr_oom_suite(void);
+Suite *blockmgr_events_suite(void);
 
 int
 main(void)
@@ -18,6 +19,7 @@ main(void)
     srunner_add_suite(sr, blockmgr_swap_suite());
     srunner_add_suite(sr, blockmgr_random_suite());
     srunner_add_suite(sr, blockmgr_oom_suite());
+    srunner_add_suite(sr, blockmgr_events_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
