@@ -59,8 +59,9 @@ def start_haproxy(cfg_text, port, replicas, tmp):
     env = dict(os.environ, KVS_BIND=f"127.0.0.1:{port}")
     for i, r in enumerate(replicas, 1):
         env[f"KVS_REPLICA{i}"] = f"127.0.0.1:{r.port}"
+    log = open(os.path.join(tmp, "haproxy.log"), "a")
     p = subprocess.Popen([HAPROXY, "-db", "-f", cfg], env=env, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "haproxy.log"), "a"))
+                         stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     ok = kvs.wait_for(lambda: _up(url), timeout=15)
     assert ok, "haproxy does not answer"
