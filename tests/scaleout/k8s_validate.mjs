@@ -42,12 +42,31 @@ function modelFile(apiVersion, kind) {
   return `kubernetes-models/${g}/${kind}.js`;
 }
 
+// The API server drops fields a structural schema does not know, and
+// kubectl's strict field validation rejects them: fields unknown to the CRD
+// fail here too.
+function strict(schema) {
+  if (schema && typeof schema === 'object') {
+    if (schema.type === 'object' && schema.properties &&
+        schema.additionalProperties === undefined &&
+        !schema['x-kubernetes-preserve-unknown-fields']) {
+      schema.additionalProperties = false;
+    }
+    for (const v of Object.values(schema)) {
+      strict(v);
+    }
+  }
+  return schema;
+}
+
 let crdValidate = null;
 if (process.env.KVS_INFERENCEPOOL_CRD) {
   const crd = yaml.load(fs.readFileSync(process.env.KVS_INFERENCEPOOL_CRD, 'utf8'));
   const v1 = crd.spec.versions.find((v) => v.name === 'v1');
-  const ajv = new Ajv({ strict: false, allErrors: true });
-  crdValidate = ajv.compile(v1.schema.openAPIV3Schema);
+  const ajv = new Ajv({ strict: false, allErrors: true, validateFormats: false });
+  const schema = strict(v1.schema.openAPIV3Schema);
+  schema.properties.metadata = { type: 'object' };
+  crdValidate = ajv.compile(schema);
 }
 
 async function validate(doc) {
