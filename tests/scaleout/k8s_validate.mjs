@@ -12,6 +12,7 @@
 // Environment: KVS_K8S_NODE_MODULES  where the packages are [<root>/node_modules]
 //              KVS_INFERENCEPOOL_CRD inference.networking.k8s.io_inferencepools.yaml
 import fs from 'node:fs';
+import { createRequire } from 'node:module';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
@@ -27,8 +28,9 @@ for (const p of packages) {
   }
 }
 const load = (p) => import(pathToFileURL(path.join(nm, p)).href);
-const yaml = (await load('js-yaml/index.js')).default ?? (await load('js-yaml/index.js'));
-const Ajv = (await load('ajv/dist/ajv.js')).default;
+const require = createRequire(path.join(nm, 'k8s_validate.cjs'));
+const yaml = require('js-yaml');
+const Ajv = require('ajv').default;
 
 // apiVersion -> the package that has its models.
 function modelFile(apiVersion, kind) {
@@ -63,7 +65,7 @@ let crdValidate = null;
 if (process.env.KVS_INFERENCEPOOL_CRD) {
   const crd = yaml.load(fs.readFileSync(process.env.KVS_INFERENCEPOOL_CRD, 'utf8'));
   const v1 = crd.spec.versions.find((v) => v.name === 'v1');
-  const ajv = new Ajv({ strict: false, allErrors: true, validateFormats: false });
+  const ajv = new Ajv({ strict: false, allErrors: true, validateFormats: false, logger: false });
   const schema = strict(v1.schema.openAPIV3Schema);
   schema.properties.metadata = { type: 'object' };
   crdValidate = ajv.compile(schema);
