@@ -25,6 +25,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       gcc pkg-config meson ninja-build libmicrohttpd-dev libuv1-dev libcjson-dev \
       libopenblas-dev libpcre2-dev libssl-dev libsystemd-dev libinih-dev \
+      libzmq3-dev libmsgpack-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -62,6 +63,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       gcc pkg-config meson ninja-build libmicrohttpd-dev libuv1-dev libcjson-dev \
       libopenblas-dev libpcre2-dev libssl-dev libsystemd-dev libinih-dev \
+      libzmq3-dev libmsgpack-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

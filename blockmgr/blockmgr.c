@@ -427,6 +427,7 @@ demote(bm_pool_t *pool, bm_block_t *x)
         pool->st.n_evicted++;
     }
     op_push(pool, KV_OP_SWAP_OUT, x->id, c->id);
+    bm__ev_copy(pool, BM_CPU, c, BM_DEV, x);
     memcpy(c->hash, x->hash, BM_HASH_LEN);
     c->hashed = 1;
     bm__ht_insert(cpu, c);
@@ -569,6 +570,7 @@ bm_pool_destroy(bm_pool_t *pool)
         free(pool->tier[t].blocks);
         bm__ht_fini(&pool->tier[t]);
     }
+    bm__ev_fini(pool);
     free(pool->tenants);
     free(pool->ops);
     free(pool->scratch);
@@ -662,6 +664,7 @@ seal_block(bm_pool_t *pool, bm_seq_t *s, uint32_t idx)
     }
     bm__hash_block(pool, parent, &pool->tenants[s->tenant], s->extra, s->extra_len,
                    s->toks + (size_t)idx * pool->bs, b->hash);
+    bm__ev_seal(pool, b, parent, s->toks + (size_t)idx * pool->bs);
     b->hashed = 1;
     if (bm__ht_find(dev, b->hash) == BM_NONE) {
         bm__ht_insert(dev, b);
@@ -1011,6 +1014,7 @@ bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint3
             blk_get(pool, BM_CPU, c, s->tenant);
             b = blk_alloc(pool, BM_DEV, s->tenant);
             op_push(pool, KV_OP_SWAP_IN, c->id, b->id);
+            bm__ev_copy(pool, BM_DEV, b, BM_CPU, c);
             memcpy(b->hash, h, BM_HASH_LEN);
             b->hashed = 1;
             bm__ht_insert(dev, b);
@@ -1078,6 +1082,7 @@ bm_pool_reset_prefix_cache(bm_pool_t *pool)
             }
         }
     }
+    bm__ev_reset(pool);
 }
 
 /* ------------------------------------------------------------- swap tier */
@@ -1156,6 +1161,7 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
         op_push(pool, KV_OP_SWAP_OUT, b->id, c->id);
         pool->st.n_swap_out++;
         if (b->hashed) {
+            bm__ev_copy(pool, BM_CPU, c, BM_DEV, b);
             memcpy(c->hash, b->hash, BM_HASH_LEN);
             c->hashed = 1;
             if (bm__ht_find(cpu, c->hash) == BM_NONE) {
@@ -1231,6 +1237,7 @@ bm_seq_swap_in(bm_pool_t *pool, uint64_t seq)
         op_push(pool, KV_OP_SWAP_IN, c->id, b->id);
         pool->st.n_swap_in++;
         if (c->hashed) {
+            bm__ev_copy(pool, BM_DEV, b, BM_CPU, c);
             memcpy(b->hash, c->hash, BM_HASH_LEN);
             b->hashed = 1;
             if (bm__ht_find(dev, b->hash) == BM_NONE) {

@@ -27,6 +27,7 @@
 #include <openssl/evp.h>
 
 #include "blockmgr/blockmgr.h"
+#include "blockmgr/bm_events.h"
 #include "common/list.h"
 
 #define BM_NONE UINT32_MAX
@@ -74,7 +75,16 @@ typedef struct bm_tier {
     uint32_t *buckets; /* [mask + 1] heads of hash chains, BM_NONE empty */
     uint32_t mask;
     uint32_t n_registered;
+    struct bm_pool *ev_pool; /* the pool while an event hook is set (bm_events.c), else NULL */
 } bm_tier_t;
+
+/* bm_events.c: what a block's STORED event carries, per tier, kept only
+ * while an event hook is set. */
+typedef struct bm_ev_tier {
+    int32_t *toks;       /* [n_blocks * bs] token ids of each hashed block */
+    uint8_t *parent;     /* [n_blocks * BM_HASH_LEN] parent hash */
+    uint8_t *has_parent; /* [n_blocks] 0: a first block */
+} bm_ev_tier_t;
 
 typedef struct bm_tenant {
     uint32_t id;
@@ -134,6 +144,10 @@ struct bm_pool {
     EVP_MD *md;
 
     bm_stats_t st; /* event counters; block counts come from the tiers */
+
+    bm_event_cb ev_cb; /* bm_events.h hook, or NULL */
+    void *ev_arg;
+    bm_ev_tier_t ev[2];
 };
 
 static inline bm_block_t *
@@ -141,6 +155,19 @@ bm__blk(const bm_pool_t *pool, int tier, uint32_t id)
 {
     return &pool->tier[tier].blocks[id];
 }
+
+/* bm_events.c: no-ops without a hook. A hash was registered (stored 1) or
+ * unregistered (0) in tier t; b's record says what it holds. */
+void bm__ev_registered(bm_tier_t *t, const bm_block_t *b, int stored);
+/* Device block b was sealed with this parent (NULL: first) and tokens. */
+void bm__ev_seal(bm_pool_t *pool, const bm_block_t *b, const uint8_t *parent,
+                 const int32_t *toks);
+/* Block dst of dtier now holds the bytes (and hash) of src of stier. */
+void bm__ev_copy(bm_pool_t *pool, int dtier, const bm_block_t *dst, int stier,
+                 const bm_block_t *src);
+/* After bm_pool_reset_prefix_cache: CLEARED when nothing stays registered. */
+void bm__ev_reset(bm_pool_t *pool);
+void bm__ev_fini(bm_pool_t *pool);
 
 /* bm_hash.c */
 int bm__ht_init(bm_tier_t *t, uint32_t n_blocks);

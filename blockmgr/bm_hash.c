@@ -80,6 +80,7 @@ bm__ht_insert(bm_tier_t *t, bm_block_t *b)
     t->buckets[k] = b->id;
     b->cached = 1;
     t->n_registered++;
+    bm__ev_registered(t, b, 1);
 }
 
 void
@@ -96,6 +97,7 @@ bm__ht_remove(bm_tier_t *t, bm_block_t *b)
     b->hnext = BM_NONE;
     b->cached = 0;
     t->n_registered--;
+    bm__ev_registered(t, b, 0);
 }
 
 void

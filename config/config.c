@@ -131,6 +131,8 @@ static const opt_t opts[] = {
      "queued requests over all tenants (429 beyond)"},
     {"max-sse-buffer-bytes", OT_BYTES, F(max_sse_buffer_bytes), 0, 0, NULL, "BYTES",
      "unsent stream bytes per client before it is dropped"},
+    {"kv-events-config", OT_STR, F(kv_events_config), 0, 0, NULL, "JSON",
+     "KV-cache events over ZMQ, vLLM's JSON (README \"Scaling out\")"},
     {"config", OT_CONFIG, 0, 0, 0, 0, NULL, "FILE", "INI file; flags override it"},
     {"help", OT_HELP, 0, 0, 0, 0, NULL, NULL, "print this help"},
 };

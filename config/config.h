@@ -54,6 +54,7 @@ typedef struct cfg {
     /* Model and identity. */
     char model[CFG_PATH_MAX];          /* --model, default "models/austen-2.7m" */
     char served_model_name[CFG_NAME_MAX]; /* --served-model-name; "" = basename of model */
+    char kv_events_config[1024]; /* --kv-events-config JSON (vLLM's); "" = off */
     char chat_template[CFG_PATH_MAX];  /* --chat-template FILE; "" = the model's own */
     char config_path[CFG_PATH_MAX];    /* --config FILE that was read; "" if none */
     char tool_call_parser[16];         /* --tool-call-parser; "auto": the template's */

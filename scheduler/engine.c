@@ -37,6 +37,7 @@
 #include "common/xmalloc.h"
 #include "scheduler/embed.h"
 #include "scheduler/engine_int.h"
+#include "scheduler/kv_events.h"
 #include "scheduler/sched.h"
 
 struct engine {
@@ -61,6 +62,7 @@ struct engine {
     uint32_t kv_used_peak;
     uint64_t requests_finished;
     uint64_t ns_plan, ns_forward, ns_sample, ns_commit;
+    kve_t *kve;     /* KV-cache event publisher (kv_events.h), or NULL */
     msg_t *pending; /* outbox messages of this iteration, in order */
     msg_t **pending_tail;
     /* periodic summary */
@@ -87,6 +89,8 @@ static void
 out_flush(engine_t *e)
 {
     msg_t *m = e->pending;
+
+    kve_flush(e->kve); /* this iteration's KV-cache events, as one batch */
 
     e->pending = NULL;
     e->pending_tail = &e->pending;
@@ -299,6 +303,8 @@ eng__stats(engine_t *e, eng_stats_t *st)
     st->ns_forward = e->ns_forward;
     st->ns_sample = e->ns_sample;
     st->ns_commit = e->ns_commit;
+    kve_counters(e->kve, &st->kv_events_published, &st->kv_events_dropped);
+    st->kv_events_on = e->kve != NULL;
 }
 
 /* Checks what the sampler would otherwise reject mid-step. */
@@ -658,6 +664,15 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
                  c->rt.num_blocks, c->rt.block_size);
         goto fail;
     }
+    if (c->kv_events_config != NULL && c->kv_events_config[0] != '\0') {
+        rc = kve_create(c->kv_events_config, bc.block_size, &e->kve, err, errlen);
+        if (rc != ST_OK) {
+            goto fail;
+        }
+        if (e->kve != NULL) {
+            bm_pool_set_event_hook(e->pool, kve_on_event, e->kve);
+        }
+    }
     for (int32_t t = 0; t < c->n_tenants; t++) {
         const char *salt = c->tenants[t].salt[0] != '\0' ? c->tenants[t].salt : c->tenants[t].name;
         if (salt[0] != '\0') {
@@ -782,7 +797,9 @@ engine_destroy(engine_t *e)
         m = next;
     }
     sched_destroy(e->sched);
+    kve_flush(e->kve);
     bm_pool_destroy(e->pool);
+    kve_destroy(e->kve);
     mdl_runtime_destroy(e->rt);
     smp_ctx_destroy(e->smp);
     eng__embed_destroy(e->emb);

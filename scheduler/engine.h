@@ -30,6 +30,8 @@ typedef struct eng_config {
     int32_t n_tenants; /* >= 1; tenant 0 is the default */
     eng_tenant_t tenants[ENG_MAX_TENANTS];
     int log_every_steps; /* INFO summary period; 0 off */
+    /* --kv-events-config JSON (scheduler/kv_events.h); NULL or "": off. */
+    const char *kv_events_config;
     /* Test hook: the n-th forward pass fails as if the device had, which
      * ends the engine (engine_alive() turns 0). 0: off. */
     int32_t test_fail_forward_at;

@@ -211,6 +211,9 @@ typedef struct eng_stats {
     uint32_t kv_block_tokens;
     uint64_t kv_block_bytes;
     uint64_t kv_block_bytes_f32;
+    /* KV-cache events (scheduler/kv_events.h): on, events queued, dropped. */
+    int kv_events_on;
+    uint64_t kv_events_published, kv_events_dropped;
 } eng_stats_t;
 
 typedef struct eng_msg_stats {

@@ -82,6 +82,10 @@ do_health(srv_req_t *r)
     if (s->engine == NULL || !engine_alive(s->engine)) {
         return srv_req_reply_errmsg(r, 503, NULL, "the engine is not running");
     }
+    const char *gen = srv_req_arg(r, "generate");
+    if (gen != NULL && strcmp(gen, "0") != 0) {
+        return srv_health_deep(r);
+    }
     unsigned long mark = srv_json_mark();
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "status", "ok");

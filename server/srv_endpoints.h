@@ -16,4 +16,12 @@ enum MHD_Result srv_ep_dispatch(srv_req_t *r, int ep);
  * of the /metrics request that asked for it (cookie), if still waiting. */
 void srv_ep_stats_reply(srv_t *s, const eng_msg_stats_t *st);
 
+/* srv_health.c: GET /health?generate=1, a one-token generation under a
+ * timeout (the access handler's return value); srv_health_on_msg takes
+ * the outbox messages of its jobs (1: taken, 0: not one of them);
+ * srv_health_sweep answers 503 for checks past their timeout. */
+enum MHD_Result srv_health_deep(srv_req_t *r);
+int srv_health_on_msg(srv_t *s, const msg_t *m);
+void srv_health_sweep(srv_t *s, uint64_t now);
+
 #endif /* SERVER_SRV_ENDPOINTS_H */

@@ -347,6 +347,10 @@ void srv_prom_label_escape(srv_buf_t *out, const char *s);
 /* Formats loop-side metrics and, when st is not NULL, the engine's. */
 void srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *model_name,
                         srv_buf_t *out);
+/* srv_metrics_vllm.c: the vllm: series (names, types and labels of vLLM's
+ * v1 engine) from the same counters; srv_metrics_format appends them. */
+void srv_metrics_format_vllm(const srv_metrics_t *m, const eng_stats_t *st,
+                             const char *model_name, srv_buf_t *out);
 
 /* ---- chat template fallback -------------------------------------------------- */
 

@@ -41,6 +41,7 @@
 #include "common/util.h"
 #include "common/xmalloc.h"
 #include "server/srv_grammar.h"
+#include "server/srv_endpoints.h"
 #include "server/srv_state.h"
 
 #define SRV_SOCKET_SNDBUF (64 * 1024)
@@ -383,6 +384,7 @@ on_sweep(uv_timer_t *t)
     srv_t *s = t->data;
 
     srv_http_sweep(s, now_ns());
+    srv_health_sweep(s, now_ns());
     if (s->engine != NULL && engine_alive(s->engine)) {
         eng_msg_stats_t *m = xcalloc(1, sizeof(*m));
         m->hdr.type = ENG_MSG_STATS;

@@ -273,6 +273,7 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
     srv_buf_printf(out, "kvserve:open_connections %u\n", m->open_connections);
     header(out, "kvserve:requests_in_flight", "gauge", "Generation requests in flight.");
     srv_buf_printf(out, "kvserve:requests_in_flight %u\n", m->in_flight);
+    srv_metrics_format_vllm(m, st, model_name, out);
     srv_buf_free(&mn);
     for (int32_t t = 0; t < m->n_tenants && t < ENG_MAX_TENANTS; t++) {
         srv_buf_free(&tnb[t]);

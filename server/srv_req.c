@@ -178,6 +178,13 @@ srv_req_body(const srv_req_t *r, size_t *len)
     return r->body.data ? r->body.data : "";
 }
 
+const char *
+srv_req_arg(const srv_req_t *r, const char *key)
+{
+    return r->hold.mc != NULL ? MHD_lookup_connection_value(r->hold.mc, MHD_GET_ARGUMENT_KIND, key)
+                              : NULL;
+}
+
 int
 srv_req_live(const srv_req_t *r)
 {
@@ -498,6 +505,9 @@ srv_http_on_msg(srv_t *s, msg_t *m)
     case ENG_MSG_FINISHED:
     case ENG_MSG_ERROR:
     case ENG_MSG_EMBED:
+        if (srv_health_on_msg(s, m)) {
+            break; /* a deep health check's job */
+        }
         if (!srv_embed_on_msg(s, m)) {
             srv_gen_on_msg(s, m);
         }

@@ -266,7 +266,7 @@ def kvserve(lt, kvs, src):
         check(len(readme) == 2, "README has a Metrics reference section")
         documented = set()
         for line in readme[-1].splitlines():
-            if line.startswith("| `kvserve:"):
+            if line.startswith("| `kvserve:") or line.startswith("| `vllm:"):
                 documented.add(line.split("`")[1])
         check(served == documented, f"README metrics: undocumented {sorted(served - documented)}, "
               f"not served {sorted(documented - served)}")

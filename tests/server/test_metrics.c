@@ -43,8 +43,8 @@ check_exposition(const char *text)
         if (line[0] != '#') {
             const char *sp = memchr(line, ' ', (size_t)(end - line));
             ck_assert_msg(sp != NULL, "no value: %.*s", (int)(end - line), line);
-            ck_assert_msg(strncmp(line, "kvserve:", 8) == 0, "prefix: %.*s", (int)(end - line),
-                          line);
+            ck_assert_msg(strncmp(line, "kvserve:", 8) == 0 || strncmp(line, "vllm:", 5) == 0,
+                          "prefix: %.*s", (int)(end - line), line);
             char *vend;
             strtod(sp + 1, &vend);
             ck_assert_msg(vend == end, "value: %.*s", (int)(end - line), line);
@@ -96,6 +96,17 @@ START_TEST(test_metrics_text)
     ck_assert(strstr(b.data, "# TYPE kvserve:inter_token_latency_seconds histogram\n"));
     ck_assert(
         strstr(b.data, "kvserve:http_requests_total{route=\"/v1/completions\",code=\"2xx\"} 5\n"));
+    /* vLLM's names, summed over tenants (srv_metrics_vllm.c). */
+    ck_assert(strstr(b.data, "vllm:num_requests_running{model_name=\"austen\",engine=\"0\"} 3\n"));
+    ck_assert(
+        strstr(b.data, "vllm:kv_cache_usage_perc{model_name=\"austen\",engine=\"0\"} 0.25\n"));
+    ck_assert(strstr(b.data, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"int8\","
+                             "engine=\"0\",num_cpu_blocks=\"0\",num_gpu_blocks=\"100\"} 1\n"));
+    ck_assert(strstr(b.data, "# TYPE vllm:generation_tokens_total counter\n"));
+    ck_assert(strstr(b.data,
+                     "vllm:generation_tokens_total{model_name=\"austen\",engine=\"0\"} 7\n"));
+    ck_assert(strstr(b.data, "vllm:time_to_first_token_seconds_count{model_name=\"austen\","
+                             "engine=\"0\"} 1\n"));
     srv_buf_free(&b);
 
     /* Without engine stats only the loop's own metrics appear. */
