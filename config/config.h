@@ -84,6 +84,7 @@ typedef struct cfg {
     int32_t kv_policy_window;          /* parsed W tokens; 0 with "full" */
     int enable_prefix_caching;         /* default 1 */
     int32_t threads;                   /* --threads CPU threads; 0 = all cores */
+    char speculative_config[1024];     /* --speculative-config JSON (scheduler/spec.h); "" off */
 
     /* Process. */
     int log_level;                     /* LOG_LEVEL_* from --log-level, default info */

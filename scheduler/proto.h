@@ -37,6 +37,7 @@
 
 #include "common/chan.h"
 #include "sampler/sampler.h"
+#include "scheduler/spec.h"
 
 enum eng_msg_type {
     /* inbox */
@@ -82,6 +83,7 @@ typedef struct eng_request {
     int32_t stop_ids[ENG_MAX_STOP_IDS];
     int32_t n_stop_ids;
     uint64_t t_arrival_ns; /* now_ns() when the loop thread received it */
+    int no_speculative;    /* "speculative": false: never speculate for it */
 } eng_request_t;
 
 typedef struct eng_msg_error {
@@ -181,6 +183,9 @@ typedef struct eng_stats {
     uint32_t kv_block_tokens;
     uint64_t kv_block_bytes;
     uint64_t kv_block_bytes_f32;
+    /* Speculative decoding (scheduler/spec.h): k (0: off) and counters. */
+    int32_t spec_k;
+    spec_stats_t spec;
 } eng_stats_t;
 
 typedef struct eng_msg_stats {
