@@ -4,7 +4,8 @@
 # machine is shared), repeated; prints every run, then medians and ratios.
 #
 #   tools/bench-spec.sh [BUILD] [MODEL] [REPEATS] [SPEC_JSON] [BATCH1_PROMPTS] [OUT_LEN]
-#   (THREADS=N in the environment: forward threads, default 1)
+#   (environment: THREADS=N forward threads, default 1; CASES="grounded_b1
+#   free_b1 grounded_32" the cases to run, default all three)
 #
 # Cases: batch 1 on input-grounded prompts (a passage of the Austen
 # fixture, then its first third again: the answer copies it), batch 1 on
@@ -18,12 +19,14 @@ SPEC=${4:-'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max":
 NB1=${5:-8}
 OUT=${6:-128}
 THREADS=${THREADS:-1}
+CASES=${CASES:-grounded_b1 free_b1 grounded_32}
 TEXT=tests/fixtures/austen-persuasion-ch24.txt
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 run() { # case spec(0/1) rep args...
     c=$1; s=$2; r=$3; shift 3
+    case " $CASES " in *" $c "*) ;; *) return 0 ;; esac
     if [ "$s" = 1 ]; then
         "$BUILD"/cli/kvserve bench --model "$MODEL" --prompt-file "$TEXT" "$@" \
             --threads "$THREADS" --speculative-config "$SPEC" 2>/dev/null >"$tmp/out"
@@ -54,7 +57,7 @@ med() { # case spec column
 }
 echo "medians: output tokens/s (elapsed) and output tokens per cpu-second, off -> on"
 echo "case          tok/s off    tok/s on  ratio   tok/cpu-s off  tok/cpu-s on  ratio  accepted%"
-for c in grounded_b1 free_b1 grounded_32; do
+for c in $CASES; do
     a=$(med $c 0 3); b=$(med $c 1 3); x=$(med $c 0 5); y=$(med $c 1 5)
     printf '%-12s %10s %11s %6.2f %15s %13s %6.2f %10s\n' "$c" "$a" "$b" \
         "$(echo "$b $a" | awk '{print $1 / $2}')" "$x" "$y" \

@@ -367,7 +367,8 @@ same_outputs(const job_t *jobs, int n_jobs, const res_t (*a)[MAX_CH], const res_
         for (int k = 0; k < jobs[i].n; k++) {
             const res_t *x = &a[i][k], *y = &b[i][k];
             ck_assert_msg(x->finished && y->finished, "%s %d.%d: not finished", what, i, k);
-            ck_assert_msg(x->n == y->n && memcmp(x->tok, y->tok, sizeof(int32_t) * (size_t)x->n) == 0,
+            ck_assert_msg(x->n == y->n &&
+                              memcmp(x->tok, y->tok, sizeof(int32_t) * (size_t)x->n) == 0,
                           "%s %d.%d: tokens differ (%d vs %d)", what, i, k, x->n, y->n);
             ck_assert_msg(x->reason == y->reason && x->stop_token == y->stop_token,
                           "%s %d.%d: finish differs", what, i, k);
