@@ -12,6 +12,7 @@
 #define LOG_MODULE "bench"
 
 #include <getopt.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 #include "grammar/grammar.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
+#include "scheduler/spec.h"
 #include "text/tokenizer.h"
 #include "cli/cmds.h"
 
@@ -62,6 +64,11 @@ bench_usage(FILE *f)
                "  --seed X                    prompt RNG seed (default 1)\n"
                "  --kv-cache-dtype D          auto f32 f16 bf16 fp8_e4m3 int8 int4 (default auto)\n"
                "  --json-schema FILE          constrain every output to this JSON schema\n"
+               "  --speculative-config JSON   speculative decoding, as kvserve serve\n"
+               "  --prompt-file FILE          text to take prompts from (with --prompt-kind)\n"
+               "  --prompt-kind K             random (token ids), text (a passage of the\n"
+               "                              file), grounded (a passage, then its first\n"
+               "                              third again: the answer copies it)\n"
                "  --help                      this text\n");
 }
 
@@ -80,6 +87,42 @@ bench_int(const char *s, long lo, long hi, long *out)
     }
     *out = v;
     return 0;
+}
+
+/* The token ids of a text file, by the model's tokenizer. 0 or -1. */
+static int
+bench_text(const mdl_model_t *model, const char *path, int32_t **ids, size_t *n)
+{
+    FILE *f = path != NULL ? fopen(path, "rb") : NULL;
+    char *buf;
+    long len;
+    int rc;
+
+    if (f == NULL || fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) <= 0 ||
+        fseek(f, 0, SEEK_SET) != 0) {
+        if (f != NULL) {
+            fclose(f);
+        }
+        return -1;
+    }
+    buf = xmalloc((size_t)len);
+    rc = fread(buf, 1, (size_t)len, f) == (size_t)len ? 0 : -1;
+    fclose(f);
+    if (rc == 0 && tok_encode(mdl_model_tokenizer(model), buf, (size_t)len, 0, ids, n) != ST_OK) {
+        rc = -1;
+    }
+    free(buf);
+    return rc;
+}
+
+static double
+bench_cpu_s(void)
+{
+    struct rusage ru;
+
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
 static int
@@ -198,6 +241,9 @@ cmd_bench(int argc, char **argv)
         {"seed", required_argument, NULL, 'x'},
         {"kv-cache-dtype", required_argument, NULL, 'd'},
         {"json-schema", required_argument, NULL, 'g'},
+        {"speculative-config", required_argument, NULL, 'S'},
+        {"prompt-file", required_argument, NULL, 'P'},
+        {"prompt-kind", required_argument, NULL, 'K'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -209,6 +255,9 @@ cmd_bench(int argc, char **argv)
     long n_prompts = 200, in_len = 32, out_len = 64, mns = 64, mnbt = 2048, blocks = 0;
     long bsz = 16, swap = 0, threads = 0, seed = 1;
     int prefix = 0;
+    const char *spec_json = NULL, *prompt_file = NULL, *prompt_kind = "random";
+    int32_t *text_ids = NULL;
+    size_t n_text = 0;
     mdl_kv_dtype_t kv_dtype = MDL_KV_AUTO;
     int c, rc, status = 1;
     char err[512] = "";
@@ -272,6 +321,20 @@ cmd_bench(int argc, char **argv)
         case 'g':
             schema_path = optarg;
             break;
+        case 'S':
+            spec_json = optarg;
+            break;
+        case 'P':
+            prompt_file = optarg;
+            break;
+        case 'K':
+            if (strcmp(optarg, "random") != 0 && strcmp(optarg, "text") != 0 &&
+                strcmp(optarg, "grounded") != 0) {
+                fprintf(stderr, "kvserve bench: bad --prompt-kind '%s'\n", optarg);
+                return 2;
+            }
+            prompt_kind = optarg;
+            break;
         case 'd':
             if (mdl_kv_dtype_parse(optarg, &kv_dtype) != ST_OK) {
                 fprintf(stderr, "kvserve bench: bad --kv-cache-dtype '%s'\n", optarg);
@@ -325,6 +388,21 @@ cmd_bench(int argc, char **argv)
 
     eng_config_t cfg;
     memset(&cfg, 0, sizeof(cfg));
+    if (spec_config_parse(spec_json, &cfg.spec, err, sizeof(err)) != ST_OK) {
+        fprintf(stderr, "kvserve bench: --speculative-config: %s\n", err);
+        mdl_model_destroy(model);
+        return 2;
+    }
+    if (strcmp(prompt_kind, "random") != 0) {
+        if (bench_text(model, prompt_file, &text_ids, &n_text) != 0 ||
+            n_text < (size_t)in_len + 1) {
+            fprintf(stderr, "kvserve bench: --prompt-file: need a readable text of more than "
+                            "--input-len tokens\n");
+            free(text_ids);
+            mdl_model_destroy(model);
+            return 2;
+        }
+    }
     cfg.rt.device = "cpu";
     cfg.rt.n_threads = (int32_t)threads;
     cfg.rt.block_size = (int32_t)bsz;
@@ -378,6 +456,16 @@ cmd_bench(int argc, char **argv)
             x ^= x << 17;
             m->req.prompt[i] = (int32_t)(x % (uint64_t)mc->vocab_size);
         }
+        if (text_ids != NULL) {
+            /* A passage of the file; grounded: its first third again. */
+            long from = (long)(x % (uint64_t)(n_text - (size_t)in_len)), body = in_len - 1;
+            if (strcmp(prompt_kind, "grounded") == 0) {
+                body = (in_len - 1) * 2 / 3;
+            }
+            for (long i = 1; i < in_len; i++) {
+                m->req.prompt[i] = text_ids[from + (i - 1) % body];
+            }
+        }
         if (mc->bos_id >= 0) {
             m->req.prompt[0] = mc->bos_id;
         }
@@ -398,6 +486,7 @@ cmd_bench(int argc, char **argv)
     /* One list, queued in one step: the engine must not start on the first
      * requests while the rest are still being sent (a descheduled main
      * thread would otherwise turn "all at once" into a staggered start). */
+    double cpu0 = bench_cpu_s();
     t0 = now_ns();
     for (long r = 0; r < n_prompts; r++) {
         subs[r]->req.t_arrival_ns = t0;
@@ -441,6 +530,7 @@ cmd_bench(int argc, char **argv)
         }
     }
     t_end = now_ns();
+    double cpu_s = bench_cpu_s() - cpu0;
 
     {
         eng_msg_stats_t *sm = xcalloc(1, sizeof(*sm));
@@ -491,6 +581,10 @@ cmd_bench(int argc, char **argv)
     printf("throughput             %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n",
            (double)n_ok / secs, (double)out_tokens / secs,
            (double)(out_tokens + (long)n_ok * in_len) / secs);
+    /* CPU seconds of the whole process over the run: on a shared machine
+     * a steadier measure of the work than the elapsed time. */
+    printf("cpu time               %.3f s, %.1f output tokens per cpu-second\n", cpu_s,
+           cpu_s > 0 ? (double)out_tokens / cpu_s : 0.0);
     print_dist("TTFT (ms)", ttft, n_ok);
     print_dist("TPOT (ms/token)", tpot, n_ok);
     print_dist("ITL (ms)", itl, n_itl);
@@ -511,6 +605,19 @@ cmd_bench(int argc, char **argv)
         }
         printf("preemptions            %llu swap, %llu recompute\n",
                (unsigned long long)st.preempt_swap, (unsigned long long)st.preempt_recompute);
+        if (st.spec_k > 0) {
+            printf("speculative            k %d, %llu drafts, %llu of %llu draft tokens accepted "
+                   "(%.1f%%), %.2f tokens per verification\n",
+                   st.spec_k, (unsigned long long)st.spec.drafts,
+                   (unsigned long long)st.spec.accepted_tokens,
+                   (unsigned long long)st.spec.draft_tokens,
+                   st.spec.draft_tokens > 0
+                       ? 100.0 * (double)st.spec.accepted_tokens / (double)st.spec.draft_tokens
+                       : 0.0,
+                   st.spec.drafts > 0 ? 1.0 + (double)st.spec.accepted_tokens /
+                                                  (double)st.spec.drafts
+                                      : 0.0);
+        }
     }
     status = n_err == 0 ? 0 : 1;
 
@@ -532,6 +639,7 @@ done:
     free(ttft);
     free(tpot);
     free(e2e);
+    free(text_ids);
     mdl_model_destroy(model);
     return status;
 }

@@ -22,6 +22,7 @@
 #include "common/sysmem.h"
 #include "common/xmalloc.h"
 #include "config/config.h"
+#include "scheduler/spec.h"
 #include "cli/cmds.h"
 #include "cli/serve_mem.h"
 #include "server/srv.h"
@@ -103,6 +104,14 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     e->rt.max_blocks_per_seq = (ctx + cfg->block_size - 1) / cfg->block_size;
     e->rt.kv_dtype = kv_dtype_of(cfg->kv_cache_dtype);
     e->rt.gpu_memory_utilization = (float)cfg->gpu_memory_utilization;
+    {
+        char serr[256];
+
+        if (spec_config_parse(cfg->speculative_config, &e->spec, serr, sizeof(serr)) != ST_OK) {
+            LOG_ERROR("--speculative-config: %s", serr);
+            return ST_EINVAL;
+        }
+    }
     block_bytes = mdl_kv_block_bytes(mc, cfg->block_size, e->rt.kv_dtype);
     if (block_bytes == 0) {
         LOG_ERROR("--kv-cache-dtype %s cannot hold this model's KV heads (head_dim %d; int4 "

@@ -109,6 +109,8 @@ static const opt_t opts[] = {
     {"pooling", OT_ENUM, F(pooling), 0, 0, "last|mean", "P",
      "/v1/embeddings pooling of the final hidden states: last token or mean"},
     {"threads", OT_I32, F(threads), 0, 4096, NULL, "N", "CPU threads (0: all cores)"},
+    {"speculative-config", OT_STR, F(speculative_config), 0, 0, NULL, "JSON",
+     "speculative decoding, vLLM's JSON ({\"method\": \"ngram\", ...})"},
     {"log-level", OT_LOGLVL, F(log_level), 0, 0, NULL, "L", "error|warn|info|debug|trace"},
     {"drain-timeout", OT_DUR, F(drain_timeout_s), 0, 86400, NULL, "T",
      "on SIGTERM, wait this long for in-flight requests"},

@@ -93,6 +93,7 @@ typedef struct cfg {
     int32_t threads;                   /* --threads CPU threads; 0 = all cores */
     char pooling[8];                   /* --pooling for /v1/embeddings: "last" (default)
                                         * or "mean" */
+    char speculative_config[1024];     /* --speculative-config JSON (scheduler/spec.h); "" off */
 
     /* Process. */
     int log_level;                     /* LOG_LEVEL_* from --log-level, default info */

@@ -39,6 +39,7 @@
 #include "scheduler/engine_int.h"
 #include "scheduler/kv_events.h"
 #include "scheduler/sched.h"
+#include "scheduler/spec.h"
 
 struct engine {
     eng_config_t cfg;
@@ -58,7 +59,7 @@ struct engine {
     int shutdown;
     int stalled;           /* the last plan ran nothing while work is queued */
     float *row;            /* [vocab] logits scratch for one sample */
-    smp_result_t *results; /* [max_num_seqs] */
+    smp_result_t *results; /* [max_num_seqs * (1 + spec k)] */
     uint32_t kv_used_peak;
     uint64_t requests_finished;
     uint64_t ns_plan, ns_forward, ns_sample, ns_commit;
@@ -305,6 +306,40 @@ eng__stats(engine_t *e, eng_stats_t *st)
     st->ns_commit = e->ns_commit;
     kve_counters(e->kve, &st->kv_events_published, &st->kv_events_dropped);
     st->kv_events_on = e->kve != NULL;
+    st->spec_k = e->cfg.spec.method != SPEC_OFF ? e->cfg.spec.k : 0;
+    sched_get_spec_stats(e->sched, &st->spec);
+}
+
+/* spec_verify_sample's row sampler: row j of sample i as a plain decode
+ * after drafts 0 .. j - 1. */
+typedef struct spec_arg {
+    engine_t *e;
+    const sched_plan_t *plan;
+    int32_t i;
+} spec_arg_t;
+
+static int
+spec_row(void *arg, int32_t j, float *logits_row, smp_result_t *out)
+{
+    spec_arg_t *a = arg;
+    sched_sample_view_t v;
+
+    sched_sample_view_at(a->e->sched, a->plan, a->i, j, &v);
+    sched_sample_mask_at(a->e->sched, a->plan, a->i, j, logits_row);
+    return smp_sample(a->e->smp, v.params, v.rng, logits_row, v.history, v.n_hist, v.n_prompt,
+                      out);
+}
+
+static int
+spec_sample_rows(engine_t *e, const sched_plan_t *plan, int32_t i, const float *logits)
+{
+    const sched_sample_t *sm = &plan->samples[i];
+    spec_arg_t a = {.e = e, .plan = plan, .i = i};
+    int32_t n = spec_verify_sample(logits + (size_t)sm->row * (size_t)e->vocab, e->vocab,
+                                   sm->draft, sm->n_draft, e->row, spec_row, &a,
+                                   e->results + sm->res);
+
+    return n < 0 ? n : ST_OK;
 }
 
 /* Checks what the sampler would otherwise reject mid-step. */
@@ -492,12 +527,20 @@ engine_step(engine_t *e)
     e->ns_forward += t2 - t1;
     for (int32_t i = 0; i < plan.n_samples; i++) {
         sched_sample_view_t v;
+        if (plan.samples[i].n_draft > 0) {
+            rc = spec_sample_rows(e, &plan, i, logits);
+            if (rc != ST_OK) {
+                engine_fail(e, rc, "sampling");
+                return 0;
+            }
+            continue;
+        }
         memcpy(e->row, logits + (size_t)plan.samples[i].row * (size_t)e->vocab,
                (size_t)e->vocab * sizeof(float));
         sched_sample_view(e->sched, &plan, i, &v);
         sched_sample_mask(e->sched, &plan, i, e->row);
         rc = smp_sample(e->smp, v.params, v.rng, e->row, v.history, v.n_hist, v.n_prompt,
-                        &e->results[i]);
+                        &e->results[plan.samples[i].res]);
         if (rc != ST_OK) {
             engine_fail(e, rc, "sampling");
             return 0;
@@ -613,6 +656,17 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
         c->max_num_batched_tokens = c->max_model_len > 2048 ? c->max_model_len : 2048;
     }
     c->rt.max_num_seqs = c->max_num_seqs;
+    if (c->spec.method == SPEC_DRAFT_MODEL) {
+        snprintf(err, errlen, "speculative config: method draft_model is not available yet "
+                              "(use ngram)");
+        rc = ST_EUNSUPPORTED;
+        goto fail;
+    }
+    if (c->spec.method != SPEC_OFF) {
+        /* The runtime sizes its logits rows by max_num_seqs: a
+         * speculating sequence has 1 + k of them. */
+        c->rt.max_num_seqs = c->max_num_seqs * (1 + c->spec.k);
+    }
     c->rt.max_num_batched_tokens = c->max_num_batched_tokens;
     c->rt.max_blocks_per_seq = (c->max_model_len + c->rt.block_size - 1) / c->rt.block_size;
     if (c->rt.num_blocks <= 0) {
@@ -699,6 +753,7 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     memcpy(sc.eos_ids, mc->eos_ids, sizeof(sc.eos_ids));
     sc.n_tenants = c->n_tenants;
     sc.udata_free = reserve_free;
+    sc.spec = c->spec;
     memcpy(sc.tenants, c->tenants, sizeof(sc.tenants));
     rc = sched_create(&sc, e->pool, engine_emit, e, &e->sched);
     if (rc != ST_OK) {
@@ -712,7 +767,7 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     }
     e->row = xmalloc((size_t)mc->vocab_size * sizeof(float));
     e->emb = eng__embed_create(c->max_num_batched_tokens, mc->dim, mdl_runtime_has_hidden(e->rt));
-    e->results = xcalloc((size_t)c->max_num_seqs, sizeof(*e->results));
+    e->results = xcalloc((size_t)c->max_num_seqs * (size_t)(1 + c->spec.k), sizeof(*e->results));
     e->log_t0 = now_ns();
     atomic_store(&e->alive, 1);
     LOG_INFO("engine: %d KV blocks of %d tokens, %d swap blocks, max_num_seqs %d, "

@@ -18,6 +18,7 @@
 #include "common/chan.h"
 #include "model/model.h"
 #include "scheduler/proto.h"
+#include "scheduler/spec.h"
 
 typedef struct eng_config {
     mdl_runtime_config_t rt; /* device, blocks, budgets */
@@ -35,6 +36,8 @@ typedef struct eng_config {
     /* Test hook: the n-th forward pass fails as if the device had, which
      * ends the engine (engine_alive() turns 0). 0: off. */
     int32_t test_fail_forward_at;
+    /* Speculative decoding (--speculative-config, scheduler/spec.h). */
+    spec_config_t spec;
 } eng_config_t;
 
 typedef struct engine engine_t;

@@ -38,6 +38,7 @@
 #include "common/chan.h"
 #include "grammar/grammar.h"
 #include "sampler/sampler.h"
+#include "scheduler/spec.h"
 
 enum eng_msg_type {
     /* inbox */
@@ -101,6 +102,7 @@ typedef struct eng_request {
      * logits each step, advances it on the committed token and finishes
      * the choice when the grammar is complete. NULL: unconstrained. */
     gr_grammar_t *grammar;
+    int no_speculative;    /* "speculative": false: never speculate for it */
 } eng_request_t;
 
 /* The pooled hidden state of an embedding request, not normalized: the
@@ -214,6 +216,9 @@ typedef struct eng_stats {
     /* KV-cache events (scheduler/kv_events.h): on, events queued, dropped. */
     int kv_events_on;
     uint64_t kv_events_published, kv_events_dropped;
+    /* Speculative decoding (scheduler/spec.h): k (0: off) and counters. */
+    int32_t spec_k;
+    spec_stats_t spec;
 } eng_stats_t;
 
 typedef struct eng_msg_stats {

@@ -73,6 +73,7 @@ struct sched_seq {
     uint64_t step_no;  /* last step that planned it */
     smp_rng_t rng;
     gr_matcher_t *gm; /* the choice's grammar matcher (r.grammar), or NULL */
+    spec_seq_t spec; /* speculative decoding's adaptive state (spec.h) */
 };
 
 struct sched_req {
@@ -169,6 +170,9 @@ struct sched {
     sched_sample_t *samples; /* [max_num_seqs] */
     sched_seq_t **snap;      /* [max_num_seqs] running list snapshot */
     struct sort_key *keys;   /* [max_num_seqs] sort_running's keys */
+    int32_t *rows_draft;     /* [max_num_seqs] draft tokens among rows_new (spec.h) */
+    int32_t n_res, n_decodes;
+    spec_stats_t spec_stats;
     int32_t n_tok, n_rows, n_logits, n_samples;
     int32_t budget_tokens;
     uint32_t step_swap, step_recompute, step_swap_in, step_admitted;
@@ -429,7 +433,8 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     if (cfg == NULL || pool == NULL || emit == NULL || cfg->max_num_seqs < 1 ||
         cfg->max_num_batched_tokens < 1 || cfg->max_model_len < 2 || cfg->vocab_size < 1 ||
         cfg->n_tenants < 1 || cfg->n_tenants > ENG_MAX_TENANTS || cfg->n_eos < 0 ||
-        cfg->n_eos > MDL_MAX_EOS) {
+        cfg->n_eos > MDL_MAX_EOS || cfg->spec.k < 0 || cfg->spec.k > SPEC_MAX_K ||
+        (cfg->spec.method != SPEC_OFF && cfg->spec.k == 0)) {
         return ST_EINVAL;
     }
     for (int32_t t = 0; t < cfg->n_tenants; t++) {
@@ -479,7 +484,9 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     s->b_query_start = xcalloc((size_t)mns + 1, sizeof(int32_t));
     s->b_context_len = xcalloc((size_t)mns, sizeof(int32_t));
     s->b_tables = xcalloc((size_t)mns * (size_t)s->max_blocks_per_seq, sizeof(int32_t));
-    s->b_logits_rows = xcalloc((size_t)mns, sizeof(int32_t));
+    /* A speculating sequence has 1 + k logits rows. */
+    s->b_logits_rows = xcalloc((size_t)mns * (size_t)(1 + cfg->spec.k), sizeof(int32_t));
+    s->rows_draft = xcalloc((size_t)mns, sizeof(int32_t));
     s->rows_seq = xcalloc((size_t)mns, sizeof(*s->rows_seq));
     s->rows_new = xcalloc((size_t)mns, sizeof(int32_t));
     s->samples = xcalloc((size_t)mns, sizeof(*s->samples));
@@ -525,6 +532,7 @@ sched_destroy(sched_t *s)
     free(s->snap);
     free(s->keys);
     free(s->gr_mask);
+    free(s->rows_draft);
     free(s);
 }
 
@@ -851,6 +859,7 @@ plan_add_row(sched_t *s, sched_seq_t *q, int32_t n_new)
     s->b_context_len[row] = q->n_computed + n_new;
     s->rows_seq[row] = q;
     s->rows_new[row] = n_new;
+    s->rows_draft[row] = 0;
     s->n_tok += n_new;
     s->budget_tokens -= n_new;
     q->step_no = s->step_no;
@@ -864,12 +873,70 @@ plan_add_row(sched_t *s, sched_seq_t *q, int32_t n_new)
         /* The prompt's last token: one sample per live choice. */
         for (int32_t k = 0; k < rq->r.n; k++) {
             if (!rq->seqs[k].done) {
-                s->samples[s->n_samples++] = (sched_sample_t){.row = lrow, .seq = &rq->seqs[k]};
+                s->samples[s->n_samples++] =
+                    (sched_sample_t){.row = lrow, .seq = &rq->seqs[k], .res = s->n_res++};
             }
         }
     } else {
-        s->samples[s->n_samples++] = (sched_sample_t){.row = lrow, .seq = q};
+        s->samples[s->n_samples++] = (sched_sample_t){.row = lrow, .seq = q, .res = s->n_res++};
     }
+}
+
+/* Speculative decode (spec.h) of running decode q: proposes up to k
+ * drafts past its token buffer's end and reserves the pending token plus
+ * the drafts in one row with 1 + k logits rows. Never preempts: when the
+ * lookahead does not fit, returns 0 and q decodes normally. No draft
+ * takes a block's last slot (no rejected token is hashed or quantized). */
+static int
+plan_spec(sched_t *s, sched_seq_t *q)
+{
+    sched_req_t *rq = q->req;
+    const int32_t bs = (int32_t)s->block_size;
+    int32_t k, off, n;
+
+    /* A constrained choice does not speculate: its mask for draft j would
+     * need the matcher advanced over drafts 0 .. j - 1 (gr_matcher has the
+     * rollback for it; not wired yet). */
+    if (rq->r.no_speculative || rq->r.grammar != NULL || rq->fork_pending || rq->failed ||
+        rq->kv_window > 0 || s->cfg.sliding_window > 0) {
+        return 0;
+    }
+    k = spec_seq_want(&s->cfg.spec, &q->spec, s->n_decodes);
+    /* Room for the accepted drafts plus the bonus token. */
+    k = min_i32(k, rq->cap - q->n_tokens - 1);
+    k = min_i32(k, rq->r.max_tokens - q->n_generated - 1);
+    k = min_i32(k, s->budget_tokens - 1);
+    off = (q->n_tokens - 1) % bs; /* the pending token's slot */
+    k = min_i32(k, off == bs - 1 ? bs - 1 : bs - 2 - off);
+    if (k <= 0) {
+        return 0;
+    }
+    n = spec_ngram_propose(q->tokens, q->n_tokens, s->cfg.spec.lookup_min,
+                           s->cfg.spec.lookup_max, k, q->tokens + q->n_tokens);
+    /* Lookahead only from spare blocks: one per other decode stays free. */
+    if (n > 0 && bm_seq_blocks_needed(s->pool, q->bm_id, (uint32_t)(1 + n)) +
+                         (uint32_t)s->n_decodes >
+                     bm_pool_free_blocks(s->pool)) {
+        n = 0;
+    }
+    if (n <= 0 || bm_seq_reserve(s->pool, q->bm_id, q->tokens + q->n_computed, (uint32_t)(1 + n),
+                                 s->b_slots + s->n_tok) != ST_OK) {
+        return 0;
+    }
+    plan_add_row(s, q, 1 + n);
+    /* plan_add_row gave the row's last token the logits row: move it to
+     * the pending token and add one per draft after it. */
+    int32_t lrow = s->n_logits - 1, first = s->n_tok - 1 - n;
+    s->b_logits_rows[lrow] = first;
+    for (int32_t j = 1; j <= n; j++) {
+        s->b_logits_rows[s->n_logits++] = first + j;
+    }
+    sched_sample_t *sm = &s->samples[s->n_samples - 1];
+    sm->n_draft = n;
+    sm->draft = q->tokens + q->n_tokens;
+    s->n_res += n;
+    s->rows_draft[s->n_rows - 1] = n;
+    return 1;
 }
 
 /* Preemption order: > 0 when a should be preempted before b. The tenant
@@ -1289,6 +1356,7 @@ plan_finalize(sched_t *s, sched_plan_t *plan)
     plan->n_preempt_recompute = s->step_recompute;
     plan->n_swap_in = s->step_swap_in;
     plan->n_admitted = s->step_admitted;
+    plan->n_results = s->n_res;
 }
 
 int
@@ -1304,7 +1372,7 @@ sched_step(sched_t *s, sched_plan_t *plan)
     for (int32_t u = 0; u < s->cfg.n_tenants; u++) {
         tenant_refill(s, &s->tenants[u]);
     }
-    s->n_tok = s->n_rows = s->n_logits = s->n_samples = 0;
+    s->n_tok = s->n_rows = s->n_logits = s->n_samples = s->n_res = 0;
     s->budget_tokens = s->cfg.max_num_batched_tokens;
     s->step_swap = s->step_recompute = s->step_swap_in = s->step_admitted = 0;
 
@@ -1314,6 +1382,10 @@ sched_step(sched_t *s, sched_plan_t *plan)
         s->snap[n_snap++] = LIST_ENTRY(it, sched_seq_t, node);
     }
     sort_running(s, s->snap, n_snap);
+    s->n_decodes = 0;
+    for (int32_t i = 0; i < n_snap; i++) {
+        s->n_decodes += s->snap[i]->n_tokens - s->snap[i]->n_computed == 1;
+    }
     /* Pass 0: decodes; pass 1: partial prefills. Both in protection order
      * (least served tenant, highest priority, oldest first): when blocks
      * run out, the ones still unplanned are the ones to preempt.
@@ -1333,6 +1405,9 @@ sched_step(sched_t *s, sched_plan_t *plan)
             if (s->budget_tokens == 0 || s->n_rows == s->cfg.max_num_seqs) {
                 break;
             }
+            if (pass == 0 && s->cfg.spec.method != SPEC_OFF && plan_spec(s, q)) {
+                continue;
+            }
             (void)plan_running(s, q, min_i32(remaining, s->budget_tokens));
         }
     }
@@ -1351,6 +1426,13 @@ sched_step(sched_t *s, sched_plan_t *plan)
 void
 sched_sample_view(const sched_t *s, const sched_plan_t *plan, int32_t i, sched_sample_view_t *v)
 {
+    sched_sample_view_at(s, plan, i, 0, v);
+}
+
+void
+sched_sample_view_at(const sched_t *s, const sched_plan_t *plan, int32_t i, int32_t j,
+                     sched_sample_view_t *v)
+{
     const sched_seq_t *q = plan->samples[i].seq;
 
     (void)s;
@@ -1358,8 +1440,8 @@ sched_sample_view(const sched_t *s, const sched_plan_t *plan, int32_t i, sched_s
     v->choice = q->choice;
     v->params = &q->req->r.sampling;
     v->rng = &((sched_seq_t *)q)->rng;
-    v->history = q->tokens;
-    v->n_hist = q->n_tokens;
+    v->history = q->tokens; /* drafts follow n_tokens (plan_spec) */
+    v->n_hist = q->n_tokens + j;
     v->n_prompt = q->req->r.n_prompt;
     if (q->n_evicted > 0) { /* where the prompt ends in the kept history */
         int32_t sink = q->req->kv_sink;
@@ -1368,7 +1450,7 @@ sched_sample_view(const sched_t *s, const sched_plan_t *plan, int32_t i, sched_s
                       : v->n_prompt - q->n_evicted >= sink ? v->n_prompt - q->n_evicted
                                                            : sink;
     }
-    v->n_generated = q->n_generated;
+    v->n_generated = q->n_generated + j;
 }
 
 /* The grammar's mask: -INFINITY before any sampling step, so bias,
@@ -1413,13 +1495,20 @@ sched_row_info(const sched_t *s, int32_t row, void **udata, int32_t *n_prompt, i
 void
 sched_sample_mask(const sched_t *s, const sched_plan_t *plan, int32_t i, float *logits)
 {
+    sched_sample_mask_at(s, plan, i, 0, logits);
+}
+
+void
+sched_sample_mask_at(const sched_t *s, const sched_plan_t *plan, int32_t i, int32_t j,
+                     float *logits)
+{
     const sched_seq_t *q = plan->samples[i].seq;
     const eng_request_t *r = &q->req->r;
 
     if (q->gm != NULL) {
         grammar_mask(s, q, logits);
     }
-    if (q->n_generated >= r->min_tokens) {
+    if (q->n_generated + j >= r->min_tokens) {
         return;
     }
     if (!r->ignore_eos) {
@@ -1548,6 +1637,42 @@ commit_token(sched_t *s, sched_seq_t *q, const smp_result_t *res)
     }
 }
 
+/* A speculating sample (plan_spec): res[j] was sampled after the pending
+ * token and drafts 0 .. j - 1; drafts are accepted up to the first res[j]
+ * that differs (spec_verify_sample stopped there), then that result or,
+ * with every draft accepted, the bonus res[n_draft] is the last token.
+ * Tokens are committed one at a time, so stop ids, EOS, min_tokens,
+ * max_tokens and a failed TOKEN event end the run exactly where a plain
+ * decode would have; the KV of what is not kept is given back. */
+static void
+commit_spec(sched_t *s, sched_seq_t *q, const sched_sample_t *sm, const smp_result_t *res)
+{
+    const int32_t k = sm->n_draft;
+    int32_t acc = 0;
+
+    while (acc < k && res[acc].token == sm->draft[acc]) {
+        acc++;
+    }
+    s->spec_stats.drafts++;
+    s->spec_stats.draft_tokens += (uint64_t)k;
+    s->spec_stats.accepted_tokens += (uint64_t)acc;
+    for (int32_t j = 0; j < acc; j++) {
+        s->spec_stats.accepted_per_pos[j]++;
+    }
+    spec_seq_record(&s->cfg.spec, &q->spec, k, acc);
+    /* The row wrote KV for the pending token and k drafts. */
+    const int32_t kv_len = q->n_computed + k;
+    for (int32_t j = 0; j <= acc && !q->done && !q->req->failed; j++) {
+        if (j > 0) {
+            q->n_computed++; /* draft j - 1 was accepted: its KV stays */
+        }
+        commit_token(s, q, &res[j]);
+    }
+    if (q->in_pool && q->state == SEQ_RUNNING && kv_len > q->n_computed) {
+        CHECK(bm_seq_truncate(s->pool, q->bm_id, (uint32_t)(kv_len - q->n_computed)) == ST_OK);
+    }
+}
+
 /* Attention sinks + rolling window: after its step, a sequence whose KV
  * outgrew sink + window loses whole blocks after the sinks (blockmgr
  * queues their drops and the re-rotation of the kept blocks for the next
@@ -1616,7 +1741,8 @@ sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
     bm_pool_step_end(s->pool); /* the forward has written the planned slots */
     for (int32_t r = 0; r < s->n_rows; r++) {
         sched_seq_t *q = s->rows_seq[r];
-        q->n_computed += s->rows_new[r];
+        /* A speculating row's drafts count once accepted (commit_spec). */
+        q->n_computed += s->rows_new[r] - s->rows_draft[r];
         CHECK(q->n_computed <= q->n_tokens);
         if (s->cfg.sliding_window > 0) {
             /* The next query sits at context index n_computed and attends
@@ -1645,8 +1771,10 @@ sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
     }
     for (int32_t i = 0; i < plan->n_samples; i++) {
         sched_seq_t *q = plan->samples[i].seq;
-        if (!q->done && !q->req->failed) {
-            commit_token(s, q, &results[i]);
+        if (plan->samples[i].n_draft > 0) {
+            commit_spec(s, q, &plan->samples[i], results + plan->samples[i].res);
+        } else if (!q->done && !q->req->failed) {
+            commit_token(s, q, &results[plan->samples[i].res]);
         }
     }
     if (s->n_failed > 0) {
@@ -1670,6 +1798,12 @@ sched_get_stats(const sched_t *s, sched_stats_t *out)
     out->prompt_tokens = s->prompt_tokens;
     out->generation_tokens = s->generation_tokens;
     out->steps = s->step_no;
+}
+
+void
+sched_get_spec_stats(const sched_t *s, spec_stats_t *out)
+{
+    *out = s->spec_stats;
 }
 
 int

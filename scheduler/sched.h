@@ -65,6 +65,7 @@
 #include "model/model.h"
 #include "sampler/sampler.h"
 #include "scheduler/proto.h"
+#include "scheduler/spec.h"
 
 typedef struct sched sched_t;
 typedef struct sched_seq sched_seq_t; /* opaque */
@@ -120,12 +121,19 @@ typedef struct sched_config {
     /* Frees a request's udata when the scheduler frees the request (after
      * its last event, or in sched_destroy); NULL: udata is not owned. */
     void (*udata_free)(void *udata);
+    /* Speculative decoding (scheduler/spec.h); method SPEC_OFF: none. */
+    spec_config_t spec;
 } sched_config_t;
 
-/* One logits row to sample for one sequence (choice). */
+/* One logits row to sample for one sequence (choice); a speculating
+ * sequence (n_draft > 0) has rows row .. row + n_draft, verified with
+ * spec_verify_sample() into results[res .. res + n_draft]. */
 typedef struct sched_sample {
     int32_t row; /* index into the step's logits rows */
     sched_seq_t *seq;
+    int32_t res;          /* index of its first result in sched_commit's results */
+    int32_t n_draft;      /* draft tokens verified by rows row + 1 .. row + n_draft */
+    const int32_t *draft; /* [n_draft], borrowed like the plan */
 } sched_sample_t;
 
 /* One planned step. Every pointer is borrowed from the scheduler and valid
@@ -138,6 +146,7 @@ typedef struct sched_plan {
     uint32_t n_preempt_recompute; /* this step */
     uint32_t n_swap_in;           /* this step */
     uint32_t n_admitted;          /* this step */
+    int32_t n_results; /* results sched_commit reads at most: sum of 1 + n_draft */
 } sched_plan_t;
 
 /* What a sampler needs for one sample of a plan. */
@@ -236,6 +245,12 @@ void sched_sample_view(const sched_t *s, const sched_plan_t *plan, int32_t i,
  * plan->samples[i]: EOS (unless ignore_eos) and stop_token_ids while fewer
  * than min_tokens have been generated. logits: [vocab_size]. */
 void sched_sample_mask(const sched_t *s, const sched_plan_t *plan, int32_t i, float *logits);
+/* The same for row j of a speculating sample (j = 0 is the plain row):
+ * the history and counts as if drafts 0 .. j - 1 were accepted. */
+void sched_sample_view_at(const sched_t *s, const sched_plan_t *plan, int32_t i, int32_t j,
+                          sched_sample_view_t *v);
+void sched_sample_mask_at(const sched_t *s, const sched_plan_t *plan, int32_t i, int32_t j,
+                          float *logits);
 
 /* For embeddings (scheduler/embed.h): the request of row `row` of the
  * plan just made (0 .. batch.n_seqs-1): its udata, prompt length and
@@ -245,7 +260,10 @@ void sched_row_info(const sched_t *s, int32_t row, void **udata, int32_t *n_prom
                     int32_t *pooling);
 
 /* Consumes the step: advances computed lengths, forks n > 1 requests whose
- * prompt completed, appends results[i] (one per plan sample) and emits
+ * prompt completed, appends results[samples[i].res] (one per plan sample;
+ * a speculating sample's accepted drafts and bonus token from
+ * results[res ..], up to the first result that differs from its draft,
+ * after which the rejected slots are truncated) and emits
  * TOKEN events, then FINISHED for every choice that hit EOS, a stop token,
  * max_tokens or the context length (its blocks are freed here). A request
  * whose TOKEN event failed (see sched_emit_cb) gets no more events in this
@@ -256,6 +274,8 @@ void sched_row_info(const sched_t *s, int32_t row, void **udata, int32_t *n_prom
 void sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results);
 
 void sched_get_stats(const sched_t *s, sched_stats_t *out);
+/* Speculative decoding counters since creation. */
+void sched_get_spec_stats(const sched_t *s, spec_stats_t *out);
 /* ST_EINVAL for an unknown tenant. */
 int sched_get_tenant_stats(const sched_t *s, uint32_t tenant, sched_tenant_stats_t *out);
 

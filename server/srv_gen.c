@@ -766,6 +766,7 @@ make_submit(const srv_gen_t *g, const srv_job_t *job)
     q->max_tokens = p->max_tokens;
     q->min_tokens = p->min_tokens;
     q->ignore_eos = p->ignore_eos;
+    q->no_speculative = !p->speculative;
     memcpy(q->stop_ids, p->stop_ids, sizeof(q->stop_ids));
     q->n_stop_ids = p->n_stop_ids;
     q->t_arrival_ns = g->t_arrival_ns;

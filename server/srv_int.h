@@ -183,6 +183,7 @@ typedef struct srv_params {
     int stream;
     int include_usage;
     int ignore_eos;
+    int speculative; /* extension "speculative": false turns it off (default 1) */
     int32_t min_tokens;
     int32_t priority;
     int skip_special_tokens; /* default 1 */

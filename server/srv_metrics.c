@@ -23,6 +23,39 @@ static const double e2e_bounds[] = {0.01, 0.05, 0.1,  0.3,  0.5,  0.8,  1.0,  1.
 
 #define NB(a) ((int32_t)(sizeof(a) / sizeof((a)[0])))
 
+/* Speculative decoding counters under vLLM's names (the _total suffix is
+ * what its Prometheus client writes) and the same under kvserve:. */
+static void
+srv_metrics_spec(srv_buf_t *out, const eng_stats_t *st)
+{
+    static const char *const prefix[] = {"vllm", "kvserve"};
+
+    for (int p = 0; p < 2; p++) {
+        srv_buf_printf(out,
+                       "# HELP %s:spec_decode_num_drafts_total Speculative verifications run.\n"
+                       "# TYPE %s:spec_decode_num_drafts_total counter\n"
+                       "%s:spec_decode_num_drafts_total %llu\n"
+                       "# HELP %s:spec_decode_num_draft_tokens_total Draft tokens proposed.\n"
+                       "# TYPE %s:spec_decode_num_draft_tokens_total counter\n"
+                       "%s:spec_decode_num_draft_tokens_total %llu\n"
+                       "# HELP %s:spec_decode_num_accepted_tokens_total Draft tokens accepted.\n"
+                       "# TYPE %s:spec_decode_num_accepted_tokens_total counter\n"
+                       "%s:spec_decode_num_accepted_tokens_total %llu\n"
+                       "# HELP %s:spec_decode_num_accepted_tokens_per_pos_total Draft tokens "
+                       "accepted per position.\n"
+                       "# TYPE %s:spec_decode_num_accepted_tokens_per_pos_total counter\n",
+                       prefix[p], prefix[p], prefix[p], (unsigned long long)st->spec.drafts,
+                       prefix[p], prefix[p], prefix[p], (unsigned long long)st->spec.draft_tokens,
+                       prefix[p], prefix[p], prefix[p],
+                       (unsigned long long)st->spec.accepted_tokens, prefix[p], prefix[p]);
+        for (int32_t j = 0; j < st->spec_k && j < SPEC_MAX_K; j++) {
+            srv_buf_printf(out, "%s:spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"} "
+                                "%llu\n",
+                           prefix[p], j, (unsigned long long)st->spec.accepted_per_pos[j]);
+        }
+    }
+}
+
 void
 srv_hist_init(srv_hist_t *h, const double *bounds, int32_t n_buckets)
 {
@@ -189,6 +222,9 @@ srv_metrics_format(const srv_metrics_t *m, const eng_stats_t *st, const char *mo
                        (unsigned long long)st->preempt_recompute);
         header(out, "kvserve:engine_steps_total", "counter", "Engine iterations run.");
         srv_buf_printf(out, "kvserve:engine_steps_total %llu\n", (unsigned long long)st->steps);
+        if (st->spec_k > 0) {
+            srv_metrics_spec(out, st);
+        }
         header(out, "kvserve:tenant_requests", "gauge", "Engine requests per tenant and queue.");
         for (uint32_t t = 0; t < st->n_tenants && t < (uint32_t)m->n_tenants; t++) {
             const eng_tenant_stats_t *ts = &st->tenant[t];

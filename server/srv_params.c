@@ -403,6 +403,7 @@ parse_common(const cJSON *root, const srv_limits_t *lim, srv_params_t *p, srv_er
     p->n = 1;
     p->max_tokens = -1;
     p->skip_special_tokens = 1;
+    p->speculative = 1;
     p->add_generation_prompt = 1;
 
     if ((j = field(root, "temperature")) &&
@@ -492,6 +493,9 @@ parse_common(const cJSON *root, const srv_limits_t *lim, srv_params_t *p, srv_er
         }
     }
     if ((j = field(root, "ignore_eos")) && !get_bool(j, "ignore_eos", &p->ignore_eos, err)) {
+        return 0;
+    }
+    if ((j = field(root, "speculative")) && !get_bool(j, "speculative", &p->speculative, err)) {
         return 0;
     }
     if ((j = field(root, "skip_special_tokens")) &&

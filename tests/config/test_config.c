@@ -128,7 +128,9 @@ START_TEST(test_every_flag)
                    "--max-header-bytes", "2K", "--max-connections", "50",
                    "--max-connections-per-ip", "5", "--idle-timeout", "2m",
                    "--request-timeout", "1h", "--max-n", "4", "--max-tokens-cap", "100",
-                   "--max-waiting-requests", "9", "--max-sse-buffer-bytes", "1M");
+                   "--max-waiting-requests", "9", "--max-sse-buffer-bytes", "1M",
+                   "--speculative-config",
+                   "{\"method\": \"ngram\", \"num_speculative_tokens\": 4}");
 
     ck_assert_msg(rc == ST_OK, "%s", err);
     ck_assert_str_eq(c.model, "/m/x.gguf");
@@ -155,6 +157,8 @@ START_TEST(test_every_flag)
     ck_assert_int_eq(c.kv_policy_window, 256);
     ck_assert_int_eq(c.enable_prefix_caching, 0);
     ck_assert_int_eq(c.threads, 3);
+    ck_assert_str_eq(c.speculative_config,
+                     "{\"method\": \"ngram\", \"num_speculative_tokens\": 4}");
     ck_assert_int_eq(c.log_level, LOG_LEVEL_DEBUG);
     ck_assert_double_eq_tol(c.drain_timeout_s, 1.5, 1e-12);
     ck_assert_int_eq(c.max_body_bytes, 64 * 1024);

@@ -51,6 +51,7 @@ START_TEST(test_completion_defaults)
     ck_assert(p.sampling.top_p == 1.0f);
     ck_assert_int_eq(p.stream, 0);
     ck_assert_int_eq(p.skip_special_tokens, 1);
+    ck_assert_int_eq(p.speculative, 1);
     srv_params_free(&p);
 }
 END_TEST
@@ -65,6 +66,7 @@ START_TEST(test_completion_all_fields)
         "\"frequency_penalty\":-1,\"repetition_penalty\":1.1,\"logit_bias\":{\"5\":-100,\"7\":3},"
         "\"seed\":42,\"stop\":[\"a\",\"bc\"],\"stop_token_ids\":[2,9],\"n\":3,\"logprobs\":2,"
         "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"ignore_eos\":true,"
+        "\"speculative\":false,"
         "\"min_tokens\":2,\"user\":\"u\",\"priority\":-3,\"unknown_field\":{\"x\":[1]}}";
 
     ck_assert_msg(parse(SRV_KIND_COMPLETION, body, &p, &err), "%s", err.message);
@@ -89,6 +91,7 @@ START_TEST(test_completion_all_fields)
     ck_assert_int_eq(p.stream, 1);
     ck_assert_int_eq(p.include_usage, 1);
     ck_assert_int_eq(p.ignore_eos, 1);
+    ck_assert_int_eq(p.speculative, 0);
     ck_assert_int_eq(p.min_tokens, 2);
     ck_assert_int_eq(p.priority, -3);
     srv_params_free(&p);
@@ -144,6 +147,7 @@ START_TEST(test_bounds)
         {"\"logit_bias\":{\"4096\":1}", "logit_bias"},
         {"\"logit_bias\":[1]", "logit_bias"},
         {"\"seed\":1.5", "seed"},
+        {"\"speculative\":3", "speculative"},
         {"\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", "stop"},
         {"\"stop\":\"\"", "stop"},
         {"\"stop\":[1]", "stop"},

@@ -1,0 +1,720 @@
+/* test_spec.c - speculative decoding (scheduler/spec.h): the config
+ * parser, the n-gram proposer, and the engine with the real default model
+ * (models/austen-2.7m): greedy outputs identical with and without
+ * speculation on passages of tests/fixtures/austen-persuasion-ch24.txt
+ * (input-grounded: the prompt repeats a passage) and on random prompts,
+ * under every KV cache dtype; a randomized schedule with preemption (swap
+ * and recompute), n = 2, stop ids, min_tokens, max_tokens and
+ * cancellation; the token distribution at temperature 0.8 (chi-square
+ * against the non-speculative one). After every run the KV pool is
+ * clean and every hashed block's hash is the hash of accepted tokens. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blockmgr/blockmgr.h"
+#include "blockmgr/blockmgr_int.h"
+#include "common/status.h"
+#include "common/xmalloc.h"
+#include "kvserve_config.h"
+#include "scheduler/engine.h"
+#include "scheduler/engine_int.h"
+#include "scheduler/spec.h"
+#include "text/tokenizer.h"
+
+#define MAX_ID 96
+#define MAX_CH 2
+#define MAX_OUT 256
+#define MAX_PROMPT 200
+
+typedef struct res {
+    int32_t tok[MAX_OUT];
+    int32_t n;
+    int finished;
+    eng_finish_t reason;
+    int32_t stop_token;
+} res_t;
+
+typedef struct job {
+    int32_t prompt[MAX_PROMPT];
+    int32_t n_prompt;
+    int32_t max_tokens, min_tokens, n;
+    float temperature;
+    uint64_t seed;
+    int32_t stop_id; /* -1: none */
+    int32_t cancel_after; /* cancel once this many tokens came (0: never) */
+    int no_spec;
+} job_t;
+
+static mdl_model_t *model;
+static int32_t *chapter;
+static size_t n_chapter;
+static chan_t outbox;
+static engine_t *eng;
+static res_t res[MAX_ID][MAX_CH];
+static int errors[MAX_ID];
+
+static void
+load_model(void)
+{
+    const char *dir = getenv("KVSERVE_MODEL_DIR");
+    char err[256] = "", path[1024];
+    FILE *f;
+    char *text;
+    long len;
+
+    if (model != NULL) {
+        return;
+    }
+    if (dir == NULL) {
+        dir = KVSERVE_SOURCE_ROOT "/models/austen-2.7m";
+    }
+    ck_assert_msg(mdl_model_load(dir, &model, err, sizeof(err)) == ST_OK, "load %s: %s", dir, err);
+    snprintf(path, sizeof(path), "%s/tests/fixtures/austen-persuasion-ch24.txt",
+             KVSERVE_SOURCE_ROOT);
+    f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s", path);
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = xmalloc((size_t)len);
+    ck_assert_int_eq(fread(text, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    ck_assert_int_eq(tok_encode(mdl_model_tokenizer(model), text, (size_t)len, 0, &chapter,
+                                &n_chapter),
+                     ST_OK);
+    free(text);
+    ck_assert_uint_gt(n_chapter, 1000);
+}
+
+static void
+teardown(void)
+{
+    mdl_model_destroy(model);
+    model = NULL;
+    free(chapter);
+    chapter = NULL;
+}
+
+static eng_config_t
+cfg_make(int spec_k, mdl_kv_dtype_t dt, int32_t num_blocks, int32_t swap_blocks)
+{
+    eng_config_t c;
+
+    memset(&c, 0, sizeof(c));
+    c.rt.device = "cpu";
+    c.rt.kv_dtype = dt;
+    c.rt.n_threads = 1;
+    c.rt.block_size = 16;
+    c.rt.num_blocks = num_blocks;
+    c.rt.swap_blocks = swap_blocks;
+    c.max_num_seqs = 16;
+    c.max_num_batched_tokens = 512;
+    c.max_model_len = 256;
+    c.prefix_caching = 1;
+    c.n_tenants = 1;
+    c.tenants[0].weight = 1.0;
+    snprintf(c.tenants[0].name, sizeof(c.tenants[0].name), "default");
+    if (spec_k > 0) {
+        char err[200];
+        char js[200];
+        snprintf(js, sizeof(js),
+                 "{\"method\": \"ngram\", \"num_speculative_tokens\": %d, "
+                 "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4, \"max_batch\": 64}",
+                 spec_k);
+        ck_assert_int_eq(spec_config_parse(js, &c.spec, err, sizeof(err)), ST_OK);
+    }
+    return c;
+}
+
+static void
+start(const eng_config_t *c)
+{
+    char err[256] = "";
+
+    load_model();
+    chan_init(&outbox, NULL, NULL);
+    ck_assert_msg(engine_create(c, model, &outbox, &eng, err, sizeof(err)) == ST_OK, "%s", err);
+    memset(res, 0, sizeof(res));
+    memset(errors, 0, sizeof(errors));
+}
+
+static void
+drain(void)
+{
+    msg_t *m = chan_take_all(&outbox);
+
+    while (m != NULL) {
+        msg_t *next = m->next;
+        if (m->type == ENG_MSG_DELTA) {
+            eng_msg_delta_t *d = (eng_msg_delta_t *)m;
+            res_t *r = &res[d->id][d->choice];
+            ck_assert(!r->finished);
+            for (int32_t i = 0; i < d->n_tokens; i++) {
+                ck_assert_int_lt(r->n, MAX_OUT);
+                r->tok[r->n++] = d->tok[i].token;
+            }
+        } else if (m->type == ENG_MSG_FINISHED) {
+            eng_msg_finished_t *f = (eng_msg_finished_t *)m;
+            res_t *r = &res[f->id][f->choice];
+            ck_assert(!r->finished);
+            r->finished = 1;
+            r->reason = f->reason;
+            r->stop_token = f->stop_token;
+            ck_assert_int_eq(f->completion_tokens, r->n);
+        } else if (m->type == ENG_MSG_ERROR) {
+            errors[((eng_msg_error_t *)m)->id] = ((eng_msg_error_t *)m)->status;
+        }
+        eng_msg_free(m);
+        m = next;
+    }
+}
+
+/* Every hashed device block holds the hash of a full block of accepted
+ * tokens: prompt + output of some finished choice (tenant 0's salt). */
+static void
+check_hashes(const job_t *jobs, int n_jobs)
+{
+    bm_pool_t *pool = eng__pool(eng);
+    const bm_tenant_t *tn = NULL;
+    const uint32_t bs = pool->bs;
+    uint8_t(*valid)[BM_HASH_LEN];
+    size_t n_valid = 0, cap = 0;
+    uint32_t n_hashed = 0;
+
+    for (uint32_t t = 0; t < pool->n_tenants; t++) {
+        if (pool->tenants[t].id == 0) {
+            tn = &pool->tenants[t];
+        }
+    }
+    ck_assert(tn != NULL);
+    for (int i = 0; i < n_jobs; i++) {
+        cap += (size_t)MAX_CH * (MAX_PROMPT + MAX_OUT) / bs + 2;
+    }
+    valid = xmalloc(cap * BM_HASH_LEN);
+    for (int i = 0; i < n_jobs; i++) {
+        for (int k = 0; k < jobs[i].n; k++) {
+            int32_t seq[MAX_PROMPT + MAX_OUT];
+            int32_t n = jobs[i].n_prompt;
+            const uint8_t *parent = NULL;
+
+            memcpy(seq, jobs[i].prompt, sizeof(int32_t) * (size_t)n);
+            memcpy(seq + n, res[i][k].tok, sizeof(int32_t) * (size_t)res[i][k].n);
+            n += res[i][k].n;
+            for (int32_t b = 0; (b + 1) * (int32_t)bs <= n; b++) {
+                ck_assert_uint_lt(n_valid, cap);
+                bm__hash_block(pool, parent, tn, NULL, 0, seq + (size_t)b * bs, valid[n_valid]);
+                parent = valid[n_valid++];
+            }
+        }
+    }
+    for (uint32_t id = 1; id < pool->tier[BM_DEV].n_blocks; id++) {
+        const bm_block_t *b = bm__blk(pool, BM_DEV, id);
+        size_t v = 0;
+
+        if (!b->hashed) {
+            continue;
+        }
+        n_hashed++;
+        while (v < n_valid && memcmp(valid[v], b->hash, BM_HASH_LEN) != 0) {
+            v++;
+        }
+        ck_assert_msg(v < n_valid, "block %u is hashed over tokens no choice accepted", id);
+    }
+    ck_assert_uint_gt(n_hashed, 0);
+    free(valid);
+}
+
+/* Checks the pool (clean, hashes of accepted tokens only) and destroys the
+ * engine; *st gets its last statistics. */
+static void
+finish(const job_t *jobs, int n_jobs, eng_stats_t *st)
+{
+    bm_stats_t bs;
+
+    drain();
+    ck_assert(sched_idle(eng__sched(eng)));
+    bm_pool_check(eng__pool(eng));
+    bm_pool_stats(eng__pool(eng), &bs);
+    ck_assert_msg(bs.dev_used == 0 && bs.cpu_used == 0, "blocks in use: %u device, %u cpu",
+                  bs.dev_used, bs.cpu_used);
+    check_hashes(jobs, n_jobs);
+    eng__stats(eng, st);
+    engine_stop(eng);
+    engine_destroy(eng);
+    eng = NULL;
+    for (msg_t *m = chan_take_all(&outbox); m != NULL;) {
+        msg_t *next = m->next;
+        eng_msg_free(m);
+        m = next;
+    }
+    chan_fini(&outbox);
+}
+
+static void
+submit(uint64_t id, const job_t *j)
+{
+    eng_msg_submit_t *m = xcalloc(1, sizeof(*m));
+
+    m->hdr.type = ENG_MSG_SUBMIT;
+    m->req.id = id;
+    m->req.prompt = xmalloc((size_t)j->n_prompt * sizeof(int32_t));
+    memcpy(m->req.prompt, j->prompt, (size_t)j->n_prompt * sizeof(int32_t));
+    m->req.n_prompt = j->n_prompt;
+    m->req.sampling.temperature = j->temperature;
+    m->req.sampling.top_p = 1.0f;
+    m->req.sampling.repetition_penalty = 1.0f;
+    m->req.n = j->n > 0 ? j->n : 1;
+    m->req.max_tokens = j->max_tokens;
+    m->req.min_tokens = j->min_tokens;
+    m->req.ignore_eos = j->min_tokens == 0;
+    m->req.seed = j->seed;
+    m->req.has_seed = 1;
+    if (j->stop_id >= 0) {
+        m->req.stop_ids[0] = j->stop_id;
+        m->req.n_stop_ids = 1;
+    }
+    m->req.no_speculative = j->no_spec;
+    chan_send(engine_inbox(eng), &m->hdr);
+}
+
+static void
+cancel(uint64_t id)
+{
+    eng_msg_cancel_t *m = xcalloc(1, sizeof(*m));
+
+    m->hdr.type = ENG_MSG_CANCEL;
+    m->id = id;
+    m->choice = -1;
+    chan_send(engine_inbox(eng), &m->hdr);
+}
+
+/* Runs jobs (all submitted at once unless stagger: one more per step) to
+ * the end; cancels those with cancel_after once they have that many
+ * tokens when cancels is set. */
+static void
+run_jobs(const job_t *jobs, int n_jobs, int stagger, int cancels)
+{
+    int next = 0, guard = 0, sent[MAX_ID] = {0};
+
+    if (!stagger) {
+        for (; next < n_jobs; next++) {
+            submit((uint64_t)next, &jobs[next]);
+        }
+    }
+    do {
+        if (next < n_jobs) {
+            submit((uint64_t)next, &jobs[next]);
+            next++;
+        }
+        ck_assert_int_ge(eng__iterate(eng, 0), 0);
+        drain();
+        for (int i = 0; cancels && i < n_jobs; i++) {
+            if (jobs[i].cancel_after > 0 && !sent[i] && !res[i][0].finished &&
+                res[i][0].n >= jobs[i].cancel_after) {
+                cancel((uint64_t)i);
+                sent[i] = 1;
+            }
+        }
+        ck_assert_int_lt(++guard, 100000);
+    } while (next < n_jobs || !sched_idle(eng__sched(eng)));
+    drain();
+    for (int i = 0; i < n_jobs; i++) {
+        ck_assert_int_eq(errors[i], 0);
+    }
+}
+
+static uint32_t rng_x = 12345;
+
+static uint32_t
+rnd(uint32_t n)
+{
+    rng_x = rng_x * 1103515245u + 12345u;
+    return (rng_x >> 8) % n;
+}
+
+/* Input-grounded: a passage of the chapter, then its first words again
+ * (the model continues by copying). Free: random token ids. */
+static void
+make_prompt(job_t *j, int grounded, int32_t len)
+{
+    const mdl_config_t *mc = mdl_model_config(model);
+
+    j->n_prompt = 0;
+    if (mc->bos_id >= 0) {
+        j->prompt[j->n_prompt++] = mc->bos_id;
+    }
+    if (grounded) {
+        int32_t half = (len - 1) * 2 / 3, from = (int32_t)rnd((uint32_t)(n_chapter - (size_t)half));
+        memcpy(j->prompt + j->n_prompt, chapter + from, sizeof(int32_t) * (size_t)half);
+        j->n_prompt += half;
+        memcpy(j->prompt + j->n_prompt, chapter + from, sizeof(int32_t) * (size_t)(len - 1 - half));
+        j->n_prompt += len - 1 - half;
+    } else {
+        for (int32_t i = 1; i < len; i++) {
+            j->prompt[j->n_prompt++] = 3 + (int32_t)rnd((uint32_t)mc->vocab_size - 3);
+        }
+    }
+}
+
+static void
+same_outputs(const job_t *jobs, int n_jobs, const res_t (*a)[MAX_CH], const res_t (*b)[MAX_CH],
+             const char *what)
+{
+    for (int i = 0; i < n_jobs; i++) {
+        for (int k = 0; k < jobs[i].n; k++) {
+            const res_t *x = &a[i][k], *y = &b[i][k];
+            ck_assert_msg(x->finished && y->finished, "%s %d.%d: not finished", what, i, k);
+            ck_assert_msg(x->n == y->n &&
+                              memcmp(x->tok, y->tok, sizeof(int32_t) * (size_t)x->n) == 0,
+                          "%s %d.%d: tokens differ (%d vs %d)", what, i, k, x->n, y->n);
+            ck_assert_msg(x->reason == y->reason && x->stop_token == y->stop_token,
+                          "%s %d.%d: finish differs", what, i, k);
+        }
+    }
+}
+
+/* ---- config and proposer --------------------------------------------- */
+
+START_TEST(test_config_parse)
+{
+    spec_config_t c;
+    char err[256];
+
+    ck_assert_int_eq(spec_config_parse(NULL, &c, err, sizeof(err)), ST_OK);
+    ck_assert_int_eq(c.method, SPEC_OFF);
+    ck_assert_int_eq(spec_config_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 5, "
+                                       "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}",
+                                       &c, err, sizeof(err)),
+                     ST_OK);
+    ck_assert_int_eq(c.method, SPEC_NGRAM);
+    ck_assert_int_eq(c.k, 5);
+    ck_assert_int_eq(c.lookup_min, 2);
+    ck_assert_int_eq(c.lookup_max, 4);
+    ck_assert_int_gt(c.max_batch, 0);
+    ck_assert_int_eq(spec_config_parse("{\"method\": \"draft_model\", \"model\": \"/m\", "
+                                       "\"num_speculative_tokens\": 3}",
+                                       &c, err, sizeof(err)),
+                     ST_OK);
+    ck_assert_int_eq(c.method, SPEC_DRAFT_MODEL);
+    ck_assert_str_eq(c.model, "/m");
+
+    static const char *const bad[] = {
+        "[1]",
+        "{\"method\": \"eagle\", \"num_speculative_tokens\": 3}",
+        "{\"method\": \"ngram\"}",
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 0}",
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 99}",
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 2.5}",
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_min\": 4, "
+        "\"prompt_lookup_max\": 2}",
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"typo\": 1}",
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"model\": \"x\"}",
+        "{\"method\": \"draft_model\", \"num_speculative_tokens\": 3}",
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"min_acceptance\": 2}",
+        "{\"method\": ",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        c.k = 77;
+        err[0] = '\0';
+        ck_assert_msg(spec_config_parse(bad[i], &c, err, sizeof(err)) == ST_EINVAL, "%s", bad[i]);
+        ck_assert_msg(err[0] != '\0', "%s: no reason", bad[i]);
+        ck_assert_int_eq(c.k, 77); /* untouched */
+    }
+}
+END_TEST
+
+START_TEST(test_ngram_propose)
+{
+    /* ... 5 6 7 8 9 ... 5 6 7 | the 3-gram "5 6 7" matched: 8 9 10 */
+    const int32_t t[] = {1, 5, 6, 7, 8, 9, 10, 2, 6, 7, 11, 5, 6, 7};
+    int32_t out[8];
+
+    ck_assert_int_eq(spec_ngram_propose(t, 14, 1, 3, 3, out), 3);
+    ck_assert_int_eq(out[0], 8);
+    ck_assert_int_eq(out[1], 9);
+    ck_assert_int_eq(out[2], 10);
+    /* With 2-grams at most, the most recent "6 7" wins: 11 5 6. */
+    ck_assert_int_eq(spec_ngram_propose(t, 14, 1, 2, 3, out), 3);
+    ck_assert_int_eq(out[0], 11);
+    /* k caps the copy; the end of the history caps it too. */
+    ck_assert_int_eq(spec_ngram_propose(t, 14, 3, 3, 1, out), 1);
+    const int32_t u[] = {4, 4};
+    ck_assert_int_eq(spec_ngram_propose(u, 2, 1, 3, 5, out), 1);
+    ck_assert_int_eq(out[0], 4);
+    /* No earlier occurrence, or lookup_min too long: nothing. */
+    const int32_t v[] = {1, 2, 3, 4};
+    ck_assert_int_eq(spec_ngram_propose(v, 4, 1, 3, 4, out), 0);
+    ck_assert_int_eq(spec_ngram_propose(t, 14, 4, 4, 4, out), 0);
+}
+END_TEST
+
+START_TEST(test_adaptive_rule)
+{
+    spec_config_t c;
+    spec_seq_t q;
+    char err[128];
+
+    ck_assert_int_eq(spec_config_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                                       "\"max_batch\": 8, \"min_acceptance\": 0.3, "
+                                       "\"backoff_steps\": 5}",
+                                       &c, err, sizeof(err)),
+                     ST_OK);
+    memset(&q, 0, sizeof(q));
+    ck_assert_int_eq(spec_seq_want(&c, &q, 8), 4);
+    ck_assert_int_eq(spec_seq_want(&c, &q, 9), 0); /* compute-bound batch */
+    for (int i = 0; i < 4; i++) {
+        spec_seq_record(&c, &q, 4, 0);
+    }
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(spec_seq_want(&c, &q, 1), 0); /* paused */
+    }
+    ck_assert_int_eq(spec_seq_want(&c, &q, 1), 4); /* probes again */
+    for (int i = 0; i < 10; i++) {
+        spec_seq_record(&c, &q, 4, 3);
+    }
+    ck_assert_int_eq(spec_seq_want(&c, &q, 1), 4);
+}
+END_TEST
+
+/* ---- engine: lossless -------------------------------------------------- */
+
+#define N_GREEDY 16
+
+static void
+greedy_jobs(job_t *jobs)
+{
+    rng_x = 777;
+    for (int i = 0; i < N_GREEDY; i++) {
+        memset(&jobs[i], 0, sizeof(jobs[i]));
+        make_prompt(&jobs[i], i % 4 != 3, 40 + (int32_t)rnd(60));
+        jobs[i].max_tokens = 48;
+        jobs[i].n = 1;
+        jobs[i].stop_id = -1;
+        jobs[i].seed = (uint64_t)i + 1;
+    }
+}
+
+/* The default model's passages and random prompts, greedy, under every KV
+ * cache dtype: speculative outputs equal the plain ones, drafts were
+ * both accepted and rejected. */
+START_TEST(test_greedy_identical_every_dtype)
+{
+    static const mdl_kv_dtype_t dts[] = {MDL_KV_F32,      MDL_KV_F16,  MDL_KV_BF16,
+                                         MDL_KV_FP8_E4M3, MDL_KV_INT8, MDL_KV_INT4};
+    static job_t jobs[N_GREEDY];
+    static res_t plain[MAX_ID][MAX_CH];
+    eng_stats_t st;
+
+    load_model();
+    greedy_jobs(jobs);
+    for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+        for (int batch1 = 0; batch1 < 2; batch1++) {
+            eng_config_t c = cfg_make(0, dts[d], 512, 0);
+            int n = batch1 ? 4 : N_GREEDY;
+
+            if (batch1) {
+                c.max_num_seqs = 1; /* one stream: the case speculation is for */
+            }
+            start(&c);
+            run_jobs(jobs, n, 0, 0);
+            memcpy(plain, res, sizeof(res));
+            finish(jobs, n, &st);
+            ck_assert_uint_eq(st.spec.drafts, 0);
+
+            c = cfg_make(4, dts[d], 512, 0);
+            if (batch1) {
+                c.max_num_seqs = 1;
+            }
+            start(&c);
+            run_jobs(jobs, n, 0, 0);
+            same_outputs(jobs, n, plain, res, mdl_kv_dtype_name(dts[d]));
+            finish(jobs, n, &st);
+            fprintf(stderr, "spec %s batch%s: %llu drafts, %llu of %llu draft tokens accepted\n",
+                    mdl_kv_dtype_name(dts[d]), batch1 ? "=1" : ">1",
+                    (unsigned long long)st.spec.drafts, (unsigned long long)st.spec.accepted_tokens,
+                    (unsigned long long)st.spec.draft_tokens);
+            ck_assert_uint_gt(st.spec.drafts, 0);
+            ck_assert_uint_gt(st.spec.accepted_tokens, 0);
+            ck_assert_uint_lt(st.spec.accepted_tokens, st.spec.draft_tokens);
+            ck_assert_uint_le(st.spec.accepted_per_pos[1], st.spec.accepted_per_pos[0]);
+        }
+    }
+}
+END_TEST
+
+#define N_RAND 40
+
+/* A randomized schedule: staggered arrivals into a pool small enough to
+ * preempt (swap, then recompute), n = 2, stop ids, min_tokens, short
+ * max_tokens, "speculative": false on some, cancellation. Every
+ * non-cancelled choice equals the plain run; a cancelled one is a prefix
+ * of it. */
+START_TEST(test_randomized_schedule)
+{
+    static job_t jobs[N_RAND];
+    static res_t plain[MAX_ID][MAX_CH];
+    eng_stats_t st;
+
+    load_model();
+    for (int swap = 1; swap >= 0; swap--) {
+        rng_x = 4242u + (uint32_t)swap;
+        for (int i = 0; i < N_RAND; i++) {
+            job_t *j = &jobs[i];
+            memset(j, 0, sizeof(*j));
+            make_prompt(j, rnd(3) != 0, 20 + (int32_t)rnd(100));
+            j->max_tokens = 4 + (int32_t)rnd(80);
+            j->n = rnd(5) == 0 ? 2 : 1;
+            j->stop_id = rnd(3) == 0 ? 3 + (int32_t)rnd(40) : -1;
+            j->min_tokens = rnd(4) == 0 ? (int32_t)rnd(10) : 0;
+            j->cancel_after = j->n == 1 && rnd(6) == 0 ? 1 + (int32_t)rnd(20) : 0;
+            j->no_spec = rnd(8) == 0;
+            j->seed = (uint64_t)i;
+        }
+        eng_config_t c = cfg_make(0, MDL_KV_F32, 28, swap ? 64 : 0);
+        c.max_num_seqs = 8;
+        start(&c);
+        run_jobs(jobs, N_RAND, 1, 0);
+        memcpy(plain, res, sizeof(res));
+        finish(jobs, N_RAND, &st);
+
+        c = cfg_make(5, MDL_KV_F32, 28, swap ? 64 : 0);
+        c.max_num_seqs = 8;
+        start(&c);
+        run_jobs(jobs, N_RAND, 1, 1);
+        eng__stats(eng, &st);
+        ck_assert_uint_gt(swap ? st.preempt_swap : st.preempt_recompute, 0);
+        ck_assert_uint_gt(st.spec.accepted_tokens, 0);
+        for (int i = 0; i < N_RAND; i++) {
+            if (jobs[i].cancel_after > 0 && res[i][0].reason == ENG_FINISH_ABORT) {
+                ck_assert_int_le(res[i][0].n, plain[i][0].n);
+                ck_assert(memcmp(res[i][0].tok, plain[i][0].tok,
+                                 sizeof(int32_t) * (size_t)res[i][0].n) == 0);
+                res[i][0] = plain[i][0]; /* compared; the rest must match */
+            }
+        }
+        same_outputs(jobs, N_RAND, plain, res, swap ? "swap" : "recompute");
+        for (int i = 0; i < N_RAND; i++) {
+            if (jobs[i].min_tokens > 0) {
+                ck_assert_int_ge(res[i][0].n, jobs[i].min_tokens < jobs[i].max_tokens
+                                                  ? jobs[i].min_tokens
+                                                  : jobs[i].max_tokens);
+            }
+        }
+        finish(jobs, N_RAND, &st);
+    }
+}
+END_TEST
+
+/* Temperature 0.8: the second and third generated tokens after a fixed
+ * input-grounded prefix are distributed the same with and without
+ * speculation (two-sample chi-square over 600 seeded runs each, different
+ * seeds per arm), and speculation did draft at those positions. */
+START_TEST(test_sampled_distribution)
+{
+    enum { RUNS = 600, POS = 2 };
+    static job_t jobs[MAX_ID];
+    static int32_t hist[2][1024];
+    eng_stats_t st;
+    const int32_t vocab = 1024;
+
+    load_model();
+    memset(hist, 0, sizeof(hist));
+    rng_x = 99;
+    job_t base;
+    memset(&base, 0, sizeof(base));
+    make_prompt(&base, 1, 60);
+    base.max_tokens = 3;
+    base.n = 1;
+    base.stop_id = -1;
+    base.temperature = 0.8f;
+    for (int arm = 0; arm < 2; arm++) {
+        uint64_t drafts = 0;
+        for (int r0 = 0; r0 < RUNS; r0 += MAX_ID) {
+            int n = RUNS - r0 < MAX_ID ? RUNS - r0 : MAX_ID;
+            for (int i = 0; i < n; i++) {
+                jobs[i] = base;
+                jobs[i].seed = (uint64_t)(arm * 100000 + r0 + i) * 7919u + 1;
+            }
+            eng_config_t c = cfg_make(arm ? 3 : 0, MDL_KV_F32, 512, 0);
+            c.max_num_seqs = 16;
+            start(&c);
+            run_jobs(jobs, n, 0, 0);
+            for (int i = 0; i < n; i++) {
+                ck_assert_int_eq(res[i][0].n, 3);
+                for (int p = 1; p <= POS; p++) {
+                    int32_t t = res[i][0].tok[p];
+                    ck_assert(t >= 0 && t < vocab);
+                    hist[arm][t]++;
+                }
+            }
+            finish(jobs, n, &st);
+            drafts += st.spec.drafts;
+        }
+        if (arm == 1) {
+            ck_assert_uint_gt(drafts, RUNS / 5);
+        }
+    }
+    /* Two-sample chi-square over tokens with an expected count >= 5 per
+     * arm (the rest pooled into one bin). */
+    double chi = 0, pool0 = 0, pool1 = 0;
+    int dof = -1;
+    for (int t = 0; t < vocab; t++) {
+        double a = hist[0][t], b = hist[1][t];
+        if ((a + b) / 2 >= 5) {
+            chi += (a - b) * (a - b) / (a + b);
+            dof++;
+        } else {
+            pool0 += a;
+            pool1 += b;
+        }
+    }
+    if (pool0 + pool1 > 0) {
+        chi += (pool0 - pool1) * (pool0 - pool1) / (pool0 + pool1);
+        dof++;
+    }
+    ck_assert_int_ge(dof, 2);
+    /* 99.9th percentile of chi-square(dof), Wilson-Hilferty. */
+    double z = 3.09, k = dof, crit = k * pow(1 - 2 / (9 * k) + z * sqrt(2 / (9 * k)), 3);
+    ck_assert_msg(chi < crit, "chi-square %.1f >= %.1f (dof %d)", chi, crit, dof);
+}
+END_TEST
+
+START_TEST(test_draft_model_refused)
+{
+    eng_config_t c = cfg_make(0, MDL_KV_F32, 64, 0);
+    char err[256] = "";
+
+    load_model();
+    ck_assert_int_eq(spec_config_parse("{\"method\": \"draft_model\", \"model\": \"/x\", "
+                                       "\"num_speculative_tokens\": 3}",
+                                       &c.spec, err, sizeof(err)),
+                     ST_OK);
+    chan_init(&outbox, NULL, NULL);
+    ck_assert_int_ne(engine_create(&c, model, &outbox, &eng, err, sizeof(err)), ST_OK);
+    ck_assert(strstr(err, "draft_model") != NULL);
+    chan_fini(&outbox);
+    eng = NULL;
+}
+END_TEST
+
+Suite *
+scheduler_spec_suite(void)
+{
+    Suite *s = suite_create("scheduler_spec");
+    TCase *tc = tcase_create("spec");
+
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_config_parse);
+    tcase_add_test(tc, test_ngram_propose);
+    tcase_add_test(tc, test_adaptive_rule);
+    tcase_add_test(tc, test_greedy_identical_every_dtype);
+    tcase_add_test(tc, test_randomized_schedule);
+    tcase_add_test(tc, test_sampled_distribution);
+    tcase_add_test(tc, test_draft_model_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
