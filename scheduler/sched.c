@@ -894,11 +894,8 @@ plan_spec(sched_t *s, sched_seq_t *q)
     const int32_t bs = (int32_t)s->block_size;
     int32_t k, off, n;
 
-    /* A constrained choice does not speculate: its mask for draft j would
-     * need the matcher advanced over drafts 0 .. j - 1 (gr_matcher has the
-     * rollback for it; not wired yet). */
-    if (rq->r.no_speculative || rq->r.grammar != NULL || rq->fork_pending || rq->failed ||
-        rq->kv_window > 0 || s->cfg.sliding_window > 0) {
+    if (rq->r.no_speculative || rq->fork_pending || rq->failed || rq->kv_window > 0 ||
+        s->cfg.sliding_window > 0) {
         return 0;
     }
     k = spec_seq_want(&s->cfg.spec, &q->spec, s->n_decodes);
@@ -1506,7 +1503,23 @@ sched_sample_mask_at(const sched_t *s, const sched_plan_t *plan, int32_t i, int3
     const eng_request_t *r = &q->req->r;
 
     if (q->gm != NULL) {
-        grammar_mask(s, q, logits);
+        /* Row j of a speculating choice: the matcher stands after the
+         * pending token; advance it over drafts 0 .. j - 1 (they sit past
+         * the end of the token buffer), take the mask, roll back. A draft
+         * the grammar refuses is rejected at its own row (that row's
+         * sample is masked and cannot equal it), so rows after it are
+         * never used and keep their logits unmasked. */
+        int32_t adv = 0;
+        while (adv < j &&
+               gr_matcher_accept_token(q->gm, q->tokens[q->n_tokens + adv]) == ST_OK) {
+            adv++;
+        }
+        if (adv == j) {
+            grammar_mask(s, q, logits);
+        }
+        if (adv > 0) {
+            CHECK(gr_matcher_rollback(q->gm, adv) == ST_OK);
+        }
     }
     if (q->n_generated + j >= r->min_tokens) {
         return;

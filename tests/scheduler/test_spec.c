@@ -18,6 +18,7 @@
 #include "blockmgr/blockmgr_int.h"
 #include "common/status.h"
 #include "common/xmalloc.h"
+#include "grammar/grammar.h"
 #include "kvserve_config.h"
 #include "scheduler/engine.h"
 #include "scheduler/engine_int.h"
@@ -46,6 +47,7 @@ typedef struct job {
     int32_t stop_id; /* -1: none */
     int32_t cancel_after; /* cancel once this many tokens came (0: never) */
     int no_spec;
+    int constrained; /* under text_grammar() */
 } job_t;
 
 static mdl_model_t *model;
@@ -54,6 +56,10 @@ static size_t n_chapter;
 static chan_t outbox;
 static engine_t *eng;
 static res_t res[MAX_ID][MAX_CH];
+/* The default model's vocabulary for the grammar engine, as the server
+ * builds it (server/srv_grammar.c): special and control tokens add no
+ * bytes. */
+static gr_vocab_t *gvocab;
 static int errors[MAX_ID];
 
 static void
@@ -92,10 +98,49 @@ load_model(void)
 static void
 teardown(void)
 {
+    gr_vocab_destroy(gvocab);
+    gvocab = NULL;
     mdl_model_destroy(model);
     model = NULL;
     free(chapter);
     chapter = NULL;
+}
+
+/* Lines of 1 to 12 letters, spaces or punctuation: what a row may take
+ * depends on how many bytes the drafts before it added, so a draft row
+ * masked from the wrong matcher state gives another output. The
+ * chapter's text fits it between the forced line ends, so n-gram drafts
+ * are both accepted and refused. */
+static gr_grammar_t *
+text_grammar(void)
+{
+    static const char lines[] = "root ::= ( [a-zA-Z ,.;']{1,12} \"\\n\" )+";
+    gr_grammar_t *g = NULL;
+    char err[200] = "";
+
+    if (gvocab == NULL) {
+        const tok_tokenizer_t *tok = mdl_model_tokenizer(model);
+        const mdl_config_t *mc = mdl_model_config(model);
+        int32_t n = tok_vocab_size(tok);
+        const char **bytes = xcalloc((size_t)n, sizeof(char *));
+        uint32_t *lens = xcalloc((size_t)n, sizeof(uint32_t));
+
+        for (int32_t i = 0; i < n; i++) {
+            int type = tok_token_gguf_type(tok, i);
+            size_t len = 0;
+            if (tok_is_special(tok, i) || type == 2 || type == 3) {
+                continue;
+            }
+            bytes[i] = tok_token_bytes(tok, i, &len);
+            lens[i] = (uint32_t)len;
+        }
+        ck_assert_int_eq(gr_vocab_create(n, bytes, lens, mc->eos_ids, mc->n_eos, &gvocab), ST_OK);
+        free(bytes);
+        free(lens);
+    }
+    ck_assert_msg(gr_compile(GR_KIND_GBNF, lines, gvocab, &g, err, sizeof(err)) == ST_OK, "%s",
+                  err);
+    return g;
 }
 
 static eng_config_t
@@ -277,6 +322,9 @@ submit(uint64_t id, const job_t *j)
         m->req.n_stop_ids = 1;
     }
     m->req.no_speculative = j->no_spec;
+    if (j->constrained) {
+        m->req.grammar = text_grammar();
+    }
     chan_send(engine_inbox(eng), &m->hdr);
 }
 
@@ -545,6 +593,53 @@ START_TEST(test_greedy_identical_every_dtype)
 }
 END_TEST
 
+/* Constrained choices speculate too: each draft row is masked from the
+ * matcher advanced over the drafts before it. Greedy outputs equal the
+ * plain constrained run, every output token is one the grammar allows,
+ * and drafts were accepted and (by the model or the grammar) rejected. */
+START_TEST(test_greedy_identical_constrained)
+{
+    static job_t jobs[N_GREEDY];
+    static res_t plain[MAX_ID][MAX_CH];
+    eng_stats_t st;
+
+    load_model();
+    greedy_jobs(jobs);
+    for (int i = 0; i < N_GREEDY; i++) {
+        jobs[i].constrained = 1;
+    }
+    eng_config_t c = cfg_make(0, MDL_KV_F32, 512, 0);
+    start(&c);
+    run_jobs(jobs, N_GREEDY, 0, 0);
+    memcpy(plain, res, sizeof(res));
+    finish(jobs, N_GREEDY, &st);
+    c = cfg_make(4, MDL_KV_F32, 512, 0);
+    start(&c);
+    run_jobs(jobs, N_GREEDY, 0, 0);
+    same_outputs(jobs, N_GREEDY, plain, res, "constrained");
+    finish(jobs, N_GREEDY, &st);
+    fprintf(stderr, "spec constrained: %llu drafts, %llu of %llu draft tokens accepted\n",
+            (unsigned long long)st.spec.drafts, (unsigned long long)st.spec.accepted_tokens,
+            (unsigned long long)st.spec.draft_tokens);
+    ck_assert_uint_gt(st.spec.drafts, 0);
+    ck_assert_uint_gt(st.spec.accepted_tokens, 0);
+    ck_assert_uint_lt(st.spec.accepted_tokens, st.spec.draft_tokens);
+    /* Every output follows the grammar: a fresh matcher takes it all. */
+    for (int i = 0; i < N_GREEDY; i++) {
+        gr_grammar_t *g = text_grammar();
+        gr_matcher_t *gm = gr_matcher_create(g);
+        ck_assert(gm != NULL);
+        ck_assert_int_gt(res[i][0].n, 0);
+        for (int32_t t = 0; t < res[i][0].n; t++) {
+            ck_assert_msg(gr_matcher_accept_token(gm, res[i][0].tok[t]) == ST_OK, "job %d token %d",
+                          i, t);
+        }
+        gr_matcher_destroy(gm);
+        gr_grammar_destroy(g);
+    }
+}
+END_TEST
+
 #define N_RAND 40
 
 /* A randomized schedule: staggered arrivals into a pool small enough to
@@ -712,6 +807,7 @@ scheduler_spec_suite(void)
     tcase_add_test(tc, test_ngram_propose);
     tcase_add_test(tc, test_adaptive_rule);
     tcase_add_test(tc, test_greedy_identical_every_dtype);
+    tcase_add_test(tc, test_greedy_identical_constrained);
     tcase_add_test(tc, test_randomized_schedule);
     tcase_add_test(tc, test_sampled_distribution);
     tcase_add_test(tc, test_draft_model_refused);
