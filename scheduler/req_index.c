@@ -26,6 +26,19 @@ ridx_init(ridx_t *x)
 }
 
 void
+ridx_init_cap(ridx_t *x, uint32_t n)
+{
+    uint32_t want = 16;
+
+    memset(x, 0, sizeof(*x));
+    while (want < n * 2) {
+        want *= 2;
+    }
+    x->slots = xcalloc(want, sizeof(*x->slots));
+    x->mask = want - 1;
+}
+
+void
 ridx_fini(ridx_t *x)
 {
     free(x->slots);

@@ -28,6 +28,10 @@ typedef struct ridx {
 
 /* An empty index. */
 void ridx_init(ridx_t *x);
+/* An empty index with room for n entries, allocated at start-up (the
+ * infallible xcalloc: a start-up failure is fatal anyway, and the
+ * request path's allocation-failure injection must not hit it). */
+void ridx_init_cap(ridx_t *x, uint32_t n);
 /* Frees the table (not the values). NULL-safe for x->slots. */
 void ridx_fini(ridx_t *x);
 /* Makes room for n entries in all. ST_OK or ST_ENOMEM (nothing changed). */

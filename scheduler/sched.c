@@ -454,7 +454,6 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     bm_pool_stats(pool, &bst);
     s->dev_total = bst.dev_total;
     list_init(&s->reqs);
-    ridx_init(&s->req_ids);
     list_init(&s->dead);
     list_init(&s->running);
     list_init(&s->swapped);
@@ -495,10 +494,7 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     s->keys = xcalloc((size_t)mns, sizeof(*s->keys));
     /* Room for 2 * max_num_seqs live requests (at least 64) up front: a
      * submit allocates for the index only past that. */
-    if (ridx_reserve(&s->req_ids, (uint32_t)(2 * mns > 64 ? 2 * mns : 64)) != ST_OK) {
-        sched_destroy(s);
-        return ST_ENOMEM;
-    }
+    ridx_init_cap(&s->req_ids, (uint32_t)(2 * mns > 64 ? 2 * mns : 64));
     *out = s;
     return ST_OK;
 }

@@ -488,7 +488,7 @@ choice_push(srv_gen_t *g, srv_choice_t *ch, int32_t token, srv_buf_t *piece)
 
     if (n == ST_ERANGE) {
         size_t len = 0;
-        (void)tok_token_piece(g->s->tok, token, &len);
+        (void)tok_token_bytes(g->s->tok, token, &len);
         size_t cap = len + sizeof(ch->ds.pending) + 1;
         big = xmalloc_try(cap);
         n = big != NULL ? tok_stream_push(&ch->ds, token, big, cap) : ST_ENOMEM;

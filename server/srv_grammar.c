@@ -20,15 +20,7 @@ srv_grammar_vocab(const tok_tokenizer_t *tok, const int32_t *eos_ids, int32_t n_
     uint32_t *lens = xcalloc((size_t)n, sizeof(uint32_t));
     gr_vocab_t *v = NULL;
 
-    for (int32_t i = 0; i < n; i++) {
-        int type = tok_token_gguf_type(tok, i);
-        size_t len = 0;
-        if (tok_is_special(tok, i) || type == 2 /* UNKNOWN */ || type == 3 /* CONTROL */) {
-            continue;
-        }
-        bytes[i] = tok_token_bytes(tok, i, &len);
-        lens[i] = (uint32_t)len;
-    }
+    tok_output_bytes(tok, bytes, lens);
     if (gr_vocab_create(n, bytes, lens, eos_ids, n_eos, &v) != ST_OK) {
         v = NULL;
     }

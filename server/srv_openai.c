@@ -76,7 +76,7 @@ static void
 token_piece(const srv_resp_t *rs, int32_t id, srv_buf_t *raw, srv_buf_t *txt)
 {
     size_t n = 0;
-    const char *t = tok_token_piece(rs->tok, id, &n);
+    const char *t = tok_token_bytes(rs->tok, id, &n);
 
     raw->len = 0;
     txt->len = 0;

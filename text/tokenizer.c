@@ -572,17 +572,6 @@ tok_token_str(const tok_tokenizer_t *t, int32_t id)
     return t->tokens[id].text;
 }
 
-const char *
-tok_token_piece(const tok_tokenizer_t *t, int32_t id, size_t *len)
-{
-    if (id < 0 || id >= t->n_vocab) {
-        *len = 0;
-        return NULL;
-    }
-    *len = t->tokens[id].piece_len;
-    return t->tokens[id].piece != NULL ? t->tokens[id].piece : "";
-}
-
 int
 tok_is_special(const tok_tokenizer_t *t, int32_t id)
 {
@@ -601,6 +590,23 @@ tok_token_bytes(const tok_tokenizer_t *t, int32_t id, size_t *len)
     }
     *len = t->tokens[id].piece_len;
     return t->tokens[id].piece != NULL ? t->tokens[id].piece : "";
+}
+
+void
+tok_output_bytes(const tok_tokenizer_t *t, const char **bytes, uint32_t *lens)
+{
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        int type = tok_token_gguf_type(t, i);
+        size_t len = 0;
+
+        bytes[i] = NULL;
+        lens[i] = 0;
+        if (tok_is_special(t, i) || type == 2 /* UNKNOWN */ || type == 3 /* CONTROL */) {
+            continue;
+        }
+        bytes[i] = tok_token_bytes(t, i, &len);
+        lens[i] = (uint32_t)len;
+    }
 }
 
 int32_t

@@ -40,17 +40,19 @@ int32_t tok_eos_id(const tok_tokenizer_t *t); /* -1 when none */
 /* The token's text as stored in the vocabulary, or NULL if out of range. */
 const char *tok_token_str(const tok_tokenizer_t *t, int32_t id);
 int tok_is_special(const tok_tokenizer_t *t, int32_t id);
-/* The bytes the token decodes to in the middle of a text (a SentencePiece
- * token keeps its leading space; a byte-fallback token is its one byte,
- * which may be part of a UTF-8 character), borrowed for the tokenizer's
- * life, not NUL-terminated; *len receives their count. NULL (and *len 0)
- * if id is out of range. */
-const char *tok_token_piece(const tok_tokenizer_t *t, int32_t id, size_t *len);
-/* The bytes token id adds to a decoded text (SentencePiece's U+2581 as a
- * space, byte-fallback and byte-level tokens as their bytes, special
- * tokens as their text): borrowed, *len bytes, not NUL-terminated. NULL
- * for an out-of-range id. */
+/* The bytes token id adds in the middle of a decoded text: a SentencePiece
+ * token keeps its leading space (U+2581 as a space), a byte-fallback or
+ * byte-level token is its bytes (maybe part of a UTF-8 character), a
+ * special token its text. Borrowed for the tokenizer's life, *len bytes,
+ * not NUL-terminated; NULL (and *len 0) for an out-of-range id. Logprob
+ * tokens/bytes and the grammar vocabulary both read it. */
 const char *tok_token_bytes(const tok_tokenizer_t *t, int32_t id, size_t *len);
+/* What each token adds to an output text, for the grammar engine's
+ * vocabulary (grammar/grammar.h, gr_vocab_create): for every id,
+ * bytes[id] (borrowed, as tok_token_bytes) and lens[id]; special, unknown
+ * and control tokens get NULL and 0, as they never stand for text. bytes
+ * and lens hold tok_vocab_size(t) entries. */
+void tok_output_bytes(const tok_tokenizer_t *t, const char **bytes, uint32_t *lens);
 /* Id of an exact token string (special or not), or -1. */
 int32_t tok_find(const tok_tokenizer_t *t, const char *s);
 

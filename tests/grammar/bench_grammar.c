@@ -80,15 +80,7 @@ load_vocab(const char *path, int32_t *n_out, int32_t *eos_out)
     int32_t n = tok_vocab_size(tok);
     const char **bytes = calloc((size_t)n, sizeof(char *));
     uint32_t *lens = calloc((size_t)n, sizeof(uint32_t));
-    for (int32_t i = 0; i < n; i++) {
-        int type = tok_token_gguf_type(tok, i);
-        size_t len = 0;
-        if (tok_is_special(tok, i) || type == 2 || type == 3) {
-            continue;
-        }
-        bytes[i] = tok_token_bytes(tok, i, &len);
-        lens[i] = (uint32_t)len;
-    }
+    tok_output_bytes(tok, bytes, lens);
     int32_t eos = tok_eos_id(tok);
     gr_vocab_t *v = NULL;
     if (gr_vocab_create(n, bytes, lens, &eos, eos >= 0 ? 1 : 0, &v) != ST_OK) {

@@ -57,8 +57,7 @@ static chan_t outbox;
 static engine_t *eng;
 static res_t res[MAX_ID][MAX_CH];
 /* The default model's vocabulary for the grammar engine, as the server
- * builds it (server/srv_grammar.c): special and control tokens add no
- * bytes. */
+ * builds it (server/srv_grammar.c, over tok_output_bytes). */
 static gr_vocab_t *gvocab;
 static int errors[MAX_ID];
 
@@ -125,15 +124,7 @@ text_grammar(void)
         const char **bytes = xcalloc((size_t)n, sizeof(char *));
         uint32_t *lens = xcalloc((size_t)n, sizeof(uint32_t));
 
-        for (int32_t i = 0; i < n; i++) {
-            int type = tok_token_gguf_type(tok, i);
-            size_t len = 0;
-            if (tok_is_special(tok, i) || type == 2 || type == 3) {
-                continue;
-            }
-            bytes[i] = tok_token_bytes(tok, i, &len);
-            lens[i] = (uint32_t)len;
-        }
+        tok_output_bytes(tok, bytes, lens);
         ck_assert_int_eq(gr_vocab_create(n, bytes, lens, mc->eos_ids, mc->n_eos, &gvocab), ST_OK);
         free(bytes);
         free(lens);
