@@ -1,5 +1,7 @@
-/* cmd_serve.c - `kvserve serve`: load the model, size the KV cache, and run
- * the OpenAI-compatible HTTP server until SIGTERM / SIGINT has drained it.
+/* cmd_serve.c - `kvserve serve`: open the port, load the model, size the KV
+ * cache, and run the OpenAI-compatible HTTP server until SIGTERM / SIGINT
+ * has drained it. The port opens before the model loads (serve_load runs
+ * on the server's loader thread, server/srv_ready.c).
  *
  * Flags and the config file are parsed by config/ (vLLM flag names). The
  * KV pool is --num-kv-blocks blocks, or --kv-cache-memory bytes divided by
@@ -241,14 +243,72 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     return ST_OK;
 }
 
+/* What the loader thread makes, freed by cmd_serve after srv_run. */
+typedef struct serve_load {
+    cfg_t *cfg;
+    mdl_model_t *model;
+    char *tmpl;
+} serve_load_t;
+
+/* srv_setup_t.load, on the server's loader thread once the port is open:
+ * loads the model and sizes the engine. Logs its error line. */
+static int
+serve_load(void *arg, srv_setup_t *su)
+{
+    serve_load_t *ld = arg;
+    const cfg_t *cfg = ld->cfg;
+    mdl_load_opts_t lo = {0};
+    char err[512] = "";
+    int rc;
+
+    CHECK(mdl_dtype_parse(cfg->dtype, &lo.dtype) == ST_OK); /* config checked the choices */
+    rc = mdl_model_load_opts(cfg->model, &lo, &ld->model, err, sizeof(err));
+    if (rc != ST_OK) {
+        LOG_ERROR("%s", err);
+        return rc;
+    }
+    su->model = ld->model;
+    if (cfg->chat_template[0] != '\0') {
+        ld->tmpl = read_file(cfg->chat_template);
+        if (ld->tmpl == NULL) {
+            LOG_ERROR("--chat-template %s: cannot read the file", cfg->chat_template);
+            return ST_ENOENT;
+        }
+        su->chat_template = ld->tmpl;
+    } else {
+        su->chat_template = mdl_model_chat_template(ld->model);
+    }
+    rc = engine_config(cfg, ld->model, su);
+    if (rc != ST_OK) {
+        return rc;
+    }
+    /* Test hook (tests/soak/faults.test.mjs): the N-th fallible allocation
+     * on the request path fails, once. */
+    const char *fail_after = getenv("KVSERVE_FAIL_ALLOC_AFTER");
+    if (fail_after != NULL && atol(fail_after) > 0) {
+        LOG_WARN("KVSERVE_FAIL_ALLOC_AFTER=%ld: allocation failure injection armed",
+                 atol(fail_after));
+        xmalloc_fail_after(atol(fail_after));
+    }
+    /* Test hook (tests/integration/lifecycle.test.mjs): the N-th forward
+     * pass fails, which ends the engine, so /health must answer 503. The
+     * warm-up step is the first forward pass. */
+    const char *fail_fwd = getenv("KVSERVE_TEST_FAIL_FORWARD_AT");
+    if (fail_fwd != NULL && atol(fail_fwd) > 0) {
+        LOG_WARN("KVSERVE_TEST_FAIL_FORWARD_AT=%ld: forward failure injection armed",
+                 atol(fail_fwd));
+        su->eng.test_fail_forward_at = (int32_t)atol(fail_fwd);
+    }
+    return ST_OK;
+}
+
 int
 cmd_serve(int argc, char **argv)
 {
     cfg_t *cfg = xcalloc(1, sizeof(*cfg));
-    mdl_model_t *model = NULL;
+    serve_load_t ld = {cfg, NULL, NULL};
     srv_setup_t su;
     char err[512] = "";
-    char *tmpl = NULL;
     int rc, status = 1;
 
     rc = cfg_parse(argc, argv, cfg, err, sizeof(err));
@@ -264,51 +324,16 @@ cmd_serve(int argc, char **argv)
         return 2;
     }
     log_set_level(cfg->log_level);
-    mdl_load_opts_t lo = {0};
-
-    CHECK(mdl_dtype_parse(cfg->dtype, &lo.dtype) == ST_OK); /* config checked the choices */
-    rc = mdl_model_load_opts(cfg->model, &lo, &model, err, sizeof(err));
-    if (rc != ST_OK) {
-        LOG_ERROR("%s", err);
-        goto out;
-    }
+    /* The port opens first; the model loads on the server's loader thread
+     * (server/srv_ready.c), and /health says 503 loading until then. */
     memset(&su, 0, sizeof(su));
     su.cfg = cfg;
-    su.model = model;
-    if (cfg->chat_template[0] != '\0') {
-        tmpl = read_file(cfg->chat_template);
-        if (tmpl == NULL) {
-            LOG_ERROR("--chat-template %s: cannot read the file", cfg->chat_template);
-            goto out;
-        }
-        su.chat_template = tmpl;
-    } else {
-        su.chat_template = mdl_model_chat_template(model);
-    }
-    if (engine_config(cfg, model, &su) != ST_OK) {
-        goto out;
-    }
-    /* Test hook (tests/soak/faults.test.mjs): the N-th fallible allocation
-     * on the request path fails, once. */
-    const char *fail_after = getenv("KVSERVE_FAIL_ALLOC_AFTER");
-    if (fail_after != NULL && atol(fail_after) > 0) {
-        LOG_WARN("KVSERVE_FAIL_ALLOC_AFTER=%ld: allocation failure injection armed",
-                 atol(fail_after));
-        xmalloc_fail_after(atol(fail_after));
-    }
-    /* Test hook (tests/integration/lifecycle.test.mjs): the N-th forward
-     * pass fails, which ends the engine, so /health must answer 503. */
-    const char *fail_fwd = getenv("KVSERVE_TEST_FAIL_FORWARD_AT");
-    if (fail_fwd != NULL && atol(fail_fwd) > 0) {
-        LOG_WARN("KVSERVE_TEST_FAIL_FORWARD_AT=%ld: forward failure injection armed",
-                 atol(fail_fwd));
-        su.eng.test_fail_forward_at = (int32_t)atol(fail_fwd);
-    }
+    su.load = serve_load;
+    su.load_arg = &ld;
     rc = srv_run(&su);
     status = rc == ST_OK ? 0 : 1;
-out:
-    free(tmpl);
-    mdl_model_destroy(model);
+    free(ld.tmpl);
+    mdl_model_destroy(ld.model);
     free(cfg);
     return status;
 }

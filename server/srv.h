@@ -18,19 +18,27 @@
 #include "model/model.h"
 #include "scheduler/engine.h"
 
-typedef struct srv_setup {
+typedef struct srv_setup srv_setup_t;
+
+struct srv_setup {
     const cfg_t *cfg;          /* borrowed, immutable */
+    /* Loads the model and fills the fields below (model, chat_template,
+     * eng, max_model_len); logs its error line. Runs on the loader thread
+     * after the port opened; arg is load_arg. */
+    int (*load)(void *arg, srv_setup_t *su);
+    void *load_arg;
     const mdl_model_t *model;  /* borrowed, immutable */
     const char *chat_template; /* template source, or NULL for the built-in one */
     eng_config_t eng;          /* the engine to create (copied) */
     int32_t max_model_len;     /* effective context length */
-} srv_setup_t;
+};
 
-/* Creates the outbox and the engine, binds the listening socket, runs the
- * loop until a signal has drained the server, then stops the engine.
- * Returns ST_OK on a clean shutdown, or a negative ST_* (bind failure,
- * engine creation failure) with a line logged. Thread: becomes the loop
- * thread; blocks. */
+/* Creates the outbox, binds the listening socket, then loads the model
+ * (setup->load) and creates the engine on a loader thread while the port
+ * answers 503 loading (srv_ready.h); runs the loop until a signal has
+ * drained the server, then stops the engine. Returns ST_OK on a clean
+ * shutdown, or a negative ST_* (bind failure, load or engine failure) with
+ * a line logged. Thread: becomes the loop thread; blocks. */
 int srv_run(const srv_setup_t *setup);
 
 #endif /* SERVER_SRV_H */

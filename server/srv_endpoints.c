@@ -22,6 +22,7 @@
 #include "server/srv_endpoints.h"
 #include "server/srv_embed.h"
 #include "server/srv_gen.h"
+#include "server/srv_ready.h"
 
 #define CT_METRICS "text/plain; version=0.0.4; charset=utf-8"
 
@@ -374,8 +375,13 @@ static enum MHD_Result (*const handlers[SRV_EP_COUNT])(srv_req_t *r) = {
 enum MHD_Result
 srv_ep_dispatch(srv_req_t *r, int ep)
 {
+    enum MHD_Result ret;
+
     if (ep < 0 || ep >= SRV_EP_COUNT || handlers[ep] == NULL) {
         return srv_req_reply_errmsg(r, 404, NULL, "not found");
+    }
+    if (srv_ready_gate(r, ep, &ret)) {
+        return ret; /* 503 while the model loads */
     }
     return handlers[ep](r);
 }

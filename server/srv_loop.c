@@ -16,6 +16,9 @@
  *   hang-up; when the client goes away the request's on_hangup cancels its
  *   jobs at once.
  *
+ *   The port opens before the model loads; srv_ready.c loads it on a
+ *   loader thread and runs a warm-up step, answering 503 loading until then.
+ *
  *   SIGTERM / SIGINT: MHD_quiesce_daemon() stops accepting, new requests on
  *   kept-alive connections get 503, and in-flight requests finish. When none
  *   is left (or the drain timeout passes, or a second signal comes, which
@@ -36,12 +39,12 @@
 
 #include "common/log.h"
 #include "common/status.h"
-#include "common/sysmem.h"
 #include "common/thread.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
 #include "server/srv_grammar.h"
 #include "server/srv_endpoints.h"
+#include "server/srv_ready.h"
 #include "server/srv_state.h"
 
 #define SRV_SOCKET_SNDBUF (64 * 1024)
@@ -312,6 +315,12 @@ stop_everything(srv_t *s)
     uv_stop(&s->loop);
 }
 
+void
+srv_loop_stop(srv_t *s)
+{
+    stop_everything(s);
+}
+
 static void
 on_stop_now(uv_timer_t *t)
 {
@@ -385,6 +394,7 @@ on_sweep(uv_timer_t *t)
 
     srv_http_sweep(s, now_ns());
     srv_health_sweep(s, now_ns());
+    srv_ready_sweep(s);
     if (s->engine != NULL && engine_alive(s->engine)) {
         eng_msg_stats_t *m = xcalloc(1, sizeof(*m));
         m->hdr.type = ENG_MSG_STATS;
@@ -415,6 +425,18 @@ wd_status(void *arg, char *buf, size_t len)
         return;
     }
     sdn_format_status(buf, len, st->running, st->waiting, st->swapped, st->kv_used, st->kv_total);
+}
+
+void
+srv_loop_on_ready(srv_t *s)
+{
+    LOG_INFO("listening on http://%s:%u model=%s max_model_len=%d kv_blocks=%d tenants=%d",
+             s->cfg->host, s->port, s->model_name, s->max_model_len, s->kv_blocks,
+             s->cfg->n_tenants);
+    sdn_ready();
+    if (sdn_watchdog_start(&s->loop, &s->watchdog, wd_healthy, wd_status, s, 2000) != ST_OK) {
+        LOG_WARN("systemd watchdog timer not started");
+    }
 }
 
 /* ---- start-up ---------------------------------------------------------------- */
@@ -504,16 +526,8 @@ srv_init(srv_t *s, const srv_setup_t *setup)
 
     memset(s, 0, sizeof(*s));
     s->cfg = cfg;
-    s->model = setup->model;
-    s->tok = mdl_model_tokenizer(setup->model);
-    {
-        const mdl_config_t *mc = mdl_model_config(setup->model);
-        s->gr_vocab = srv_grammar_vocab(s->tok, mc->eos_ids, mc->n_eos);
-    }
-    s->chat_template = setup->chat_template;
-    s->max_model_len = setup->max_model_len;
-    s->block_size = setup->eng.rt.block_size;
-    s->kv_blocks = setup->eng.rt.num_blocks > 1 ? setup->eng.rt.num_blocks - 1 : 0;
+    /* The model's part (tokenizer, template, limits) comes when it has
+     * loaded (srv_ready.c). */
     s->next_id = 1;
     s->started = time(NULL);
     list_init(&s->conns);
@@ -534,9 +548,7 @@ srv_init(srv_t *s, const srv_setup_t *setup)
     }
     s->lim.max_n = cfg->max_n;
     s->lim.max_tokens_cap = cfg->max_tokens_cap;
-    s->lim.max_model_len = s->max_model_len;
     s->lim.kv_window = cfg->kv_policy_window;
-    s->lim.vocab_size = tok_vocab_size(s->tok);
     s->lim.max_prompts = SRV_MAX_PROMPTS;
     s->lim.max_logprobs = SMP_MAX_LOGPROBS;
     s->lim.max_depth = 32;
@@ -561,7 +573,6 @@ int
 srv_run(const srv_setup_t *setup)
 {
     srv_t *s = xcalloc(1, sizeof(*s));
-    char err[256] = "";
     int rc;
 
     thread_set_role(THREAD_LOOP);
@@ -584,10 +595,6 @@ srv_run(const srv_setup_t *setup)
     uv_signal_init(&s->loop, &s->sig_int);
     s->sig_int.data = s;
 
-    rc = srv_chat_init(s);
-    if (rc != ST_OK) {
-        goto out;
-    }
     srv_json_hooks_install();
     /* Test hook (tests/soak/faults.test.mjs): the /debug/ routes that count
      * fallible allocations and arm an allocation failure. */
@@ -596,25 +603,6 @@ srv_run(const srv_setup_t *setup)
         LOG_WARN("KVSERVE_TEST_HOOKS=1: the /debug/ routes are enabled (tests only)");
         s->test_hooks = 1;
     }
-    rc = engine_create(&setup->eng, setup->model, &s->outbox, &s->engine, err, sizeof(err));
-    if (rc != ST_OK) {
-        LOG_ERROR("engine: %s", err[0] ? err : st_str(rc));
-        goto out;
-    }
-    if (s->cfg->mlock) {
-        /* Weights, KV pool, swap tier and scratch exist now: pin them. */
-        rc = sysmem_lock_all(err, sizeof(err));
-        if (rc != ST_OK) {
-            LOG_ERROR("%s", err);
-            goto out;
-        }
-        LOG_INFO("--mlock: %lld MiB locked", (long long)(sysmem_self_field("VmLck") >> 20));
-    }
-    rc = engine_start(s->engine);
-    if (rc != ST_OK) {
-        LOG_ERROR("engine start: %s", st_str(rc));
-        goto out;
-    }
     rc = start_mhd(s);
     if (rc != ST_OK) {
         goto out;
@@ -622,21 +610,21 @@ srv_run(const srv_setup_t *setup)
     uv_signal_start(&s->sig_term, on_signal, SIGTERM);
     uv_signal_start(&s->sig_int, on_signal, SIGINT);
     uv_timer_start(&s->sweep_timer, on_sweep, 1000, 1000);
-    LOG_INFO("listening on http://%s:%u model=%s max_model_len=%d kv_blocks=%d tenants=%d",
-             s->cfg->host, s->port, s->model_name, s->max_model_len, s->kv_blocks,
-             s->cfg->n_tenants);
-    sdn_ready();
-    if (sdn_watchdog_start(&s->loop, &s->watchdog, wd_healthy, wd_status, s, 2000) != ST_OK) {
-        LOG_WARN("systemd watchdog timer not started");
+    /* Not the "listening on" line: that one says the server is ready. */
+    LOG_INFO("port open on http://%s:%u: loading the model", s->cfg->host, s->port);
+    rc = srv_ready_begin(s, setup);
+    if (rc != ST_OK) {
+        goto out;
     }
     srv_loop_run_mhd(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
-    rc = ST_OK;
+    rc = s->start_rc;
 
 out:
     if (s->mhd != NULL) {
         stop_everything(s);
     }
+    srv_ready_fini(s); /* a loader still running hands its engine over */
     if (s->engine != NULL) {
         engine_stop(s->engine);
         /* Late replies (ERROR on shutdown) still sit in the outbox: they
@@ -657,6 +645,7 @@ out:
     uv_loop_close(&s->loop);
     chan_fini(&s->outbox);
     srv_chat_fini(s);
+    srv_ready_free(s);
     LOG_INFO("stopped");
     free(s);
     return rc;

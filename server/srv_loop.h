@@ -64,5 +64,10 @@ void srv_loop_release(srv_hold_t *h);
 void srv_loop_run_mhd(srv_t *s);
 /* Called when a request finished; completes a drain when nothing is left. */
 void srv_loop_check_drained(srv_t *s);
+/* Readiness (srv_ready.c): the server turned ready (logs the "listening
+ * on" line, sends READY=1, starts the watchdog); a start-up failure stops
+ * the loop (srv_run then returns s->start_rc). */
+void srv_loop_on_ready(srv_t *s);
+void srv_loop_stop(srv_t *s);
 
 #endif /* SERVER_SRV_LOOP_H */

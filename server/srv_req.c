@@ -36,6 +36,7 @@
 #include "server/srv_embed.h"
 #include "server/srv_endpoints.h"
 #include "server/srv_gen.h"
+#include "server/srv_ready.h"
 #include "server/srv_http.h"
 #include "server/srv_req.h"
 
@@ -505,8 +506,8 @@ srv_http_on_msg(srv_t *s, msg_t *m)
     case ENG_MSG_FINISHED:
     case ENG_MSG_ERROR:
     case ENG_MSG_EMBED:
-        if (srv_health_on_msg(s, m)) {
-            break; /* a deep health check's job */
+        if (srv_health_on_msg(s, m) || srv_ready_on_msg(s, m)) {
+            break; /* a deep health check's or the warm-up's job */
         }
         if (!srv_embed_on_msg(s, m)) {
             srv_gen_on_msg(s, m);

@@ -89,6 +89,9 @@ struct srv {
     eng_stats_t last_stats; /* from the latest periodic STATS reply */
     int have_stats;
     int test_hooks; /* KVSERVE_TEST_HOOKS=1: the /debug/ routes answer */
+    int ready;                /* model loaded and warm-up step done (srv_ready.c) */
+    int start_rc;             /* a start-up failure after the port opened */
+    struct srv_loader *loader; /* srv_ready.c's */
 };
 
 /* srv_req.c: MHD's access handler and completion callback (cls is s). */

@@ -44,7 +44,10 @@ export function validate(name, obj) {
 
 // ---- the daemon ----------------------------------------------------------
 
-// Starts `kvserve serve` and resolves once it listens. extra: more flags.
+// Starts `kvserve serve` and resolves once it is ready. extra: more flags.
+// The port opens before the model loads; the "listening on" line is logged
+// once the model is loaded and warmed up, when /health turns 200
+// (server/srv_ready.c), so requests sent after it are served.
 export async function startServer(extra = [], { env = {} } = {}) {
   const bin = process.env.KVSERVE_BIN;
   const model = process.env.KVSERVE_MODEL || path.join(SRC_ROOT, 'models', 'austen-2.7m');

@@ -118,9 +118,10 @@ test('health, metrics and version answer', async () => {
 });
 
 test('health answers 503 once the engine has died', async () => {
-  // KVSERVE_TEST_FAIL_FORWARD_AT=2: the second forward pass fails as a
-  // device failure would, which ends the engine thread.
-  const srv = await startServer([], { env: { KVSERVE_TEST_FAIL_FORWARD_AT: '2' } });
+  // KVSERVE_TEST_FAIL_FORWARD_AT=3: the third forward pass (the warm-up
+  // step is the first, the request's prefill the second) fails as a device
+  // failure would, which ends the engine thread.
+  const srv = await startServer([], { env: { KVSERVE_TEST_FAIL_FORWARD_AT: '3' } });
   try {
     assert.equal((await fetch(`${srv.base}/health`)).status, 200);
     const r = await postJson(srv.base, '/v1/completions',

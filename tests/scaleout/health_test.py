@@ -4,7 +4,8 @@
 * GET /health is 200 {"status":"ok"} while the engine runs.
 * GET /health?generate=1 runs a one-token generation through the engine
   and reports it; with a forward pass that fails (the test hook
-  KVSERVE_TEST_FAIL_FORWARD_AT=1, the first forward fails) the deep check
+  KVSERVE_TEST_FAIL_FORWARD_AT=2, the first forward after the start-up's
+  warm-up step fails) the deep check
   answers 503 where the plain check had said 200 just before.
 * SIGTERM: /health answers 503 at once on a kept-alive connection while a
   long in-flight request drains and completes.
@@ -72,7 +73,7 @@ def main():
 
     # A failing forward: the process and the plain check look fine, the
     # deep check does not.
-    srv = kvs.Server(["--public-health"], env={"KVSERVE_TEST_FAIL_FORWARD_AT": "1"})
+    srv = kvs.Server(["--public-health"], env={"KVSERVE_TEST_FAIL_FORWARD_AT": "2"})
     try:
         st, _ = kvs.http("GET", srv.url + "/health")
         assert st == 200, st

@@ -33,7 +33,10 @@ def free_port():
 
 
 class Server:
-    """One `kvserve serve` child, on an ephemeral port."""
+    """One `kvserve serve` child, on an ephemeral port.
+
+    Waits for the "listening on" line, which kvserve logs once the model is
+    loaded and warmed up (/health 200), not when the port opens."""
 
     def __init__(self, extra=(), env=None, port=0):
         bin_ = os.environ["KVSERVE_BIN"]

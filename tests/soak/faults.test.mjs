@@ -338,9 +338,10 @@ test('KVSERVE_FAIL_ALLOC_AFTER arms the failure from the start', async () => {
 });
 
 test('a failed forward is a server error (500), not the client\'s', async () => {
-  // KVSERVE_TEST_FAIL_FORWARD_AT=1: the first forward pass fails and the
-  // engine fails every open request with the forward's status.
-  const srv = await startServer([], { env: { KVSERVE_TEST_FAIL_FORWARD_AT: '1' } });
+  // KVSERVE_TEST_FAIL_FORWARD_AT=2: the first forward pass after the
+  // start-up's warm-up step fails and the engine fails every open request
+  // with the forward's status.
+  const srv = await startServer([], { env: { KVSERVE_TEST_FAIL_FORWARD_AT: '2' } });
   try {
     const r = await postJson(srv.base, '/v1/completions',
       { model: MODEL_NAME, prompt: 'Emma', max_tokens: 4 }, {});
