@@ -111,10 +111,6 @@ typedef struct brule {
     int32_t first_line; /* where it was first referenced */
 } brule_t;
 
-typedef struct cp_range {
-    uint32_t lo, hi;
-} cp_range_t;
-
 typedef struct parser {
     const char *src;
     const char *p;
@@ -250,84 +246,17 @@ byte_range_el(parser_t *ps, unsigned lo, unsigned hi)
 
 /* ---- code-point sets -------------------------------------------------------- */
 
-typedef struct cpset {
-    cp_range_t *r;
-    int32_t n, cap;
-} cpset_t;
-
-static void
-cpset_add(cpset_t *s, uint32_t lo, uint32_t hi)
-{
-    if (s->n == s->cap) {
-        s->cap = s->cap ? s->cap * 2 : 8;
-        s->r = xrealloc(s->r, (size_t)s->cap * sizeof(cp_range_t));
-    }
-    s->r[s->n].lo = lo;
-    s->r[s->n].hi = hi;
-    s->n++;
-}
-
-static int
-cp_cmp(const void *a, const void *b)
-{
-    const cp_range_t *x = a, *y = b;
-    return x->lo < y->lo ? -1 : x->lo > y->lo;
-}
-
 /* Sorts, merges, optionally complements, and removes surrogates. */
 static void
-cpset_normalize(cpset_t *s, int negate)
+cpset_normalize(gr_cpset_t *s, int negate)
 {
-    cpset_t t = {0};
-
-    if (s->n > 1) {
-        qsort(s->r, (size_t)s->n, sizeof(cp_range_t), cp_cmp);
-    }
-    for (int32_t i = 0; i < s->n; i++) {
-        if (t.n > 0 && s->r[i].lo <= t.r[t.n - 1].hi + 1) {
-            if (s->r[i].hi > t.r[t.n - 1].hi) {
-                t.r[t.n - 1].hi = s->r[i].hi;
-            }
-        } else {
-            cpset_add(&t, s->r[i].lo, s->r[i].hi);
-        }
-    }
     if (negate) {
-        cpset_t c = {0};
-        uint32_t next = 0;
-        for (int32_t i = 0; i < t.n; i++) {
-            if (t.r[i].lo > next) {
-                cpset_add(&c, next, t.r[i].lo - 1);
-            }
-            next = t.r[i].hi + 1;
-        }
-        if (next <= 0x10FFFF) {
-            cpset_add(&c, next, 0x10FFFF);
-        }
-        free(t.r);
-        t = c;
+        gr_cpset_complement(s);
+    } else {
+        gr_cpset_norm(s);
     }
-    /* Remove the surrogates D800..DFFF (not encodable in UTF-8). */
-    cpset_t u = {0};
-    for (int32_t i = 0; i < t.n; i++) {
-        uint32_t lo = t.r[i].lo, hi = t.r[i].hi > 0x10FFFF ? 0x10FFFF : t.r[i].hi;
-        if (lo > hi) {
-            continue;
-        }
-        if (hi < 0xD800 || lo > 0xDFFF) {
-            cpset_add(&u, lo, hi);
-            continue;
-        }
-        if (lo < 0xD800) {
-            cpset_add(&u, lo, 0xD7FF);
-        }
-        if (hi > 0xDFFF) {
-            cpset_add(&u, 0xE000, hi);
-        }
-    }
-    free(t.r);
-    free(s->r);
-    *s = u;
+    gr_cpset_remove(s, 0xD800, 0xDFFF);       /* surrogates: not encodable in UTF-8 */
+    gr_cpset_remove(s, 0x110000, 0xFFFFFFFFu); /* past Unicode */
 }
 
 static int
@@ -388,7 +317,7 @@ utf8_split(parser_t *ps, int32_t r, uint32_t a, uint32_t b, int n)
 /* The element for a normalized code-point set: one byte class when it is
  * all ASCII, else a reference to a (shared) rule of UTF-8 alternatives. */
 static uint32_t
-cpset_el(parser_t *ps, const cpset_t *s)
+cpset_el(parser_t *ps, const gr_cpset_t *s)
 {
     uint32_t bits[8] = {0};
     int ascii_only = 1;
@@ -699,7 +628,7 @@ parse_uint(parser_t *ps)
 static void
 parse_class(parser_t *ps, seq_t **sp, int32_t ri, int32_t ai)
 {
-    cpset_t set = {0};
+    gr_cpset_t set = {0};
     int negate = 0;
     uint32_t raw[8] = {0};
     int n_raw = 0;
@@ -735,10 +664,10 @@ parse_class(parser_t *ps, seq_t **sp, int32_t ri, int32_t ai)
             }
             n_raw++;
             if (lo < 0x80) {
-                cpset_add(&set, lo, 0x7F);
+                gr_cpset_add(&set, lo, 0x7F);
             }
         } else {
-            cpset_add(&set, lo, hi);
+            gr_cpset_add(&set, lo, hi);
         }
     }
     if (!ps->failed && *ps->p != ']') {
@@ -817,8 +746,8 @@ parse_sequence(parser_t *ps, int32_t ri, int32_t ai, int nested)
             parse_class(ps, &s, ri, ai);
         } else if (c == '.') {
             ps->p++;
-            cpset_t set = {0};
-            cpset_add(&set, 0, 0x10FFFF);
+            gr_cpset_t set = {0};
+            gr_cpset_add(&set, 0, 0x10FFFF);
             cpset_normalize(&set, 0);
             uint32_t e = cpset_el(ps, &set);
             free(set.r);

@@ -67,4 +67,24 @@ int gr__regex_expr(const char *re, int json_string, gr_sb_t *out, char *err, siz
 /* A JSON array of strings -> GBNF into out. */
 int gr__choice_to_gbnf(const char *json, gr_sb_t *out, char *err, size_t errlen);
 
+/* ---- code-point sets (gr_cpset.c): the classes of the GBNF and regex parsers */
+
+typedef struct gr_cprange {
+    uint32_t lo, hi;
+} gr_cprange_t;
+
+typedef struct gr_cpset {
+    gr_cprange_t *r; /* owned (free(r)); unsorted until gr_cpset_norm */
+    int32_t n, cap;
+} gr_cpset_t;
+
+/* Appends [lo, hi]. */
+void gr_cpset_add(gr_cpset_t *s, uint32_t lo, uint32_t hi);
+/* Sorts and merges overlapping and adjacent ranges, in place. */
+void gr_cpset_norm(gr_cpset_t *s);
+/* Normalizes, then replaces the set by its complement in 0..0x10FFFF. */
+void gr_cpset_complement(gr_cpset_t *s);
+/* Removes [lo, hi] from a normalized set. */
+void gr_cpset_remove(gr_cpset_t *s, uint32_t lo, uint32_t hi);
+
 #endif /* GRAMMAR_GR_INT_H */

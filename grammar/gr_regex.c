@@ -26,15 +26,6 @@
 #include "common/xmalloc.h"
 #include "grammar/gr_int.h"
 
-typedef struct rng {
-    uint32_t lo, hi;
-} rng_t;
-
-typedef struct rset {
-    rng_t *r;
-    int n, cap;
-} rset_t;
-
 typedef struct rx {
     const char *p;
     int json;
@@ -61,94 +52,13 @@ rx_err(rx_t *x, const char *fmt, ...)
 }
 
 static void
-rs_add(rset_t *s, uint32_t lo, uint32_t hi)
+emit_set(rx_t *x, gr_cpset_t *s)
 {
-    if (s->n == s->cap) {
-        s->cap = s->cap ? s->cap * 2 : 8;
-        s->r = xrealloc(s->r, (size_t)s->cap * sizeof(rng_t));
-    }
-    s->r[s->n].lo = lo;
-    s->r[s->n].hi = hi;
-    s->n++;
-}
-
-static int
-rng_cmp(const void *a, const void *b)
-{
-    const rng_t *x = a, *y = b;
-    return x->lo < y->lo ? -1 : x->lo > y->lo;
-}
-
-static void
-rs_norm(rset_t *s)
-{
-    int w = 0;
-    if (s->n > 1) {
-        qsort(s->r, (size_t)s->n, sizeof(rng_t), rng_cmp);
-    }
-    for (int i = 0; i < s->n; i++) {
-        if (w > 0 && s->r[i].lo <= s->r[w - 1].hi + 1) {
-            if (s->r[i].hi > s->r[w - 1].hi) {
-                s->r[w - 1].hi = s->r[i].hi;
-            }
-        } else {
-            s->r[w++] = s->r[i];
-        }
-    }
-    s->n = w;
-}
-
-static void
-rs_complement(rset_t *s)
-{
-    rset_t c = {0};
-    uint32_t next = 0;
-    rs_norm(s);
-    for (int i = 0; i < s->n; i++) {
-        if (s->r[i].lo > next) {
-            rs_add(&c, next, s->r[i].lo - 1);
-        }
-        next = s->r[i].hi + 1;
-    }
-    if (next <= 0x10FFFF) {
-        rs_add(&c, next, 0x10FFFF);
-    }
-    free(s->r);
-    *s = c;
-}
-
-/* Removes [lo, hi] from a normalized set. */
-static void
-rs_remove(rset_t *s, uint32_t lo, uint32_t hi)
-{
-    rset_t c = {0};
-    for (int i = 0; i < s->n; i++) {
-        rng_t r = s->r[i];
-        if (r.hi < lo || r.lo > hi) {
-            rs_add(&c, r.lo, r.hi);
-            continue;
-        }
-        if (r.lo < lo) {
-            rs_add(&c, r.lo, lo - 1);
-        }
-        if (r.hi > hi) {
-            rs_add(&c, hi + 1, r.hi);
-        }
-    }
-    free(s->r);
-    *s = c;
-}
-
-/* Emits a normalized set as a GBNF class (JSON-forbidden characters
- * removed in json mode). */
-static void
-emit_set(rx_t *x, rset_t *s)
-{
-    rs_norm(s);
+    gr_cpset_norm(s);
     if (x->json) {
-        rs_remove(s, 0, 0x1F);
-        rs_remove(s, '"', '"');
-        rs_remove(s, '\\', '\\');
+        gr_cpset_remove(s, 0, 0x1F);
+        gr_cpset_remove(s, '"', '"');
+        gr_cpset_remove(s, '\\', '\\');
     }
     if (s->n == 0) {
         gr__sb_puts(x->out, "[^\\x00-\\U0010FFFF]");
@@ -259,25 +169,25 @@ decode_cp(rx_t *x, uint32_t *cp)
 
 /* A predefined class letter (d w s D W S) into s; 0 if c is not one. */
 static int
-class_escape(char c, rset_t *s, int *negate)
+class_escape(char c, gr_cpset_t *s, int *negate)
 {
     *negate = c == 'D' || c == 'W' || c == 'S';
     switch (c) {
     case 'd':
     case 'D':
-        rs_add(s, '0', '9');
+        gr_cpset_add(s, '0', '9');
         return 1;
     case 'w':
     case 'W':
-        rs_add(s, 'a', 'z');
-        rs_add(s, 'A', 'Z');
-        rs_add(s, '0', '9');
-        rs_add(s, '_', '_');
+        gr_cpset_add(s, 'a', 'z');
+        gr_cpset_add(s, 'A', 'Z');
+        gr_cpset_add(s, '0', '9');
+        gr_cpset_add(s, '_', '_');
         return 1;
     case 's':
     case 'S':
-        rs_add(s, ' ', ' ');
-        rs_add(s, '\t', '\r'); /* \t \n \v \f \r */
+        gr_cpset_add(s, ' ', ' ');
+        gr_cpset_add(s, '\t', '\r'); /* \t \n \v \f \r */
         return 1;
     default:
         return 0;
@@ -343,7 +253,7 @@ escape_char(rx_t *x, uint32_t *cp)
 static void
 parse_class(rx_t *x)
 {
-    rset_t s = {0};
+    gr_cpset_t s = {0};
     int negate = 0;
 
     x->p++; /* [ */
@@ -361,14 +271,14 @@ parse_class(rx_t *x)
         }
         if (*x->p == '\\') {
             int neg;
-            rset_t t = {0};
+            gr_cpset_t t = {0};
             if (class_escape(x->p[1], &t, &neg)) {
                 x->p += 2;
                 if (neg) {
-                    rs_complement(&t);
+                    gr_cpset_complement(&t);
                 }
                 for (int i = 0; i < t.n; i++) {
-                    rs_add(&s, t.r[i].lo, t.r[i].hi);
+                    gr_cpset_add(&s, t.r[i].lo, t.r[i].hi);
                 }
                 free(t.r);
                 continue;
@@ -396,12 +306,12 @@ parse_class(rx_t *x)
                 break;
             }
         }
-        rs_add(&s, lo, hi);
+        gr_cpset_add(&s, lo, hi);
     }
     if (!x->failed) {
         x->p++; /* ] */
         if (negate) {
-            rs_complement(&s);
+            gr_cpset_complement(&s);
         }
         emit_set(x, &s);
     }
@@ -480,18 +390,18 @@ parse_seq(rx_t *x)
             parse_class(x);
         } else if (c == '.') {
             x->p++;
-            rset_t s = {0};
-            rs_add(&s, '\n', '\n');
-            rs_complement(&s);
+            gr_cpset_t s = {0};
+            gr_cpset_add(&s, '\n', '\n');
+            gr_cpset_complement(&s);
             emit_set(x, &s);
             free(s.r);
         } else if (c == '\\') {
-            rset_t s = {0};
+            gr_cpset_t s = {0};
             int neg;
             if (class_escape(x->p[1], &s, &neg)) {
                 x->p += 2;
                 if (neg) {
-                    rs_complement(&s);
+                    gr_cpset_complement(&s);
                 }
                 emit_set(x, &s);
             } else if (x->p[1] == 'b' || x->p[1] == 'B') {
