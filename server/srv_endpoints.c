@@ -1,6 +1,6 @@
 /* srv_endpoints.c - the endpoints of the route table (srv_route.c): the
  * small ones (/v1/models, /health, /version, /metrics, /tokenize,
- * /detokenize) written here, and the generation ones bound to their
+ * /detokenize, /apply-template) written here, and the generation ones bound to their
  * response shapes (srv_openai.h) and run by srv_gen.c.
  *
  * DESIGN
@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 #include "kvserve_config.h"
+#include "server/srv_console.h"
 #include "server/srv_endpoints.h"
 #include "server/srv_embed.h"
 #include "server/srv_gen.h"
@@ -339,6 +340,36 @@ do_detokenize(srv_req_t *r)
     return srv_req_reply_json(r, 200, out, mark);
 }
 
+/* POST /apply-template (llama.cpp's route): the prompt text a chat body's
+ * "messages" render to through the chat template, as
+ * /v1/chat/completions would feed it to the model: {"prompt": text}. */
+static enum MHD_Result
+do_apply_template(srv_req_t *r)
+{
+    srv_error_t err;
+    cJSON *root = parse_small_body(r, &err), *msgs, *out;
+    char *text;
+
+    if (root == NULL) {
+        return srv_req_reply_error(r, &err);
+    }
+    msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!cJSON_IsArray(msgs)) {
+        cJSON_Delete(root);
+        return srv_req_reply_errmsg(r, 400, "messages", "'messages' (an array) is required");
+    }
+    text = tokenize_chat_text(r, root, msgs, &err);
+    cJSON_Delete(root);
+    if (text == NULL) {
+        return err.status ? srv_req_reply_error(r, &err) : srv_req_reply(r, 503, NULL, NULL, 1);
+    }
+    unsigned long mark = srv_json_mark();
+    out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "prompt", text);
+    free(text);
+    return srv_req_reply_json(r, 200, out, mark);
+}
+
 static enum MHD_Result
 do_completions(srv_req_t *r)
 {
@@ -370,6 +401,9 @@ static enum MHD_Result (*const handlers[SRV_EP_COUNT])(srv_req_t *r) = {
     [SRV_EP_MODEL] = do_model,
     [SRV_EP_EMBEDDINGS] = srv_embed_start,
     [SRV_EP_RESPONSES] = do_responses,
+    [SRV_EP_APPLY_TEMPLATE] = do_apply_template,
+    [SRV_EP_CONSOLE_ROOT] = srv_console_serve,
+    [SRV_EP_CONSOLE] = srv_console_serve,
 };
 
 enum MHD_Result

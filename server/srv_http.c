@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "common/xmalloc.h"
+#include "server/srv_console.h"
 #include "server/srv_cors.h"
 #include "server/srv_http.h"
 
@@ -145,7 +146,8 @@ srv_http_admit(const srv_t *s, struct MHD_Connection *mc, const char *url, const
         }
         a->content_length = (size_t)v;
     }
-    if (!((rt->access == SRV_ACCESS_PUBLIC_HEALTH && s->cfg->public_health) ||
+    if (!(rt->access == SRV_ACCESS_PUBLIC ||
+          (rt->access == SRV_ACCESS_PUBLIC_HEALTH && s->cfg->public_health) ||
           (rt->access == SRV_ACCESS_PUBLIC_METRICS && s->cfg->public_metrics))) {
         a->tenant = auth_tenant(s, mc);
         if (a->tenant < 0) {
@@ -228,6 +230,35 @@ srv_http_queue(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep, int sta
         }
     }
     srv_cors_add_headers(s, mc, ep, resp);
+    srv_console_add_headers(ep, resp);
+    if (s->draining) {
+        MHD_add_response_header(resp, "Connection", "close");
+    }
+    *ret = MHD_queue_response(mc, (unsigned int)status, resp);
+    MHD_destroy_response(resp);
+    count_status(s, ep, status);
+    return 1;
+}
+
+int
+srv_http_queue_static(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep, int status,
+                      const void *data, size_t len, const char *ctype, const char *location,
+                      enum MHD_Result *ret)
+{
+    struct MHD_Response *resp;
+
+    resp = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_PERSISTENT);
+    if (resp == NULL) {
+        *ret = MHD_NO;
+        return 0;
+    }
+    MHD_add_response_header(resp, "Content-Type", ctype);
+    add_request_id(id, resp);
+    if (location != NULL) {
+        MHD_add_response_header(resp, "Location", location);
+    }
+    srv_cors_add_headers(s, mc, ep, resp);
+    srv_console_add_headers(ep, resp);
     if (s->draining) {
         MHD_add_response_header(resp, "Connection", "close");
     }

@@ -34,6 +34,12 @@ int srv_http_admit(const srv_t *s, struct MHD_Connection *mc, const char *url,
  * could be created (*ret: MHD_NO). */
 int srv_http_queue(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep, int status,
                    char *body, const char *ctype, int retry_after, enum MHD_Result *ret);
+/* Queues len bytes of static data (not copied: they outlive the
+ * response), with a Location header unless location is NULL. As
+ * srv_http_queue. */
+int srv_http_queue_static(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep, int status,
+                          const void *data, size_t len, const char *ctype, const char *location,
+                          enum MHD_Result *ret);
 /* Queues a 200 SSE response whose bytes come from reader(cls); as
  * srv_http_queue otherwise. */
 int srv_http_queue_stream(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep,

@@ -268,6 +268,9 @@ enum {
     SRV_EP_MODEL,      /* GET /v1/models/{model} */
     SRV_EP_EMBEDDINGS, /* POST /v1/embeddings */
     SRV_EP_RESPONSES, /* POST /v1/responses */
+    SRV_EP_APPLY_TEMPLATE, /* POST /apply-template */
+    SRV_EP_CONSOLE_ROOT,   /* GET /: 302 to the web console */
+    SRV_EP_CONSOLE,        /* GET /console, /console/{file} (srv_console.h) */
     SRV_EP_OTHER, /* no route: 404 */
     SRV_EP_COUNT,
 };
@@ -277,6 +280,7 @@ enum srv_access {
     SRV_ACCESS_KEY = 0,        /* a tenant's API key (when auth is required) */
     SRV_ACCESS_PUBLIC_HEALTH,  /* anyone when the config sets public_health */
     SRV_ACCESS_PUBLIC_METRICS, /* anyone when the config sets public_metrics */
+    SRV_ACCESS_PUBLIC,         /* anyone (the web console's static files) */
 };
 
 typedef struct srv_route {

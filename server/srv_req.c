@@ -234,6 +234,19 @@ srv_req_reply(srv_req_t *r, int status, char *body, const char *ctype, int retry
 }
 
 enum MHD_Result
+srv_req_reply_static(srv_req_t *r, int status, const void *data, size_t len, const char *ctype,
+                     const char *location)
+{
+    enum MHD_Result ret;
+
+    if (srv_http_queue_static(r->s, r->hold.mc, r->id, r->ep, status, data, len, ctype, location,
+                              &ret)) {
+        r->state = SRV_REQ_RESPONDED;
+    }
+    return ret;
+}
+
+enum MHD_Result
 srv_req_reply_json(srv_req_t *r, int status, cJSON *root, unsigned long mark)
 {
     return srv_req_reply(r, status, srv_json_print(root, mark), SRV_CT_JSON, 0);

@@ -61,6 +61,10 @@ srv_req_t *srv_req_find(srv_t *s, uint64_t id);
  * 503. ctype NULL: JSON. */
 enum MHD_Result srv_req_reply(srv_req_t *r, int status, char *body, const char *ctype,
                               int retry_after);
+/* Queues len bytes of static data (not copied), with a Location header
+ * unless location is NULL (the web console's files and redirect). */
+enum MHD_Result srv_req_reply_static(srv_req_t *r, int status, const void *data, size_t len,
+                                     const char *ctype, const char *location);
 /* Prints and deletes root (srv_json_print with mark), then replies. */
 enum MHD_Result srv_req_reply_json(srv_req_t *r, int status, cJSON *root, unsigned long mark);
 /* The OpenAI error body of err (logged), with Retry-After on 429 / 503. */

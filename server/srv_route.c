@@ -26,6 +26,10 @@ const srv_route_t srv_routes[] = {
     {"/detokenize", "POST", SRV_EP_DETOKENIZE, SRV_ACCESS_KEY},
     {"/version", "GET", SRV_EP_VERSION, SRV_ACCESS_KEY},
     {"/v1/responses", "POST", SRV_EP_RESPONSES, SRV_ACCESS_KEY},
+    {"/apply-template", "POST", SRV_EP_APPLY_TEMPLATE, SRV_ACCESS_KEY},
+    {"/", "GET", SRV_EP_CONSOLE_ROOT, SRV_ACCESS_PUBLIC},
+    {"/console", "GET", SRV_EP_CONSOLE, SRV_ACCESS_PUBLIC},
+    {"/console/{file}", "GET", SRV_EP_CONSOLE, SRV_ACCESS_PUBLIC},
     {NULL, NULL, SRV_EP_OTHER, SRV_ACCESS_KEY},
 };
 
