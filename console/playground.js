@@ -62,6 +62,9 @@ function requestBody() {
       body[p] = v;
     }
   }
+  if ($('p-ignore_eos').checked) {
+    body.ignore_eos = true; // vLLM's field: fill max_tokens (handy to watch the KV map)
+  }
   const stop = $('p-stop').value.split(',').map((s) => s.replace(/\\n/g, '\n'))
     .filter((s) => s !== '');
   if (stop.length > 0) {
