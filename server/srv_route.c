@@ -26,6 +26,10 @@ const srv_route_t srv_routes[] = {
     {"/detokenize", "POST", SRV_EP_DETOKENIZE, SRV_ACCESS_KEY},
     {"/version", "GET", SRV_EP_VERSION, SRV_ACCESS_KEY},
     {"/v1/responses", "POST", SRV_EP_RESPONSES, SRV_ACCESS_KEY},
+    {"/admin/kv", "GET", SRV_EP_ADMIN_KV, SRV_ACCESS_ADMIN},
+    {"/admin/kv/blocks/{tier}/{id}", "GET", SRV_EP_ADMIN_BLOCK, SRV_ACCESS_ADMIN},
+    {"/admin/stats", "GET", SRV_EP_ADMIN_STATS, SRV_ACCESS_ADMIN},
+    {"/reset_prefix_cache", "POST", SRV_EP_RESET_PREFIX, SRV_ACCESS_ADMIN},
     {NULL, NULL, SRV_EP_OTHER, SRV_ACCESS_KEY},
 };
 
