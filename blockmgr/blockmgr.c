@@ -428,6 +428,7 @@ demote(bm_pool_t *pool, bm_block_t *x)
     }
     op_push(pool, KV_OP_SWAP_OUT, x->id, c->id);
     bm__ev_copy(pool, BM_CPU, c, BM_DEV, x);
+    c->tref0.tenant = x->tref0.tenant; /* no record (n 0): whose cached block (bm_map.h) */
     memcpy(c->hash, x->hash, BM_HASH_LEN);
     c->hashed = 1;
     bm__ht_insert(cpu, c);

@@ -54,7 +54,9 @@ typedef struct bm_block {
     uint8_t hashed; /* hash[] is the content hash of this full block */
     uint8_t cached; /* registered in the tier's hash table */
     /* Tenants referencing the block: tref0 inline (the common case), any
-     * further tenants (same salt) in tref_more[0..n_more). */
+     * further tenants (same salt) in tref_more[0..n_more). At ref 0,
+     * tref0.tenant (n 0) still names the last releasing tenant, and a
+     * demoted copy gets it: the owner of a CACHED block (bm_map.h). */
     bm_tref_t tref0;
     bm_tref_t *tref_more;
     uint32_t n_more;

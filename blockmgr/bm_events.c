@@ -58,8 +58,8 @@ bm__ev_seal(bm_pool_t *pool, const bm_block_t *b, const uint8_t *parent, const i
 {
     bm_ev_tier_t *e = &pool->ev[BM_DEV];
 
-    if (pool->ev_cb == NULL) {
-        return;
+    if (e->toks == NULL) {
+        return; /* records kept only with a hook or bm_pool_keep_tokens (bm_map.h) */
     }
     memcpy(e->toks + (size_t)b->id * pool->bs, toks, (size_t)pool->bs * sizeof(*toks));
     e->has_parent[b->id] = parent != NULL;
@@ -74,7 +74,7 @@ bm__ev_copy(bm_pool_t *pool, int dtier, const bm_block_t *dst, int stier, const 
     bm_ev_tier_t *d = &pool->ev[dtier];
     const bm_ev_tier_t *s = &pool->ev[stier];
 
-    if (pool->ev_cb == NULL) {
+    if (d->toks == NULL || s->toks == NULL) {
         return;
     }
     memcpy(d->toks + (size_t)dst->id * pool->bs, s->toks + (size_t)src->id * pool->bs,

@@ -216,6 +216,7 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     e->kv_window = cfg->kv_policy_window > 0 ? cfg->kv_policy_window : 0;
     e->watermark = 0.01f;
     e->kv_events_config = cfg->kv_events_config;
+    e->kv_map_tokens = cfg->admin_api_key_sha256[0] != '\0'; /* the console's map */
     e->n_tenants = cfg->n_tenants;
     for (int32_t t = 0; t < cfg->n_tenants && t < ENG_MAX_TENANTS; t++) {
         const cfg_tenant_t *ct = &cfg->tenants[t];

@@ -71,6 +71,10 @@ static const opt_t opts[] = {
      "require this bearer key (default tenant); env KVSERVE_API_KEY"},
     {"api-key-sha256", OT_HEX64, F(api_key_sha256), 0, 0, NULL, "HEX",
      "like --api-key, given as its digest (kvserve hash-key)"},
+    {"admin-api-key", OT_APIKEY, F(admin_api_key_sha256), 0, 0, NULL, "KEY",
+     "turn on the /admin/ routes (web console) for this bearer key; env KVSERVE_ADMIN_API_KEY"},
+    {"admin-api-key-sha256", OT_HEX64, F(admin_api_key_sha256), 0, 0, NULL, "HEX",
+     "like --admin-api-key, given as its digest (kvserve hash-key)"},
     {"public-metrics", OT_BOOL, F(public_metrics), 0, 0, NULL, NULL,
      "serve /metrics without a key"},
     {"public-health", OT_BOOL, F(public_health), 0, 0, NULL, NULL,
@@ -444,6 +448,10 @@ opt_set(const opt_t *o, void *base, const char *value, int *has_api_key)
     int64_t bv;
     int bo;
 
+    if (strncmp(o->name, "admin-", 6) == 0) {
+        has_api_key = NULL; /* the admin key is no tenant's: it never turns auth on */
+    }
+
     switch (o->type) {
     case OT_STR:
         /* Names end up in JSON replies and metric labels: UTF-8 only, no
@@ -774,8 +782,9 @@ file_handler(void *user, const char *section, const char *name, const char *valu
         return file_fail(fc, name, "only valid on the command line");
     }
     if (o->type == OT_APIKEY) {
-        return file_fail(fc, name, "keys are not stored in clear: use api_key_sha256 "
-                                   "(kvserve hash-key prints it)");
+        return file_fail(fc, name, "keys are not stored in clear: use %s_sha256 "
+                                   "(kvserve hash-key prints it)",
+                         strncmp(o->name, "admin-", 6) == 0 ? "admin_api_key" : "api_key");
     }
     idx = (size_t)(o - tab);
     if (fc->seen & ((uint64_t)1 << idx)) {
@@ -904,6 +913,13 @@ cfg_validate(cfg_t *c, char *err, size_t errlen)
         memcpy(c->tenants[0].api_key_sha256, c->api_key_sha256, 65);
     }
     c->auth_required = c->has_api_key || c->n_tenants > 1;
+    for (int i = 0; i < c->n_tenants && c->admin_api_key_sha256[0] != '\0'; i++) {
+        if (strcmp(c->tenants[i].api_key_sha256, c->admin_api_key_sha256) == 0) {
+            set_err(err, errlen, "the admin API key is also tenant %s's API key",
+                    c->tenants[i].name);
+            return ST_EINVAL;
+        }
+    }
     for (int i = 0; i < c->n_tenants; i++) {
         for (int j = i + 1; j < c->n_tenants; j++) {
             if (c->tenants[i].api_key_sha256[0] != '\0' &&
@@ -1044,6 +1060,12 @@ cfg_parse(int argc, char **argv, cfg_t *out, char *err, size_t errlen)
             out->has_api_key = 1;
         }
     }
+    if (out->admin_api_key_sha256[0] == '\0') {
+        const char *env = getenv("KVSERVE_ADMIN_API_KEY");
+        if (env != NULL && *env != '\0') {
+            sha256_hex(env, strlen(env), out->admin_api_key_sha256);
+        }
+    }
     return cfg_validate(out, err, errlen);
 }
 
@@ -1156,11 +1178,11 @@ cfg_write_ini(const cfg_t *c, FILE *f)
         if (o->type == OT_CONFIG || o->type == OT_HELP || o->type == OT_APIKEY) {
             continue;
         }
-        if (o->type == OT_HEX64 && !c->has_api_key) {
+        if (o->type == OT_HEX64 && !c->has_api_key && strncmp(o->name, "admin-", 6) != 0) {
             continue;
         }
         opt_format(o, c, val, sizeof(val));
-        if (val[0] == '\0' && o->type == OT_STR) {
+        if (val[0] == '\0' && (o->type == OT_STR || o->type == OT_HEX64)) {
             continue; /* empty strings are the defaults "" */
         }
         key_name(o->name, key, sizeof(key));

@@ -66,6 +66,7 @@ typedef struct cfg {
     int has_api_key;                   /* --api-key given (or KVSERVE_API_KEY set) */
     char api_key_sha256[65];           /* SHA-256 of --api-key, lowercase hex */
     int auth_required;                 /* 1 if any key is configured */
+    char admin_api_key_sha256[65];     /* --admin-api-key digest; "" = the admin API is off */
     int public_metrics;                /* /metrics without a key; default 1 */
     int public_health;                 /* /health without a key; default 1 */
     char allowed_origins[1024];        /* --allowed-origins CORS: "" none (default), "*"

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "blockmgr/blockmgr.h"
+#include "blockmgr/bm_map.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/thread.h"
@@ -38,6 +39,7 @@
 #include "scheduler/embed.h"
 #include "scheduler/engine_int.h"
 #include "scheduler/kv_events.h"
+#include "scheduler/kv_map.h"
 #include "scheduler/sched.h"
 #include "scheduler/spec.h"
 
@@ -439,6 +441,20 @@ engine_apply(engine_t *e, msg_t *list)
             out_push(e, &sm->hdr);
             continue; /* ownership passed to the outbox */
         }
+        case ENG_MSG_ADMIN: { /* the web console (kv_map.h), between steps */
+            eng_msg_admin_t *am = (eng_msg_admin_t *)m;
+            eng__stats(e, &am->stats);
+            am->step = am->stats.steps;
+            if (am->op == ENG_ADMIN_STATS) {
+                am->buf = NULL;
+                am->status = ST_OK;
+            } else {
+                eng_kv_admin(am, e->pool);
+            }
+            am->hdr.type = ENG_MSG_ADMIN_REPLY;
+            out_push(e, &am->hdr);
+            continue;
+        }
         case ENG_MSG_SHUTDOWN:
             e->shutdown = 1;
             break;
@@ -726,6 +742,9 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
         if (e->kve != NULL) {
             bm_pool_set_event_hook(e->pool, kve_on_event, e->kve);
         }
+    }
+    if (c->kv_map_tokens) {
+        bm_pool_keep_tokens(e->pool);
     }
     for (int32_t t = 0; t < c->n_tenants; t++) {
         const char *salt = c->tenants[t].salt[0] != '\0' ? c->tenants[t].salt : c->tenants[t].name;

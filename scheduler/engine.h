@@ -33,6 +33,9 @@ typedef struct eng_config {
     int log_every_steps; /* INFO summary period; 0 off */
     /* --kv-events-config JSON (scheduler/kv_events.h); NULL or "": off. */
     const char *kv_events_config;
+    /* The web console's KV map (kv_map.h) may show cached blocks' token
+     * ids: the pool keeps them (bm_pool_keep_tokens). 0: off. */
+    int kv_map_tokens;
     /* Test hook: the n-th forward pass fails as if the device had, which
      * ends the engine (engine_alive() turns 0). 0: off. */
     int32_t test_fail_forward_at;

@@ -7,6 +7,8 @@
 
 #include <stdlib.h>
 
+#include "scheduler/kv_map.h"
+
 void
 eng_msg_free(msg_t *m)
 {
@@ -18,6 +20,9 @@ eng_msg_free(msg_t *m)
         free(sm->req.prompt);
         free((void *)sm->req.sampling.bias);
         gr_grammar_destroy(sm->req.grammar);
+    }
+    if (m->type == ENG_MSG_ADMIN || m->type == ENG_MSG_ADMIN_REPLY) {
+        free(((eng_msg_admin_t *)m)->buf);
     }
     free(m);
 }

@@ -46,12 +46,14 @@ enum eng_msg_type {
     ENG_MSG_CANCEL,
     ENG_MSG_SHUTDOWN,
     ENG_MSG_STATS,
+    ENG_MSG_ADMIN, /* the web console's queries (scheduler/kv_map.h) */
     /* outbox */
     ENG_MSG_DELTA = 16,
     ENG_MSG_FINISHED,
     ENG_MSG_ERROR,
     ENG_MSG_STATS_REPLY,
     ENG_MSG_EMBED, /* an embedding request's pooled hidden state, before its FINISHED */
+    ENG_MSG_ADMIN_REPLY, /* the ADMIN message answered in place (kv_map.h) */
 };
 
 /* Embedding requests (eng_request_t.pooling): prefill-only work whose

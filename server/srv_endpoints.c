@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 #include "kvserve_config.h"
+#include "server/srv_admin.h"
 #include "server/srv_console.h"
 #include "server/srv_endpoints.h"
 #include "server/srv_embed.h"
@@ -401,6 +402,10 @@ static enum MHD_Result (*const handlers[SRV_EP_COUNT])(srv_req_t *r) = {
     [SRV_EP_MODEL] = do_model,
     [SRV_EP_EMBEDDINGS] = srv_embed_start,
     [SRV_EP_RESPONSES] = do_responses,
+    [SRV_EP_ADMIN_KV] = srv_admin_kv,
+    [SRV_EP_ADMIN_BLOCK] = srv_admin_block,
+    [SRV_EP_ADMIN_STATS] = srv_admin_stats,
+    [SRV_EP_RESET_PREFIX] = srv_admin_reset,
     [SRV_EP_APPLY_TEMPLATE] = do_apply_template,
     [SRV_EP_CONSOLE_ROOT] = srv_console_serve,
     [SRV_EP_CONSOLE] = srv_console_serve,

@@ -522,10 +522,12 @@ on_delta(srv_gen_t *g, srv_job_t *job, const eng_msg_delta_t *d)
     if (g->t_first_ns == 0) {
         g->t_first_ns = now;
         srv_hist_observe(&tm->ttft, (double)(now - g->t_arrival_ns) / 1e9);
+        srv_lat_add(&s->lat.ttft, now, (double)(now - g->t_arrival_ns) / 1e9);
     } else if (ch->t_last_ns != 0) {
         double gap = (double)(now - ch->t_last_ns) / 1e9 / d->n_tokens;
         for (int32_t i = 0; i < d->n_tokens; i++) {
             srv_hist_observe(&tm->itl, gap);
+            srv_lat_add(&s->lat.itl, now, gap);
         }
     }
     ch->t_last_ns = now;

@@ -146,9 +146,13 @@ srv_http_admit(const srv_t *s, struct MHD_Connection *mc, const char *url, const
         }
         a->content_length = (size_t)v;
     }
-    if (!(rt->access == SRV_ACCESS_PUBLIC ||
-          (rt->access == SRV_ACCESS_PUBLIC_HEALTH && s->cfg->public_health) ||
-          (rt->access == SRV_ACCESS_PUBLIC_METRICS && s->cfg->public_metrics))) {
+    if (rt->access == SRV_ACCESS_ADMIN) {
+        if (!srv_admin_authorized(s, mc, err)) {
+            return 0;
+        }
+    } else if (!(rt->access == SRV_ACCESS_PUBLIC ||
+                 (rt->access == SRV_ACCESS_PUBLIC_HEALTH && s->cfg->public_health) ||
+                 (rt->access == SRV_ACCESS_PUBLIC_METRICS && s->cfg->public_metrics))) {
         a->tenant = auth_tenant(s, mc);
         if (a->tenant < 0) {
             a->tenant = 0;

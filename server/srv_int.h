@@ -268,6 +268,10 @@ enum {
     SRV_EP_MODEL,      /* GET /v1/models/{model} */
     SRV_EP_EMBEDDINGS, /* POST /v1/embeddings */
     SRV_EP_RESPONSES, /* POST /v1/responses */
+    SRV_EP_ADMIN_KV,     /* GET /admin/kv: the web console's KV map (srv_admin.h) */
+    SRV_EP_ADMIN_BLOCK,  /* GET /admin/kv/blocks/{tier}/{id} */
+    SRV_EP_ADMIN_STATS,  /* GET /admin/stats */
+    SRV_EP_RESET_PREFIX, /* POST /reset_prefix_cache */
     SRV_EP_APPLY_TEMPLATE, /* POST /apply-template */
     SRV_EP_CONSOLE_ROOT,   /* GET /: 302 to the web console */
     SRV_EP_CONSOLE,        /* GET /console, /console/{file} (srv_console.h) */
@@ -280,6 +284,7 @@ enum srv_access {
     SRV_ACCESS_KEY = 0,        /* a tenant's API key (when auth is required) */
     SRV_ACCESS_PUBLIC_HEALTH,  /* anyone when the config sets public_health */
     SRV_ACCESS_PUBLIC_METRICS, /* anyone when the config sets public_metrics */
+    SRV_ACCESS_ADMIN,          /* the --admin-api-key key only (srv_admin.h) */
     SRV_ACCESS_PUBLIC,         /* anyone (the web console's static files) */
 };
 

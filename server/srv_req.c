@@ -186,6 +186,13 @@ srv_req_arg(const srv_req_t *r, const char *key)
                               : NULL;
 }
 
+const char *
+srv_req_header(const srv_req_t *r, const char *key)
+{
+    return r->hold.mc != NULL ? MHD_lookup_connection_value(r->hold.mc, MHD_HEADER_KIND, key)
+                              : NULL;
+}
+
 int
 srv_req_live(const srv_req_t *r)
 {
@@ -528,6 +535,9 @@ srv_http_on_msg(srv_t *s, msg_t *m)
         break;
     case ENG_MSG_STATS_REPLY:
         srv_ep_stats_reply(s, (const eng_msg_stats_t *)m);
+        break;
+    case ENG_MSG_ADMIN_REPLY:
+        srv_admin_on_reply(s, m);
         break;
     default:
         break;

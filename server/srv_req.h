@@ -51,6 +51,9 @@ int srv_req_gone(const srv_req_t *r);
 int srv_req_waiting(const srv_req_t *r);
 /* The value of the query argument key, or NULL. Borrowed from MHD. */
 const char *srv_req_arg(const srv_req_t *r, const char *key);
+/* The value of the request header key (case-insensitive), or NULL.
+ * Borrowed from MHD. */
+const char *srv_req_header(const srv_req_t *r, const char *key);
 /* The live request with that id, or NULL. */
 srv_req_t *srv_req_find(srv_t *s, uint64_t id);
 

@@ -27,6 +27,7 @@
 #include "common/list.h"
 #include "text/tokenizer.h"
 #include "server/sdnotify.h"
+#include "server/srv_admin.h"
 #include "server/srv.h"
 #include "server/srv_int.h"
 #include "server/srv_loop.h"
@@ -88,6 +89,7 @@ struct srv {
     sdn_watchdog_t watchdog;
     eng_stats_t last_stats; /* from the latest periodic STATS reply */
     int have_stats;
+    srv_admin_lat_t lat; /* recent TTFT / ITL samples for /admin/stats (srv_admin.h) */
     int test_hooks; /* KVSERVE_TEST_HOOKS=1: the /debug/ routes answer */
     int ready;                /* model loaded and warm-up step done (srv_ready.c) */
     int start_rc;             /* a start-up failure after the port opened */

@@ -35,9 +35,13 @@ function servedRoutes() {
   return out.sort();
 }
 
+// The web console's admin routes (server/srv_admin.c) need the admin key.
+const ADMIN_KEY = 'sk-kvserve-admin-openapi';
+const isAdmin = (p) => p.startsWith('/admin/') || p === '/reset_prefix_cache';
+
 let srv;
 before(async () => {
-  srv = await startServer([]);
+  srv = await startServer(['--admin-api-key', ADMIN_KEY]);
 });
 after(async () => {
   assert.equal((await srv.stop()).code, 0);
@@ -62,16 +66,21 @@ const sampleBodies = {
 
 // A templated path with its parameters filled in.
 function concrete(p) {
-  return p.replace('{model}', MODEL_NAME).replace('{file}', 'app.js');
+  return p.replace('{model}', MODEL_NAME).replace('{tier}/{id}', 'device/1')
+    .replace('{file}', 'app.js');
 }
+
 
 test('every listed route answers with a documented status', async () => {
   for (const r of specRoutes()) {
     const [method, p] = r.split(' ');
-    const init = { method, redirect: 'manual' };
+    const init = { method, headers: {}, redirect: 'manual' };
     if (method === 'POST') {
-      init.headers = { 'Content-Type': 'application/json' };
+      init.headers['Content-Type'] = 'application/json';
       init.body = JSON.stringify(sampleBodies[p] ?? {});
+    }
+    if (isAdmin(p)) {
+      init.headers.Authorization = `Bearer ${ADMIN_KEY}`;
     }
     const res = await fetch(srv.base + concrete(p), init);
     await res.arrayBuffer();
