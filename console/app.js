@@ -27,6 +27,7 @@ function initKeys() {
     ev.preventDefault();
     setKey('api', $('api-key').value.trim());
     setKey('admin', $('admin-key').value.trim());
+    window.dispatchEvent(new Event('kvserve:keys'));
     loadModel();
   });
   $('forget-keys').addEventListener('click', () => {

@@ -35,6 +35,9 @@ function fmt(v) {
   if (v === null || v === undefined || Number.isNaN(v)) {
     return '-';
   }
+  if (Number.isInteger(v)) {
+    return String(v);
+  }
   return Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(1) : v.toFixed(2);
 }
 
@@ -99,7 +102,8 @@ function drawChart(c) {
   g.textBaseline = 'top';
   g.fillText(fmt(max), 2, 0);
   const n = samples.length;
-  const dx = w / Math.max(1, KEEP - 1);
+  // A fresh page spreads its first samples; later the window scrolls.
+  const dx = w / Math.max(40, n - 1);
   data.forEach((d, k) => {
     g.strokeStyle = COLORS[k % COLORS.length];
     g.lineWidth = 1.5;
@@ -143,7 +147,7 @@ function drawTenants(tenants) {
   g.font = '11px system-ui, sans-serif';
   g.textBaseline = 'middle';
   const labelW = 90;
-  const barW = Math.max(40, w - labelW - 170);
+  const barW = Math.max(40, w - labelW - 230);
   tenants.forEach((t, i) => {
     const y = i * rowH + 2;
     g.fillStyle = '#e6edf3';
@@ -155,7 +159,7 @@ function drawTenants(tenants) {
     g.fillRect(labelW, y + 4, Math.min(1, t.kv_blocks / quota) * barW, rowH - 8);
     g.fillStyle = '#8b949e';
     const run = t.max_running > 0 ? `${t.running}/${t.max_running}` : `${t.running}`;
-    g.fillText(`${t.kv_blocks}/${t.kv_quota_blocks} blocks · run ${run} · wait ${t.waiting}`,
+    g.fillText(`KV ${t.kv_blocks}/${t.kv_quota_blocks} · running ${run} · waiting ${t.waiting}`,
       labelW + barW + 8, y + rowH / 2);
   });
   canvas.dataset.tenants = JSON.stringify(tenants.map((t) => ({ name: t.name,
@@ -173,7 +177,12 @@ function setStatus(err) {
   $('chart-grid').hidden = !!err;
 }
 
+let timer = null; // the next poll, null while one is in flight
+let again = false; // the keys changed during a poll: poll again at once
+
 async function poll() {
+  clearTimeout(timer);
+  timer = null;
   const t0 = performance.now();
   let delay = POLL_MS;
   try {
@@ -197,11 +206,22 @@ async function poll() {
     setStatus(e instanceof ApiError ? e : new ApiError(0, e.message));
     delay = POLL_OFF_MS;
   }
-  setTimeout(poll, Math.max(0, delay - (performance.now() - t0)));
+  if (again) {
+    again = false;
+    delay = 0;
+  }
+  timer = setTimeout(poll, Math.max(0, delay - (performance.now() - t0)));
 }
 
 // Builds the charts and starts polling.
 export function initCharts() {
   build();
+  window.addEventListener('kvserve:keys', () => {
+    if (timer !== null) {
+      poll();
+    } else {
+      again = true;
+    }
+  });
   poll();
 }

@@ -195,7 +195,12 @@ function setStatus(err) {
   st.textContent = msg;
 }
 
+let timer = null; // the next poll, null while one is in flight
+let again = false; // the keys changed during a poll: poll again at once
+
 async function poll() {
+  clearTimeout(timer);
+  timer = null;
   const t0 = performance.now();
   let delay = POLL_MS;
   try {
@@ -207,7 +212,11 @@ async function poll() {
     setStatus(e instanceof ApiError ? e : new ApiError(0, e.message));
     delay = POLL_OFF_MS;
   }
-  setTimeout(poll, Math.max(0, delay - (performance.now() - t0)));
+  if (again) {
+    again = false;
+    delay = 0;
+  }
+  timer = setTimeout(poll, Math.max(0, delay - (performance.now() - t0)));
 }
 
 // The block under the pointer position of ev, or null.
@@ -332,6 +341,14 @@ export function initKvMap() {
     hideTip();
   });
   window.addEventListener('resize', () => view.snap && draw());
+  // New keys: ask at once rather than after the slow retry of an error.
+  window.addEventListener('kvserve:keys', () => {
+    if (timer !== null) {
+      poll();
+    } else {
+      again = true;
+    }
+  });
   poll();
 }
 

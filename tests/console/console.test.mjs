@@ -76,7 +76,7 @@ async function openConsole(base, { api = '', admin = '' } = {}) {
   page.on('pageerror', (e) => violations.push(`page error: ${e.message}`));
   await page.goto(`${base}/`); // the redirect to /console
   assert.equal(new URL(page.url()).pathname, '/console');
-  await page.waitForSelector('#kv-canvas');
+  await page.waitForSelector('#kv-canvas', { state: 'attached' });
   if (api || admin) {
     await page.fill('#api-key', api);
     await page.fill('#admin-key', admin);
@@ -133,7 +133,11 @@ function load(base, key, { requests = 2, n = 8, len = 200, prompt = 'Mr. Knightl
     headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` },
     body: JSON.stringify({ model: MODEL_NAME, prompt, n, max_tokens: len, ignore_eos: true,
       temperature: 1 }),
-  }).then((r) => r.text())));
+  }).then(async (r) => {
+    const text = await r.text();
+    assert.equal(r.status, 200, text);
+    return text;
+  })));
 }
 
 async function setChat(page, { system = '', message, maxTokens = 120 }) {
@@ -249,7 +253,7 @@ test('the same long system prompt from two sessions: cells with refcount 2', asy
   const a = await openConsole(srv.base, { api: KEYS.alice, admin: ADMIN });
   const b = await openConsole(srv.base, { api: KEYS.alice, admin: ADMIN });
   for (const p of [a, b]) {
-    await setChat(p, { system: SYSTEM, message: 'Who is Emma?', maxTokens: 60 });
+    await setChat(p, { system: SYSTEM, message: 'Who is Emma?', maxTokens: 90 });
   }
   const busy = load(srv.base, KEYS.bob, { requests: 2, n: 8, len: 200 });
   await a.click('#send');
@@ -316,7 +320,8 @@ test('a tiny KV pool with swap on: cells on the cpu tier', async () => {
     const page = await openConsole(tiny.base, { admin: ADMIN });
     const first = await until(() => kvSummary(page, 'cpu'), 10000, 'a cpu tier');
     assert.ok(first.blocks > 0, 'the cpu tier has no blocks');
-    const busy = load(tiny.base, '', { requests: 6, n: 4, len: 200 });
+    // 12 sequences of 200 tokens need 156 blocks: the scheduler swaps some out.
+    const busy = load(tiny.base, '', { requests: 12, n: 1, len: 200 });
     const cpu = await until(async () => {
       const s = await kvSummary(page, 'cpu');
       return s && s.used > 0 ? s : null;
@@ -333,13 +338,19 @@ test('a tiny KV pool with swap on: cells on the cpu tier', async () => {
 test('the README screenshot, and no CSP violation was logged', async () => {
   const page = await openConsole(srv.base, { api: KEYS.alice, admin: ADMIN });
   await setChat(page, { system: SYSTEM, message: 'Who is Emma?', maxTokens: 80 });
-  const busy = load(srv.base, KEYS.bob, { requests: 2, n: 6, len: 180 });
+  const busy = load(srv.base, KEYS.bob, { requests: 3, n: 6, len: 180 });
+  await sleep(900); // a few chart samples with the load on
   await page.click('#send');
+  // Taken mid-generation: used cells, alice's shared prompt, the charts live.
+  await until(async () => {
+    const s = await kvSummary(page, 'device');
+    const len = await page.evaluate(() => document.getElementById('output').textContent.length);
+    return s && s.used > 0 && len > 40;
+  }, 30000, 'the chat to stream');
+  const p = await shot(page, 'console');
   await until(() => page.evaluate(() => document.getElementById('output').dataset.state === 'done'),
     30000, 'the chat');
   await busy;
-  await sleep(700); // a few chart samples after the load
-  const p = await shot(page, 'console');
   if (process.env.KVSERVE_CONSOLE_SCREENSHOT) {
     fs.copyFileSync(p, process.env.KVSERVE_CONSOLE_SCREENSHOT);
     console.log(`screenshot: ${process.env.KVSERVE_CONSOLE_SCREENSHOT}`);
