@@ -330,6 +330,53 @@ START_TEST(test_env_api_key)
 }
 END_TEST
 
+/* --admin-api-key (issue 19): stored as its digest, never a tenant's key,
+ * never turning auth on; the env variable, the digest flag, the file key
+ * (digest only) and the round trip through cfg_write_ini. */
+START_TEST(test_admin_api_key)
+{
+    cfg_t c, d;
+    char want[65];
+    char *ini;
+
+    ck_assert_int_eq(PARSE(&c, "--port", "1"), ST_OK);
+    ck_assert_str_eq(c.admin_api_key_sha256, "");
+    sha256_hex("adm", 3, want);
+    ck_assert_int_eq(PARSE(&c, "--admin-api-key", "adm"), ST_OK);
+    ck_assert_str_eq(c.admin_api_key_sha256, want);
+    ck_assert_int_eq(c.has_api_key, 0);
+    ck_assert_int_eq(c.auth_required, 0);
+    ck_assert_int_eq(cfg_tenant_find_by_key(&c, "adm"), -1);
+
+    setenv("KVSERVE_ADMIN_API_KEY", "adm", 1);
+    ck_assert_int_eq(PARSE(&c, "--port", "1"), ST_OK);
+    ck_assert_str_eq(c.admin_api_key_sha256, want);
+    ck_assert_int_eq(c.auth_required, 0);
+    ck_assert_int_eq(PARSE(&c, "--admin-api-key", "other"), ST_OK); /* the flag wins */
+    ck_assert_str_ne(c.admin_api_key_sha256, want);
+    unsetenv("KVSERVE_ADMIN_API_KEY");
+
+    ck_assert_int_eq(PARSE(&c, "--admin-api-key-sha256", want), ST_OK);
+    ck_assert_str_eq(c.admin_api_key_sha256, want);
+    ck_assert_int_eq(PARSE(&c, "--admin-api-key-sha256", "abc"), ST_EINVAL);
+    ck_assert_int_eq(PARSE(&c, "--admin-api-key", ""), ST_EINVAL);
+    /* A tenant's key is never the admin key. */
+    ck_assert_int_eq(PARSE(&c, "--api-key", "adm", "--admin-api-key", "adm"), ST_EINVAL);
+    ck_assert_msg(strstr(err, "admin API key is also tenant default's") != NULL, "%s", err);
+
+    /* The file takes the digest only. */
+    ck_assert_int_eq(load_text(&c, "admin_api_key = adm\n"), ST_EFORMAT);
+    ck_assert_msg(strstr(err, "admin_api_key_sha256") != NULL, "%s", err);
+    ck_assert_int_eq(PARSE(&c, "--admin-api-key", "adm", "--api-key", "k"), ST_OK);
+    ini = ini_of(&c);
+    ck_assert_msg(strstr(ini, "admin_api_key_sha256 = ") != NULL, "%s", ini);
+    ck_assert_ptr_null(strstr(ini, "= adm\n"));
+    ck_assert_int_eq(load_text(&d, ini), ST_OK);
+    ck_assert_str_eq(d.admin_api_key_sha256, want);
+    free(ini);
+}
+END_TEST
+
 static const char full_file[] =
     "# every key\n"
     "model = /srv/m\n"
@@ -775,6 +822,7 @@ config_suite(void)
     tcase_add_test(tc, test_cross_field_checks);
     tcase_add_test(tc, test_budget_and_swap_defaults);
     tcase_add_test(tc, test_env_api_key);
+    tcase_add_test(tc, test_admin_api_key);
     tcase_add_test(tc, test_file_every_key);
     tcase_add_test(tc, test_flags_override_file);
     tcase_add_test(tc, test_file_errors);
@@ -795,6 +843,7 @@ main(void)
     int failed;
 
     unsetenv("KVSERVE_API_KEY");
+    unsetenv("KVSERVE_ADMIN_API_KEY");
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);

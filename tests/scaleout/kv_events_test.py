@@ -23,6 +23,7 @@ except ImportError as e:
 
 BS = 16
 TOPIC = b"kv-events"
+ADMIN_KEY = "sk-kv-events-admin"
 
 
 class Follower:
@@ -103,6 +104,7 @@ def main():
            f'"replay_endpoint": "tcp://127.0.0.1:{replay_port}", "topic": "kv-events"}}')
     try:
         srv = kvs.Server(["--kv-events-config", cfg, "--block-size", str(BS),
+                          "--admin-api-key", ADMIN_KEY,
                           "--num-kv-blocks", "40", "--swap-space", "0.0005",
                           "--enable-prefix-caching", "--max-num-seqs", "4"])
     except RuntimeError as e:
@@ -203,6 +205,20 @@ def main():
         while int.from_bytes(dealer.recv_multipart()[1], "big", signed=True) != -1:
             pass
         print(f"replay: {n} batches rebuilt {len(late.blocks)} blocks, same as live")
+
+        # 5. POST /reset_prefix_cache (the web console's admin route): every
+        #    cached block is removed on both tiers, then AllBlocksCleared.
+        dev, cpu = check_against_metrics()
+        assert dev + cpu > 0
+        removed0 = live.kinds.get("BlockRemoved", 0)
+        st, body = kvs.http("POST", srv.url + "/reset_prefix_cache", {},
+                            headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        assert st == 200 and body == {"reset": True, "blocks_freed": dev + cpu}, (st, body)
+        assert check_against_metrics() == (0, 0)
+        assert live.kinds.get("AllBlocksCleared", 0) == 1, live.kinds
+        assert live.kinds["BlockRemoved"] > removed0
+        assert not live.blocks
+        print(f"reset_prefix_cache: {dev + cpu} blocks freed, AllBlocksCleared published")
         dealer.close(0)
         late.sub.close(0)
         live.sub.close(0)
