@@ -11,6 +11,7 @@ const $ = (id) => document.getElementById(id);
 const POLL_MS = 300; // <= 4 Hz
 const POLL_OFF_MS = 2000; // after an error
 const FREE = '#262c36';
+const NULL_BLOCK = '#5a616c'; // state 'n': the device's reserved null block
 
 // The hue of tenant t (-1: none): the default tenant blue, the others
 // spread by the golden angle.
@@ -18,7 +19,7 @@ export function tenantHue(t) {
   return t < 0 ? 212 : (212 + t * 137.508) % 360;
 }
 
-// The fill of a block: state 'f' | 'c' | 'u', owning tenant.
+// The fill of a block: state 'f' | 'c' | 'u' | 'n', owning tenant.
 function cellColor(state, tenant) {
   const h = tenantHue(tenant);
   if (state === 'u') {
@@ -27,7 +28,7 @@ function cellColor(state, tenant) {
   if (state === 'c') {
     return `hsl(${h}, 35%, 33%)`;
   }
-  return FREE;
+  return state === 'n' ? NULL_BLOCK : FREE;
 }
 
 const view = {
@@ -139,8 +140,11 @@ function summarize() {
     d.dataset.cached = String(cached);
     d.dataset.shared = String(shared);
     d.dataset.maxRefcount = String(maxRef);
+    const reserved = countOf(t.state, 'n');
+    d.dataset.free = String(t.n_blocks - used - cached - reserved);
     d.textContent = `${t.name}: ${t.n_blocks} blocks · ${used} used · ${cached} cached · ` +
-      `${t.n_blocks - used - cached} free · ${shared} shared (max refcount ${maxRef})`;
+      `${t.n_blocks - used - cached - reserved} free · ${shared} shared ` +
+      `(max refcount ${maxRef})` + (reserved ? ` · ${reserved} reserved (null block)` : '');
     sum.append(d);
   }
   const seqs = snap.sequences ?? [];
@@ -163,7 +167,7 @@ function legend() {
     return s;
   };
   lg.replaceChildren(item('free', 'free'), item('cached', 'cached (prefix cache)'),
-    item('used', 'used'), item('shared', 'shared (refcount > 1)'),
+    item('used', 'used'), item('shared', 'shared (refcount > 1)'), item('null', 'null block'),
     document.createTextNode('hue: tenant'));
 }
 
@@ -257,7 +261,8 @@ function tipContent(c, detail) {
   const t = snap.tiers.find((x) => x.name === c.tier);
   const names = new Map(snap.tenants.map((x) => [x.id, x.name]));
   const box = document.createElement('div');
-  const st = { f: 'free', c: 'cached', u: 'used' }[t.state[c.id]] ?? t.state[c.id];
+  const st = { f: 'free', c: 'cached', u: 'used', n: 'null block (reserved)' }[t.state[c.id]] ??
+    t.state[c.id];
   const tn = t.tenant[c.id];
   line(box, 'block', `${c.id} · ${c.tier} tier · ${st}`);
   line(box, 'refcount', String(detail ? detail.refcount : t.refcount[c.id]));
