@@ -114,16 +114,24 @@ function tokenTip(entry) {
   return lines.join('\n');
 }
 
-// Appends text to out as one span per token when logprob entries come
-// with it, else as plain text.
-function appendTokens(out, text, entries) {
-  if (!entries || entries.length === 0) {
-    if (text) {
-      out.append(document.createTextNode(text));
-    }
+// Appends text to out as one span per token when the logprob entries
+// spell it, else as plain text. pending holds entries that came ahead of
+// their text (a tool-call parser holds content back while it decides, but
+// not the logprobs): they are used once the text arrives, or dropped.
+function appendTokens(out, text, entries, pending) {
+  if (entries) {
+    pending.push(...entries);
+  }
+  if (!text) {
     return;
   }
-  for (const e of entries) {
+  const spelled = pending.map((e) => e.token).join('');
+  if (spelled !== text) {
+    pending.length = 0;
+    out.append(document.createTextNode(text));
+    return;
+  }
+  for (const e of pending.splice(0)) {
     const span = document.createElement('span');
     span.className = `tok ${lpClass(e.logprob)}`;
     span.textContent = e.token;
@@ -198,6 +206,7 @@ async function send() {
   const t0 = performance.now();
   let tFirst = null;
   let nTok = 0;
+  const pending = [];
   try {
     await postStream(path, body, (chunk) => {
       if (chunk.usage) {
@@ -214,7 +223,7 @@ async function send() {
         tFirst ??= performance.now();
       }
       nTok += entries ? entries.length : piece ? 1 : 0;
-      appendTokens(out, piece, entries);
+      appendTokens(out, piece, entries, pending);
       text += piece;
       for (const tc of ch.delta?.tool_calls ?? []) {
         const cur = toolCalls[tc.index ?? 0] ??= { name: '', arguments: '' };

@@ -313,6 +313,48 @@ test("a tenant's key never shows another tenant's tokens in the hover detail", a
   await mine.context().close();
 });
 
+test('a JSON schema and tools from the playground; a streamed completion', async () => {
+  const page = await openConsole(srv.base, { api: KEYS.alice });
+  const sent = [];
+  page.on('request', (r) => r.method() === 'POST' && sent.push(JSON.parse(r.postData())));
+  await setChat(page, { message: 'Is Emma clever?', maxTokens: 40 });
+  await page.uncheck('#p-ignore_eos');
+  await page.click('#advanced summary');
+  const schema = { type: 'object', properties: { answer: { enum: ['yes', 'no'] } },
+    required: ['answer'] };
+  const tools = [{ type: 'function', function: { name: 'lookup', description: 'Look up a name',
+    parameters: { type: 'object', properties: { name: { type: 'string' } } } } }];
+  await page.fill('#schema', JSON.stringify(schema));
+  await page.fill('#tools', JSON.stringify(tools));
+  await page.click('#send');
+  await page.waitForSelector('#output[data-state="done"]', { timeout: 20000 });
+  const body = sent.find((b) => b.messages);
+  assert.deepEqual(body.response_format.json_schema.schema, schema);
+  assert.deepEqual(body.tools, tools);
+  assert.equal(body.stream, true);
+  // The constrained answer is the schema's JSON (or a call of the tool).
+  const out = (await page.textContent('#output')).trim();
+  if (!out.startsWith('tool call:')) {
+    assert.ok(['yes', 'no'].includes(JSON.parse(out).answer), out);
+  }
+  // Invalid JSON in the schema box is refused before any request.
+  await page.fill('#schema', '{nope');
+  const n = sent.length;
+  await page.click('#send');
+  assert.match(await page.textContent('#gen-status'), /not valid JSON/);
+  assert.equal(sent.length, n);
+  // Completion mode streams too, with per-token logprobs.
+  await page.fill('#schema', '');
+  await page.fill('#tools', '');
+  await page.check('input[name=mode][value=completion]');
+  await page.fill('#p-max_tokens', '24');
+  await page.click('#send');
+  await page.waitForSelector('#output[data-state="done"]', { timeout: 20000 });
+  assert.ok(await page.locator('#output .tok').count() > 0);
+  assert.equal(sent[sent.length - 1].prompt.length > 0, true);
+  await page.context().close();
+});
+
 test('a tiny KV pool with swap on: cells on the cpu tier', async () => {
   const tiny = await startServer(['--admin-api-key', ADMIN, '--num-kv-blocks', '40',
     '--swap-space', '0.05']);
