@@ -172,7 +172,8 @@ function setStatus(err) {
   st.dataset.status = err ? String(err.status ?? 0) : '';
   if (err) {
     st.textContent = err.status === 401 ? `401: ${err.message}` :
-      err.status === 404 ? '404: no admin API in this kvserve' : `stats unavailable: ${err.message}`;
+      err.status === 404 ? '404: no admin API in this kvserve' :
+        `stats unavailable: ${err.message}`;
   }
   $('chart-grid').hidden = !!err;
 }

@@ -106,7 +106,8 @@ function lpClass(lp) {
 function tokenTip(entry) {
   const lines = [`token ${JSON.stringify(entry.token)}`];
   if (entry.logprob !== null && entry.logprob !== undefined) {
-    lines.push(`logprob ${entry.logprob.toFixed(4)}  p=${(Math.exp(entry.logprob) * 100).toFixed(2)}%`);
+    const pct = (Math.exp(entry.logprob) * 100).toFixed(2);
+    lines.push(`logprob ${entry.logprob.toFixed(4)}  p=${pct}%`);
   }
   for (const t of entry.top ?? []) {
     lines.push(`  ${JSON.stringify(t.token).padEnd(16)} ${t.logprob.toFixed(4)}`);
@@ -156,7 +157,8 @@ function chunkLogprobs(choice) {
   }
   if (Array.isArray(lp.tokens)) {
     return lp.tokens.map((t, i) => ({ token: t, logprob: lp.token_logprobs?.[i],
-      top: Object.entries(lp.top_logprobs?.[i] ?? {}).map(([k, v]) => ({ token: k, logprob: v })) }));
+      top: Object.entries(lp.top_logprobs?.[i] ?? {})
+        .map(([k, v]) => ({ token: k, logprob: v })) }));
   }
   return null;
 }

@@ -169,6 +169,22 @@ test('the console routes carry the CSP and the other headers', async () => {
   assert.doesNotMatch(html, /<style|\sstyle=/);
 });
 
+test('POST /apply-template renders the chat; bad input is a 400, no key a 401', async () => {
+  const post = (body, key = KEYS.alice) => fetch(`${srv.base}/apply-template`, {
+    method: 'POST', body: JSON.stringify(body),
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` },
+  });
+  const ok = await post({ messages: [{ role: 'system', content: 'Be brief.' },
+    { role: 'user', content: 'Who is Emma?' }] });
+  assert.equal(ok.status, 200);
+  const { prompt } = await ok.json();
+  assert.ok(prompt.indexOf('Be brief.') < prompt.indexOf('Who is Emma?'), prompt);
+  const bad = await post({ prompt: 'no messages' });
+  assert.equal(bad.status, 400);
+  assert.equal((await bad.json()).error.param, 'messages');
+  assert.equal((await post({ messages: [] }, 'wrong-key')).status, 401);
+});
+
 test('without the admin key the map says 401', async () => {
   const page = await openConsole(srv.base, { api: KEYS.alice });
   await page.waitForSelector('#kv-status[data-status="401"]', { timeout: 10000 });
@@ -380,8 +396,8 @@ test('a tiny KV pool with swap on: cells on the cpu tier', async () => {
 test('the README screenshot, and no CSP violation was logged', async () => {
   const page = await openConsole(srv.base, { api: KEYS.alice, admin: ADMIN });
   await setChat(page, { system: SYSTEM, message: 'Who is Emma?', maxTokens: 80 });
-  const busy = load(srv.base, KEYS.bob, { requests: 3, n: 6, len: 180 });
-  await sleep(900); // a few chart samples with the load on
+  const busy = load(srv.base, KEYS.bob, { requests: 4, n: 8, len: 220 });
+  await sleep(700); // a few chart samples with the load on
   await page.click('#send');
   // Taken mid-generation: used cells, alice's shared prompt, the charts live.
   await until(async () => {
