@@ -19,8 +19,20 @@ export function tenantHue(t) {
   return t < 0 ? 212 : (212 + t * 137.508) % 360;
 }
 
+const colors = new Map(); // state + tenant -> fill (a map of 100,000 cells asks often)
+
 // The fill of a block: state 'f' | 'c' | 'u' | 'n', owning tenant.
 function cellColor(state, tenant) {
+  const key = `${state}${tenant}`;
+  let c = colors.get(key);
+  if (c === undefined) {
+    c = makeColor(state, tenant);
+    colors.set(key, c);
+  }
+  return c;
+}
+
+function makeColor(state, tenant) {
   const h = tenantHue(tenant);
   if (state === 'u') {
     return `hsl(${h}, 80%, 58%)`;
