@@ -203,6 +203,11 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
         on_cpu ? (int64_t)mdl_kv_residual_bytes(mc, cfg->block_size, e->rt.kv_dtype,
                                                 cfg->max_num_seqs, cfg->max_num_batched_tokens)
                : 0;
+    /* Per-block token records (blockmgr/bm_map.h), host memory whatever the
+     * device: kept for the admin API's map and for KV events. */
+    if (cfg->admin_api_key_sha256[0] != '\0' || cfg->kv_events_config[0] != '\0') {
+        other_host += (blocks + (int64_t)e->rt.swap_blocks) * ((int64_t)cfg->block_size * 4 + 33);
+    }
 
     if (serve_check_memory(avail, pool_host, swap_host, other_host, err, sizeof(err)) != ST_OK) {
         LOG_ERROR("%s", err);

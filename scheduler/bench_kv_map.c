@@ -53,8 +53,8 @@ report(const char *name, uint64_t *ns, int n)
     for (int i = 0; i < n; i++) {
         sum += (double)ns[i];
     }
-    printf("%-46s mean %8.1f us  p50 %8.1f us  max %8.1f us\n", name, sum / n / 1e3,
-           (double)ns[n / 2] / 1e3, (double)ns[n - 1] / 1e3);
+    printf("%-46s min %7.1f us  p50 %7.1f us  mean %7.1f us  max %8.1f us\n", name,
+           (double)ns[0] / 1e3, (double)ns[n / 2] / 1e3, sum / n / 1e3, (double)ns[n - 1] / 1e3);
 }
 
 int

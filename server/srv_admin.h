@@ -27,6 +27,7 @@
 #include <microhttpd.h>
 #include <stdint.h>
 
+#include "scheduler/kv_map.h"
 #include "server/srv_int.h"
 
 #define SRV_LAT_WINDOW 2048
@@ -49,6 +50,13 @@ void srv_lat_add(srv_lat_t *l, uint64_t now, double s);
 /* The q-quantile (0..1, nearest rank) in ms of the samples taken within
  * window_ns before now; -1 when there is none. */
 double srv_lat_quantile(const srv_lat_t *l, uint64_t now, uint64_t window_ns, double q);
+
+struct cfg;
+
+/* The JSON of a MAP reply (GET /admin/kv): tenants' names from cfg;
+ * sorts m's sequences by id. A malloc'd string, or NULL when out of
+ * memory. */
+char *srv_admin_map_json(const struct cfg *cfg, int32_t block_size, eng_msg_admin_t *m);
 
 struct MHD_Connection;
 typedef struct srv srv_t;
