@@ -1492,6 +1492,8 @@ sched_set_draft(sched_t *s, const sched_plan_t *plan, int32_t i, int32_t j, int3
     CHECK(j >= 0 && j < sm->n_draft && token >= 0 && token < s->cfg.vocab_size);
     q->tokens[q->n_tokens + j] = token;
     s->b_tokens[s->b_logits_rows[sm->row] + 1 + j] = token;
+    /* The block manager's copy: the hash input if the draft is accepted. */
+    CHECK(bm_seq_set_token(s->pool, q->bm_id, (uint32_t)(q->n_tokens + j), token) == ST_OK);
 }
 
 void
