@@ -330,7 +330,8 @@ spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ct
             return rc;
         }
         for (int32_t r = 0; r < n; r++) {
-            rc = draft_sample(d, s, plan, smp, d->which[r], j, logits + (size_t)r * (size_t)d->vocab);
+            rc = draft_sample(d, s, plan, smp, d->which[r], j,
+                              logits + (size_t)r * (size_t)d->vocab);
             if (rc != ST_OK) {
                 return rc;
             }
@@ -367,18 +368,12 @@ spec_draft_verify(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, int32_t
         const float *q = q_at(d, e, j);
         int32_t t = d->drafts[(size_t)e * (size_t)d->k + (size_t)j];
 
-        /* Accept with probability min(1, p(t) / q(t)); q(t) > 0 (drawn). */
-        if (smp_rng_uniform(v.rng) * (double)q[t] < (double)d->p[t]) {
+        /* d->p becomes the residual when t is rejected. */
+        int32_t c = spec_reject_sample(d->p, q, d->vocab, t, v.rng, d->p);
+        if (c == t) {
             smp_result_of(smp, v.params, scratch, t, &out[j]);
             continue;
         }
-        /* Rejected: a draw from norm(max(0, p - q)), never t itself. */
-        for (int32_t x = 0; x < d->vocab; x++) {
-            float r = d->p[x] - q[x];
-            d->p[x] = r > 0.0f ? r : 0.0f;
-        }
-        d->p[t] = 0.0f;
-        int32_t c = smp_pick_probs(d->p, d->vocab, smp_rng_uniform(v.rng));
         if (c < 0) {
             /* p == q up to rounding, so the rejection had probability 0:
              * anything but t from p (recomputed). */

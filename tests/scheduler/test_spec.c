@@ -531,6 +531,45 @@ START_TEST(test_adaptive_rule)
 }
 END_TEST
 
+/* Rejection sampling against a draft distribution (spec_reject_sample):
+ * over 200000 draws of d from q, the results are distributed as p
+ * (chi-square at the 99.9th percentile), a token with p = 0 never comes
+ * out, and the acceptance rate is sum min(p, q). With q = p every draft
+ * is accepted. */
+START_TEST(test_reject_sample)
+{
+    enum { V = 6, N = 200000 };
+    static const float p[V] = {0.3f, 0.25f, 0.2f, 0.15f, 0.1f, 0.0f};
+    static const float q[V] = {0.05f, 0.1f, 0.4f, 0.05f, 0.2f, 0.2f};
+    float res[V];
+    int32_t count[V] = {0}, accepted = 0;
+    double chi = 0, want_acc = 0;
+    smp_rng_t rng;
+
+    smp_rng_seed(&rng, 2024);
+    for (int n = 0; n < N; n++) {
+        int32_t d = smp_pick_probs(q, V, smp_rng_uniform(&rng));
+        int32_t t = spec_reject_sample(p, q, V, d, &rng, res);
+        ck_assert(t >= 0 && t < V);
+        count[t]++;
+        accepted += t == d;
+    }
+    ck_assert_int_eq(count[V - 1], 0);
+    for (int x = 0; x < V - 1; x++) {
+        double e = (double)N * p[x];
+        chi += ((double)count[x] - e) * ((double)count[x] - e) / e;
+        want_acc += p[x] < q[x] ? p[x] : q[x];
+    }
+    ck_assert_msg(chi < 18.47, "chi-square %.2f (dof 4)", chi); /* 99.9th percentile */
+    ck_assert_msg(fabs((double)accepted / N - want_acc) < 0.01, "acceptance %.4f, want %.4f",
+                  (double)accepted / N, want_acc);
+    for (int n = 0; n < 1000; n++) {
+        int32_t d = smp_pick_probs(p, V, smp_rng_uniform(&rng));
+        ck_assert_int_eq(spec_reject_sample(p, p, V, d, &rng, res), d);
+    }
+}
+END_TEST
+
 /* ---- engine: lossless -------------------------------------------------- */
 
 #define N_GREEDY 16
@@ -834,6 +873,78 @@ remove_quantized(void)
     }
 }
 
+/* A copy of the default model with every weight scaled by 1 + u, u
+ * uniform in [-amp, amp] (a fixed stream): a draft with the target's
+ * vocabulary whose distributions differ enough that many drafts are
+ * rejected, so the chi-square test sees the rejection path's output.
+ * A directory under /tmp: config, tokenizer (links) and the weights. */
+static char noisy_dir[64];
+
+static const char *self_path(void);
+
+static const char *
+noisy_copy(double amp)
+{
+    static const char *const links[] = {"config.json", "generation_config.json",
+                                        "tokenizer.json", "tokenizer_config.json"};
+    char src[1200], dst[1200];
+    FILE *f;
+    uint8_t *buf;
+    uint64_t hlen;
+    long len;
+
+    snprintf(noisy_dir, sizeof(noisy_dir), "/tmp/kvs-spec-noisy-XXXXXX");
+    ck_assert(mkdtemp(noisy_dir) != NULL);
+    for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++) {
+        snprintf(src, sizeof(src), "%s/%s", self_path(), links[i]);
+        snprintf(dst, sizeof(dst), "%s/%s", noisy_dir, links[i]);
+        ck_assert_int_eq(symlink(src, dst), 0);
+    }
+    snprintf(src, sizeof(src), "%s/model.safetensors", self_path());
+    f = fopen(src, "rb");
+    ck_assert(f != NULL);
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = xmalloc((size_t)len);
+    ck_assert_int_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    memcpy(&hlen, buf, sizeof(hlen)); /* little-endian u64, then the JSON header */
+    ck_assert(strstr((const char *)buf + 8, "F32") != NULL);
+    rng_x = 31337;
+    for (size_t o = 8 + (size_t)hlen; o + 4 <= (size_t)len; o += 4) {
+        float w;
+        memcpy(&w, buf + o, 4);
+        w *= (float)(1.0 + amp * ((double)rnd(20001) / 10000.0 - 1.0));
+        memcpy(buf + o, &w, 4);
+    }
+    snprintf(dst, sizeof(dst), "%s/model.safetensors", noisy_dir);
+    f = fopen(dst, "wb");
+    ck_assert(f != NULL);
+    ck_assert_int_eq(fwrite(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    free(buf);
+    return noisy_dir;
+}
+
+static void
+remove_noisy(void)
+{
+    static const char *const files[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                        "tokenizer_config.json", "model.safetensors"};
+    char path[1200];
+
+    if (noisy_dir[0] == '\0') {
+        return;
+    }
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", noisy_dir, files[i]);
+        unlink(path);
+    }
+    rmdir(noisy_dir);
+    noisy_dir[0] = '\0';
+}
+
 static const char *
 self_path(void)
 {
@@ -920,22 +1031,33 @@ START_TEST(test_draft_randomized_schedule)
 }
 END_TEST
 
-/* Temperature 0.8 with the q4_0 draft: rejection sampling keeps the
- * target's distribution (the chi-square of the n-gram test), and drafts
- * were both accepted and rejected. */
+/* Temperature 0.8: rejection sampling keeps the target's distribution
+ * (the chi-square of the n-gram test), with the q4_0 draft (close to the
+ * target: few rejections) and with a copy whose weights are each scaled by
+ * a factor uniform in [0, 2]
+ * (far from it: many rejections, so the tokens drawn from
+ * norm(max(0, p - q)) weigh in the histogram); drafts were both accepted
+ * and rejected. */
 START_TEST(test_draft_sampled_distribution)
 {
     spec_stats_t spec;
 
-    draft_path = quantized(1);
-    sampled_distribution(&spec);
-    fprintf(stderr, "draft q4_0 at T 0.8: %llu drafts, %llu of %llu draft tokens accepted\n",
-            (unsigned long long)spec.drafts, (unsigned long long)spec.accepted_tokens,
-            (unsigned long long)spec.draft_tokens);
-    ck_assert_uint_gt(spec.accepted_tokens, 0);
-    ck_assert_uint_lt(spec.accepted_tokens, spec.draft_tokens);
+    for (int which = 0; which < 2; which++) {
+        draft_path = which == 0 ? quantized(1) : noisy_copy(1.0);
+        sampled_distribution(&spec);
+        fprintf(stderr, "draft %s at T 0.8: %llu drafts, %llu of %llu draft tokens accepted\n",
+                which == 0 ? "q4_0" : "noisy", (unsigned long long)spec.drafts,
+                (unsigned long long)spec.accepted_tokens, (unsigned long long)spec.draft_tokens);
+        ck_assert_uint_gt(spec.accepted_tokens, 0);
+        ck_assert_uint_lt(spec.accepted_tokens, spec.draft_tokens);
+        if (which == 1) {
+            /* Far enough that rejections are common. */
+            ck_assert_uint_lt(spec.accepted_tokens * 10, spec.draft_tokens * 9);
+        }
+    }
     draft_path = NULL;
     remove_quantized();
+    remove_noisy();
 }
 END_TEST
 
@@ -1014,6 +1136,7 @@ scheduler_spec_suite(void)
     tcase_add_test(tc, test_config_parse);
     tcase_add_test(tc, test_ngram_propose);
     tcase_add_test(tc, test_adaptive_rule);
+    tcase_add_test(tc, test_reject_sample);
     tcase_add_test(tc, test_greedy_identical_every_dtype);
     tcase_add_test(tc, test_greedy_identical_constrained);
     tcase_add_test(tc, test_randomized_schedule);
