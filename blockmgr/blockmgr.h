@@ -173,6 +173,13 @@ int bm_pool_can_admit(const bm_pool_t *pool, uint32_t n_blocks);
 int bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_new,
                    int32_t *slots);
 
+/* Changes the token id of reserved position pos (the hash input when its
+ * block fills) to token: a draft model's speculative tokens, reserved
+ * before they are drawn (scheduler/spec_draft.h). Only positions of a
+ * partly filled tail block; ST_EINVAL otherwise (unknown or swapped seq,
+ * pos past the length, a full block). blockmgr/bm_draft.c. */
+int bm_seq_set_token(bm_pool_t *pool, uint64_t seq, uint32_t pos, int32_t token);
+
 /* Give up the last n tokens of the sequence (speculative or aborted
  * writes); blocks left empty are released. */
 int bm_seq_truncate(bm_pool_t *pool, uint64_t seq, uint32_t n);

@@ -27,6 +27,7 @@
 #include "scheduler/spec.h"
 #include "cli/cmds.h"
 #include "cli/serve_mem.h"
+#include "cli/serve_spec.h"
 #include "server/srv.h"
 
 static mdl_kv_dtype_t
@@ -81,8 +82,10 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     const mdl_config_t *mc = mdl_model_config(model);
     eng_config_t *e = &su->eng;
     int32_t ctx = mc->max_pos;
-    size_t block_bytes;
+    size_t block_bytes, kv_bytes;
     int64_t blocks;
+    serve_draft_t dr;
+    int32_t rows = 1; /* logits rows per sequence: 1 + k when speculating */
     int64_t avail = sysmem_available();
     char err[512];
 
@@ -113,6 +116,7 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
             LOG_ERROR("--speculative-config: %s", serr);
             return ST_EINVAL;
         }
+        rows = e->spec.method != SPEC_OFF ? 1 + e->spec.k : 1;
     }
     block_bytes = mdl_kv_block_bytes(mc, cfg->block_size, e->rt.kv_dtype);
     if (block_bytes == 0) {
@@ -121,10 +125,22 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
                   cfg->kv_cache_dtype, mc->head_dim);
         return ST_EINVAL;
     }
+    {
+        /* A draft model's KV lives in the same blocks (scheduler/spec_draft.h):
+         * a block costs both models' bytes. */
+        mdl_runtime_config_t rc = e->rt;
+
+        rc.max_num_seqs = cfg->max_num_seqs * rows;
+        if (serve_draft_measure(&e->spec, &rc, 0, &dr, err, sizeof(err)) != ST_OK) {
+            LOG_ERROR("%s", err);
+            return ST_EINVAL;
+        }
+        kv_bytes = block_bytes + dr.block_bytes;
+    }
     if (cfg->num_kv_blocks > 0) {
         blocks = cfg->num_kv_blocks;
     } else if (cfg->kv_cache_memory > 0) {
-        blocks = cfg->kv_cache_memory / (int64_t)block_bytes;
+        blocks = cfg->kv_cache_memory / (int64_t)kv_bytes;
     } else if (strcmp(cfg->device, "cuda") == 0) {
         /* What --gpu-memory-utilization leaves after the weights and the
          * largest step's activations (model/model.h). */
@@ -137,7 +153,30 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
             mdl_runtime_config_t rc = e->rt;
 
             rc.tp_size = rc.tp_size > 0 ? rc.tp_size : 1;
+            /* The runtime's logits buffers hold 1 + k rows per sequence
+             * when speculating (engine_create sizes them so). */
+            rc.max_num_seqs = cfg->max_num_seqs * rows;
             st = mdl_kv_blocks_for_budget(mc, &rc, total, &kb, err, sizeof(err));
+            if (st == ST_OK && e->spec.method == SPEC_DRAFT_MODEL) {
+                /* The draft's weights and activations share the device, its
+                 * KV every block. */
+                st = serve_draft_measure(&e->spec, &rc, total, &dr, err, sizeof(err));
+                if (st == ST_OK) {
+                    size_t used = kb.weight_bytes + kb.act_bytes + kb.reserve_bytes + dr.dev_bytes;
+                    size_t nb = kb.budget_bytes > used
+                                    ? (kb.budget_bytes - used) / (kb.block_bytes + dr.block_bytes)
+                                    : 0;
+                    kb.num_blocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
+                    kb.block_bytes += dr.block_bytes;
+                    if (kb.num_blocks < 2) {
+                        snprintf(err, sizeof(err),
+                                 "--gpu-memory-utilization leaves %d KV blocks with the draft "
+                                 "model's %.2f GiB of weights and activations",
+                                 kb.num_blocks, (double)dr.dev_bytes / (double)(1u << 30));
+                        st = ST_ENOMEM;
+                    }
+                }
+            }
         }
         if (st != ST_OK) {
             LOG_ERROR("%s", err);
@@ -158,8 +197,8 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
             cap = avail / 2;
         }
         blocks = (int64_t)cfg->max_num_seqs * e->rt.max_blocks_per_seq + 1;
-        if (blocks * (int64_t)block_bytes > cap) {
-            blocks = cap / (int64_t)block_bytes;
+        if (blocks * (int64_t)kv_bytes > cap) {
+            blocks = cap / (int64_t)kv_bytes;
         }
     }
     if (blocks < 2 || blocks > INT32_MAX) {
@@ -184,7 +223,7 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
         return ST_EUNSUPPORTED;
     }
     e->rt.num_blocks = (int32_t)blocks;
-    e->rt.swap_blocks = (int32_t)(cfg->swap_space_gib * (double)(1LL << 30) / (double)block_bytes);
+    e->rt.swap_blocks = (int32_t)(cfg->swap_space_gib * (double)(1LL << 30) / (double)kv_bytes);
     for (int32_t t = 0; t < cfg->n_tenants; t++) {
         /* A tenant's share must hold a block, or its every request waits
          * for ever. */
@@ -197,11 +236,12 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     /* What start-up commits in host RAM (the engine touches it all before
      * the server reports ready) must fit what the host has. */
     int on_cpu = strcmp(cfg->device, "cuda") != 0;
-    int64_t pool_host = on_cpu ? blocks * (int64_t)block_bytes : 0;
-    int64_t swap_host = (int64_t)e->rt.swap_blocks * (int64_t)block_bytes;
+    int64_t pool_host = on_cpu ? blocks * (int64_t)kv_bytes : 0;
+    int64_t swap_host = (int64_t)e->rt.swap_blocks * (int64_t)kv_bytes;
     int64_t other_host =
-        on_cpu ? (int64_t)mdl_kv_residual_bytes(mc, cfg->block_size, e->rt.kv_dtype,
-                                                cfg->max_num_seqs, cfg->max_num_batched_tokens)
+        on_cpu ? (int64_t)(mdl_kv_residual_bytes(mc, cfg->block_size, e->rt.kv_dtype,
+                                                 cfg->max_num_seqs, cfg->max_num_batched_tokens) +
+                           dr.residual_bytes)
                : 0;
     /* Per-block token records (blockmgr/bm_map.h), host memory whatever the
      * device: kept for the admin API's map and for KV events. */
@@ -236,7 +276,11 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     }
     LOG_INFO("KV cache: %d blocks of %d tokens (%.1f MiB), swap %d blocks, context %d",
              e->rt.num_blocks, cfg->block_size,
-             (double)blocks * (double)block_bytes / (1024.0 * 1024.0), e->rt.swap_blocks, ctx);
+             (double)blocks * (double)kv_bytes / (1024.0 * 1024.0), e->rt.swap_blocks, ctx);
+    if (dr.block_bytes > 0) {
+        LOG_INFO("KV cache: each block also holds the draft model's KV (%.1f of %.1f KiB)",
+                 (double)dr.block_bytes / 1024.0, (double)kv_bytes / 1024.0);
+    }
     size_t f32_bytes = mdl_kv_block_bytes(mc, cfg->block_size, MDL_KV_F32);
 
     LOG_INFO("KV cache dtype %s: %.1f bytes/token with scales, %.2fx the blocks of f32 in the "

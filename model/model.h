@@ -94,6 +94,12 @@ size_t mdl_model_weight_bytes(const mdl_model_t *m);
  * storage type (the embedding included), into buf (truncated to len). */
 void mdl_model_weight_types(const mdl_model_t *m, char *buf, size_t len);
 
+/* ST_OK when b has a's vocabulary: the same vocab_size and tokenizer size
+ * and the same bytes for every token id (a draft model for speculative
+ * decoding, scheduler/spec_draft.h). ST_EINVAL with the first difference
+ * in err otherwise. model/vocab_match.c. */
+int mdl_model_vocab_match(const mdl_model_t *a, const mdl_model_t *b, char *err, size_t errlen);
+
 /* Output types of mdl_quantize (`kvserve quantize --type`). */
 typedef enum mdl_quant {
     MDL_QUANT_F32 = 0,

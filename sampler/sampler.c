@@ -662,11 +662,14 @@ smp_pick(smp_ctx_t *c, const float *v, int32_t n, double u)
 
 /* ---- sampling ------------------------------------------------------------ */
 
-/* The random path: weights, truncation and one draw. logits[] has had bias
- * and penalties applied; max is its finite maximum. */
+/* The random path's candidates: weights exp((l - max) / T) in cand_v,
+ * truncated by top-k, top-p and min-p. Returns their count; *ident says
+ * the ids are the indices (cand_id not materialized). logits[] has had
+ * bias and penalties applied; max is its finite maximum; total the sum of
+ * the weights when already in cand_v (T = 1), else < 0. */
 static int32_t
-smp_draw(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, const float *logits, float max,
-         double total)
+smp_truncate(smp_ctx_t *c, const smp_params_t *p, const float *logits, float max, double total,
+             int *ident_out)
 {
     float *v = c->cand_v;
     int32_t *id = c->cand_id;
@@ -706,8 +709,20 @@ smp_draw(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, const float *logit
         n = k;
         ident = 0;
     }
-    i = smp_pick(c, v, n, smp_rng_uniform(rng));
-    return ident ? i : id[i];
+    *ident_out = ident;
+    return n;
+}
+
+/* The random path: weights, truncation and one draw. */
+static int32_t
+smp_draw(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, const float *logits, float max,
+         double total)
+{
+    int ident;
+    int32_t n = smp_truncate(c, p, logits, max, total, &ident);
+    int32_t i = smp_pick(c, c->cand_v, n, smp_rng_uniform(rng));
+
+    return ident ? i : c->cand_id[i];
 }
 
 int
@@ -772,4 +787,95 @@ smp_sample(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, float *logits,
         out->top_logprobs[i] = (float)((double)top_v[i] - lse);
     }
     return ST_OK;
+}
+
+/* ---- the distribution, for speculative decoding ---------------------- */
+
+int
+smp_probs(smp_ctx_t *c, const smp_params_t *p, float *logits, const int32_t *history,
+          int32_t n_hist, int32_t n_prompt, float *probs)
+{
+    int32_t vocab, argmax = 0, n;
+    float max;
+    double sum = 0.0;
+    int ident, rc;
+
+    if (c == NULL || p == NULL || logits == NULL || probs == NULL) {
+        return ST_EINVAL;
+    }
+    rc = smp_check_params(c, p, history, n_hist, n_prompt);
+    if (rc != ST_OK) {
+        return rc;
+    }
+    vocab = c->vocab;
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        logits[p->bias[i].id] += p->bias[i].bias;
+    }
+    smp_apply_penalties(c, p, logits, history, n_hist, n_prompt);
+    max = smp_max(logits, vocab);
+    if (!isfinite(max)) {
+        return ST_EINVAL;
+    }
+    memset(probs, 0, (size_t)vocab * sizeof(float));
+    if (p->temperature < SMP_TEMP_EPS) {
+        while (logits[argmax] != max) { /* the lowest id wins ties, as smp_sample */
+            argmax++;
+        }
+        probs[argmax] = 1.0f;
+        return ST_OK;
+    }
+    n = smp_truncate(c, p, logits, max, -1.0, &ident);
+    for (int32_t i = 0; i < n; i++) {
+        sum += c->cand_v[i];
+    }
+    for (int32_t i = 0; i < n; i++) {
+        probs[ident ? i : c->cand_id[i]] = (float)(c->cand_v[i] / sum);
+    }
+    return ST_OK;
+}
+
+void
+smp_result_of(smp_ctx_t *c, const smp_params_t *p, const float *logits, int32_t token,
+              smp_result_t *out)
+{
+    int32_t n_top = 0, top_i[SMP_MAX_LOGPROBS];
+    float top_v[SMP_MAX_LOGPROBS], max = smp_max(logits, c->vocab);
+    double lse = (double)max + log(smp_exp_sum(logits, NULL, c->vocab, max, 1.0f));
+
+    for (int32_t i = 0; p->n_logprobs > 0 && i < c->vocab; i++) {
+        float x = logits[i];
+
+        if (n_top < p->n_logprobs ? x >= -INFINITY : x > top_v[n_top - 1]) {
+            smp_top_insert(top_v, top_i, &n_top, p->n_logprobs, x, i);
+        }
+    }
+    out->token = token;
+    out->logprob = (float)((double)logits[token] - lse);
+    out->n_top = n_top;
+    for (int32_t i = 0; i < n_top; i++) {
+        out->top_ids[i] = top_i[i];
+        out->top_logprobs[i] = (float)((double)top_v[i] - lse);
+    }
+}
+
+int32_t
+smp_pick_probs(const float *probs, int32_t vocab, double u)
+{
+    double total = 0.0, acc = 0.0;
+    int32_t last = -1;
+
+    for (int32_t i = 0; i < vocab; i++) {
+        total += probs[i];
+    }
+    u *= total;
+    for (int32_t i = 0; i < vocab; i++) {
+        if (probs[i] > 0.0f) {
+            acc += probs[i];
+            last = i;
+            if (u < acc) {
+                return i;
+            }
+        }
+    }
+    return last; /* rounding put u at the end (-1: every weight is 0) */
 }

@@ -62,4 +62,21 @@ void smp_ctx_destroy(smp_ctx_t *c);
 int smp_sample(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, float *logits,
                const int32_t *history, int32_t n_hist, int32_t n_prompt, smp_result_t *out);
 
+/* Speculative decoding with a draft model (scheduler/spec_draft.h) needs
+ * the distribution itself. smp_probs applies what smp_sample applies
+ * (bias and penalties in place on logits, then temperature, top-k, top-p
+ * and min-p) and writes the distribution smp_sample draws from into
+ * probs[vocab]: 0 outside the kept set, summing to 1; greedy
+ * (temperature 0) is a point mass on the argmax. Draws nothing. Errors as
+ * smp_sample. */
+int smp_probs(smp_ctx_t *c, const smp_params_t *p, float *logits, const int32_t *history,
+              int32_t n_hist, int32_t n_prompt, float *probs);
+/* The result smp_sample would report for token, from logits as smp_probs
+ * left them (bias and penalties applied): its logprob and the top-n. */
+void smp_result_of(smp_ctx_t *c, const smp_params_t *p, const float *logits, int32_t token,
+                   smp_result_t *out);
+/* Index drawn from weights w[0..vocab) (any positive scale) with u in
+ * [0, 1); never a weight-0 entry; -1 when every weight is 0. */
+int32_t smp_pick_probs(const float *w, int32_t vocab, double u);
+
 #endif /* SAMPLER_SAMPLER_H */

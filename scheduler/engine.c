@@ -42,6 +42,7 @@
 #include "scheduler/kv_map.h"
 #include "scheduler/sched.h"
 #include "scheduler/spec.h"
+#include "scheduler/spec_draft.h"
 
 struct engine {
     eng_config_t cfg;
@@ -52,6 +53,7 @@ struct engine {
     sched_t *sched;
     smp_ctx_t *smp;
     eng_embed_t *emb; /* embedding requests' hidden rows (embed.h) */
+    spec_draft_t *draft; /* draft-model speculation (spec_draft.h), or NULL */
     chan_t inbox;
     chan_t *outbox;
     pthread_t thread;
@@ -513,6 +515,9 @@ engine_step(engine_t *e)
     sched_step(e->sched, &plan);
     ops = bm_pool_ops(e->pool, &n_ops);
     rc = n_ops > 0 ? mdl_runtime_kv_ops(e->rt, ops, (int32_t)n_ops) : ST_OK;
+    if (rc == ST_OK && e->draft != NULL) {
+        rc = spec_draft_kv_ops(e->draft, ops, (int32_t)n_ops); /* the same block ids */
+    }
     bm_pool_ops_clear(e->pool); /* every step (blockmgr's step contract) */
     if (rc != ST_OK) {
         engine_fail(e, rc, "KV block copy");
@@ -527,7 +532,10 @@ engine_step(engine_t *e)
     e->stalled = 0;
 
     eng__embed_plan(e->emb, e->sched, &plan, reserve_embed);
-    rc = mdl_forward(e->rt, &plan.batch, &logits);
+    rc = e->draft != NULL ? spec_draft_propose(e->draft, e->sched, &plan, e->smp) : ST_OK;
+    if (rc == ST_OK) {
+        rc = mdl_forward(e->rt, &plan.batch, &logits);
+    }
     if (e->cfg.test_fail_forward_at > 0 &&
         ++e->n_forwards == (uint64_t)e->cfg.test_fail_forward_at) {
         rc = -EIO; /* injected by the test hook: a device failure */
@@ -544,7 +552,10 @@ engine_step(engine_t *e)
     for (int32_t i = 0; i < plan.n_samples; i++) {
         sched_sample_view_t v;
         if (plan.samples[i].n_draft > 0) {
-            rc = spec_sample_rows(e, &plan, i, logits);
+            rc = e->draft != NULL ? spec_draft_verify(e->draft, e->sched, &plan, i, logits, e->smp,
+                                                      e->row, e->results + plan.samples[i].res)
+                                  : spec_sample_rows(e, &plan, i, logits);
+            rc = rc < 0 ? rc : ST_OK;
             if (rc != ST_OK) {
                 engine_fail(e, rc, "sampling");
                 return 0;
@@ -559,6 +570,13 @@ engine_step(engine_t *e)
                         &e->results[plan.samples[i].res]);
         if (rc != ST_OK) {
             engine_fail(e, rc, "sampling");
+            return 0;
+        }
+    }
+    if (e->draft != NULL) {
+        rc = spec_draft_finish(e->draft, &plan, e->results);
+        if (rc != ST_OK) {
+            engine_fail(e, rc, "draft forward");
             return 0;
         }
     }
@@ -672,12 +690,6 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
         c->max_num_batched_tokens = c->max_model_len > 2048 ? c->max_model_len : 2048;
     }
     c->rt.max_num_seqs = c->max_num_seqs;
-    if (c->spec.method == SPEC_DRAFT_MODEL) {
-        snprintf(err, errlen, "speculative config: method draft_model is not available yet "
-                              "(use ngram)");
-        rc = ST_EUNSUPPORTED;
-        goto fail;
-    }
     if (c->spec.method != SPEC_OFF) {
         /* The runtime sizes its logits rows by max_num_seqs: a
          * speculating sequence has 1 + k of them. */
@@ -719,6 +731,13 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     rc = mdl_runtime_create(model, &c->rt, &e->rt, err, errlen);
     if (rc != ST_OK) {
         goto fail;
+    }
+    if (c->spec.method == SPEC_DRAFT_MODEL) {
+        rc = spec_draft_create(model, &c->spec, &c->rt, c->max_num_seqs, c->max_model_len,
+                               &e->draft, err, errlen);
+        if (rc != ST_OK) {
+            goto fail;
+        }
     }
 
     memset(&bc, 0, sizeof(bc));
@@ -874,6 +893,7 @@ engine_destroy(engine_t *e)
     kve_flush(e->kve);
     bm_pool_destroy(e->pool);
     kve_destroy(e->kve);
+    spec_draft_destroy(e->draft);
     mdl_runtime_destroy(e->rt);
     smp_ctx_destroy(e->smp);
     eng__embed_destroy(e->emb);

@@ -904,8 +904,16 @@ plan_spec(sched_t *s, sched_seq_t *q)
     if (k <= 0) {
         return 0;
     }
-    n = spec_ngram_propose(q->tokens, q->n_tokens, s->cfg.spec.lookup_min,
-                           s->cfg.spec.lookup_max, k, q->tokens + q->n_tokens);
+    if (s->cfg.spec.method == SPEC_DRAFT_MODEL) {
+        /* The draft model writes its k tokens before the forward
+         * (sched_set_draft); until then they repeat the pending token. */
+        for (n = 0; n < k; n++) {
+            q->tokens[q->n_tokens + n] = q->tokens[q->n_tokens - 1];
+        }
+    } else {
+        n = spec_ngram_propose(q->tokens, q->n_tokens, s->cfg.spec.lookup_min,
+                               s->cfg.spec.lookup_max, k, q->tokens + q->n_tokens);
+    }
     /* Lookahead only from spare blocks: one per other decode stays free. */
     if (n > 0 && bm_seq_blocks_needed(s->pool, q->bm_id, (uint32_t)(1 + n)) +
                          (uint32_t)s->n_decodes >
@@ -1473,6 +1481,19 @@ grammar_mask(const sched_t *s, const sched_seq_t *q, float *logits)
         }
     }
     gr_mask_apply(mask, logits, s->cfg.vocab_size);
+}
+
+void
+sched_set_draft(sched_t *s, const sched_plan_t *plan, int32_t i, int32_t j, int32_t token)
+{
+    const sched_sample_t *sm = &plan->samples[i];
+    sched_seq_t *q = sm->seq;
+
+    CHECK(j >= 0 && j < sm->n_draft && token >= 0 && token < s->cfg.vocab_size);
+    q->tokens[q->n_tokens + j] = token;
+    s->b_tokens[s->b_logits_rows[sm->row] + 1 + j] = token;
+    /* The block manager's copy: the hash input if the draft is accepted. */
+    CHECK(bm_seq_set_token(s->pool, q->bm_id, (uint32_t)(q->n_tokens + j), token) == ST_OK);
 }
 
 void

@@ -252,6 +252,12 @@ void sched_sample_view_at(const sched_t *s, const sched_plan_t *plan, int32_t i,
 void sched_sample_mask_at(const sched_t *s, const sched_plan_t *plan, int32_t i, int32_t j,
                           float *logits);
 
+/* Draft-model speculation (scheduler/spec_draft.h): sets draft j of
+ * speculating sample i to token, in its sequence (the history rows j + 1
+ * .. see) and in the batch, before the forward. plan_spec fills the k
+ * slots with the pending token until then. */
+void sched_set_draft(sched_t *s, const sched_plan_t *plan, int32_t i, int32_t j, int32_t token);
+
 /* For embeddings (scheduler/embed.h): the request of row `row` of the
  * plan just made (0 .. batch.n_seqs-1): its udata, prompt length and
  * eng_request_t.pooling. A request with pooling ENG_POOL_MEAN never takes

@@ -207,3 +207,18 @@ spec_verify_sample(const float *logits, int32_t vocab, const int32_t *draft, int
     }
     return n_draft + 1; /* not reached */
 }
+
+int32_t
+spec_reject_sample(const float *p, const float *q, int32_t vocab, int32_t d, smp_rng_t *rng,
+                   float *residual)
+{
+    if (smp_rng_uniform(rng) * (double)q[d] < (double)p[d]) {
+        return d;
+    }
+    for (int32_t x = 0; x < vocab; x++) {
+        float r = p[x] - q[x];
+        residual[x] = r > 0.0f ? r : 0.0f;
+    }
+    residual[d] = 0.0f; /* p(d) < q(d) here; rounding aside, it is 0 already */
+    return smp_pick_probs(residual, vocab, smp_rng_uniform(rng));
+}

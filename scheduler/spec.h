@@ -117,4 +117,15 @@ int32_t spec_verify_sample(const float *logits, int32_t vocab, const int32_t *dr
                            int32_t n_draft, float *scratch, spec_sample_cb sample_row, void *arg,
                            smp_result_t *out);
 
+/* One position of rejection sampling against a draft model (Leviathan et
+ * al. 2023; scheduler/spec_draft.h): draft d was drawn from q. Accepts d
+ * with probability min(1, p(d) / q(d)) (one draw of rng); otherwise
+ * returns a draw (a second one) from norm(max(0, p - q)), which never is
+ * d, built in residual[vocab] (which may be p itself). So the result is
+ * distributed as p. p and q sum to 1. Returns -1 when the residual is empty: p equals q up to
+ * rounding, so the rejection had probability 0 (the caller draws from p
+ * without d). */
+int32_t spec_reject_sample(const float *p, const float *q, int32_t vocab, int32_t d,
+                           smp_rng_t *rng, float *residual);
+
 #endif /* SCHEDULER_SPEC_H */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "blockmgr/blockmgr.h"
 #include "blockmgr/blockmgr_int.h"
@@ -60,6 +61,11 @@ static res_t res[MAX_ID][MAX_CH];
  * builds it (server/srv_grammar.c, over tok_output_bytes). */
 static gr_vocab_t *gvocab;
 static int errors[MAX_ID];
+/* Draft-model speculation: cfg_make(k > 0) speculates with this model
+ * when set (method draft_model), by n-gram lookup when NULL. */
+static const char *draft_path;
+/* The default model quantized by the test (made once, removed at exit). */
+static char q_paths[2][64];
 
 static void
 load_model(void)
@@ -155,11 +161,18 @@ cfg_make(int spec_k, mdl_kv_dtype_t dt, int32_t num_blocks, int32_t swap_blocks)
     snprintf(c.tenants[0].name, sizeof(c.tenants[0].name), "default");
     if (spec_k > 0) {
         char err[200];
-        char js[200];
-        snprintf(js, sizeof(js),
-                 "{\"method\": \"ngram\", \"num_speculative_tokens\": %d, "
-                 "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4, \"max_batch\": 64}",
-                 spec_k);
+        char js[1400];
+        if (draft_path != NULL) {
+            snprintf(js, sizeof(js),
+                     "{\"method\": \"draft_model\", \"model\": \"%s\", "
+                     "\"num_speculative_tokens\": %d, \"max_batch\": 64}",
+                     draft_path, spec_k);
+        } else {
+            snprintf(js, sizeof(js),
+                     "{\"method\": \"ngram\", \"num_speculative_tokens\": %d, "
+                     "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 4, \"max_batch\": 64}",
+                     spec_k);
+        }
         ck_assert_int_eq(spec_config_parse(js, &c.spec, err, sizeof(err)), ST_OK);
     }
     return c;
@@ -518,6 +531,45 @@ START_TEST(test_adaptive_rule)
 }
 END_TEST
 
+/* Rejection sampling against a draft distribution (spec_reject_sample):
+ * over 200000 draws of d from q, the results are distributed as p
+ * (chi-square at the 99.9th percentile), a token with p = 0 never comes
+ * out, and the acceptance rate is sum min(p, q). With q = p every draft
+ * is accepted. */
+START_TEST(test_reject_sample)
+{
+    enum { V = 6, N = 200000 };
+    static const float p[V] = {0.3f, 0.25f, 0.2f, 0.15f, 0.1f, 0.0f};
+    static const float q[V] = {0.05f, 0.1f, 0.4f, 0.05f, 0.2f, 0.2f};
+    float res[V];
+    int32_t count[V] = {0}, accepted = 0;
+    double chi = 0, want_acc = 0;
+    smp_rng_t rng;
+
+    smp_rng_seed(&rng, 2024);
+    for (int n = 0; n < N; n++) {
+        int32_t d = smp_pick_probs(q, V, smp_rng_uniform(&rng));
+        int32_t t = spec_reject_sample(p, q, V, d, &rng, res);
+        ck_assert(t >= 0 && t < V);
+        count[t]++;
+        accepted += t == d;
+    }
+    ck_assert_int_eq(count[V - 1], 0);
+    for (int x = 0; x < V - 1; x++) {
+        double e = (double)N * p[x];
+        chi += ((double)count[x] - e) * ((double)count[x] - e) / e;
+        want_acc += p[x] < q[x] ? p[x] : q[x];
+    }
+    ck_assert_msg(chi < 18.47, "chi-square %.2f (dof 4)", chi); /* 99.9th percentile */
+    ck_assert_msg(fabs((double)accepted / N - want_acc) < 0.01, "acceptance %.4f, want %.4f",
+                  (double)accepted / N, want_acc);
+    for (int n = 0; n < 1000; n++) {
+        int32_t d = smp_pick_probs(p, V, smp_rng_uniform(&rng));
+        ck_assert_int_eq(spec_reject_sample(p, p, V, d, &rng, res), d);
+    }
+}
+END_TEST
+
 /* ---- engine: lossless -------------------------------------------------- */
 
 #define N_GREEDY 16
@@ -638,7 +690,8 @@ END_TEST
  * max_tokens, "speculative": false on some, cancellation. Every
  * non-cancelled choice equals the plain run; a cancelled one is a prefix
  * of it. */
-START_TEST(test_randomized_schedule)
+static void
+randomized_schedule(void)
 {
     static job_t jobs[N_RAND];
     static res_t plain[MAX_ID][MAX_CH];
@@ -692,16 +745,24 @@ START_TEST(test_randomized_schedule)
         finish(jobs, N_RAND, &st);
     }
 }
+START_TEST(test_randomized_schedule)
+{
+    draft_path = NULL;
+    randomized_schedule();
+}
 END_TEST
 
 /* Temperature 0.8: the second and third generated tokens after a fixed
  * input-grounded prefix are distributed the same with and without
  * speculation (two-sample chi-square over 600 seeded runs each, different
  * seeds per arm), and speculation did draft at those positions. */
-START_TEST(test_sampled_distribution)
+static void
+sampled_distribution(spec_stats_t *spec)
 {
     enum { RUNS = 600, POS = 2 };
     static job_t jobs[MAX_ID];
+
+    memset(spec, 0, sizeof(*spec));
     static int32_t hist[2][1024];
     eng_stats_t st;
     const int32_t vocab = 1024;
@@ -738,6 +799,11 @@ START_TEST(test_sampled_distribution)
             }
             finish(jobs, n, &st);
             drafts += st.spec.drafts;
+            if (arm == 1) {
+                spec->drafts += st.spec.drafts;
+                spec->draft_tokens += st.spec.draft_tokens;
+                spec->accepted_tokens += st.spec.accepted_tokens;
+            }
         }
         if (arm == 1) {
             ck_assert_uint_gt(drafts, RUNS / 5);
@@ -766,21 +832,294 @@ START_TEST(test_sampled_distribution)
     double z = 3.09, k = dof, crit = k * pow(1 - 2 / (9 * k) + z * sqrt(2 / (9 * k)), 3);
     ck_assert_msg(chi < crit, "chi-square %.1f >= %.1f (dof %d)", chi, crit, dof);
 }
+START_TEST(test_sampled_distribution)
+{
+    spec_stats_t spec;
+
+    draft_path = NULL;
+    sampled_distribution(&spec);
+}
 END_TEST
 
-START_TEST(test_draft_model_refused)
+/* ---- draft model --------------------------------------------------- */
+
+/* The default model quantized by mdl_quantize (`kvserve quantize`): 0
+ * q8_0, 1 q4_0. */
+static const char *
+quantized(int which)
 {
-    eng_config_t c = cfg_make(0, MDL_KV_F32, 64, 0);
+    static const mdl_quant_t qs[2] = {MDL_QUANT_Q8_0, MDL_QUANT_Q4_0};
+    const char *dir = getenv("KVSERVE_MODEL_DIR");
     char err[256] = "";
 
+    if (q_paths[which][0] == '\0') {
+        snprintf(q_paths[which], sizeof(q_paths[which]), "/tmp/kvs-spec-draft-%d-%s.gguf",
+                 (int)getpid(), mdl_quant_name(qs[which]));
+        ck_assert_msg(mdl_quantize(dir != NULL ? dir : KVSERVE_SOURCE_ROOT "/models/austen-2.7m",
+                                   q_paths[which], qs[which], err, sizeof(err)) == ST_OK,
+                      "%s", err);
+    }
+    return q_paths[which];
+}
+
+static void
+remove_quantized(void)
+{
+    for (int i = 0; i < 2; i++) {
+        if (q_paths[i][0] != '\0') {
+            unlink(q_paths[i]);
+            q_paths[i][0] = '\0';
+        }
+    }
+}
+
+/* A copy of the default model with every weight scaled by 1 + u, u
+ * uniform in [-amp, amp] (a fixed stream): a draft with the target's
+ * vocabulary whose distributions differ enough that many drafts are
+ * rejected, so the chi-square test sees the rejection path's output.
+ * A directory under /tmp: config, tokenizer (links) and the weights. */
+static char noisy_dir[64];
+
+static const char *self_path(void);
+
+static const char *
+noisy_copy(double amp)
+{
+    static const char *const links[] = {"config.json", "generation_config.json",
+                                        "tokenizer.json", "tokenizer_config.json"};
+    char src[1200], dst[1200];
+    FILE *f;
+    uint8_t *buf;
+    uint64_t hlen;
+    long len;
+
+    snprintf(noisy_dir, sizeof(noisy_dir), "/tmp/kvs-spec-noisy-XXXXXX");
+    ck_assert(mkdtemp(noisy_dir) != NULL);
+    for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++) {
+        snprintf(src, sizeof(src), "%s/%s", self_path(), links[i]);
+        snprintf(dst, sizeof(dst), "%s/%s", noisy_dir, links[i]);
+        ck_assert_int_eq(symlink(src, dst), 0);
+    }
+    snprintf(src, sizeof(src), "%s/model.safetensors", self_path());
+    f = fopen(src, "rb");
+    ck_assert(f != NULL);
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = xmalloc((size_t)len);
+    ck_assert_int_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    memcpy(&hlen, buf, sizeof(hlen)); /* little-endian u64, then the JSON header */
+    ck_assert(strstr((const char *)buf + 8, "F32") != NULL);
+    rng_x = 31337;
+    for (size_t o = 8 + (size_t)hlen; o + 4 <= (size_t)len; o += 4) {
+        float w;
+        memcpy(&w, buf + o, 4);
+        w *= (float)(1.0 + amp * ((double)rnd(20001) / 10000.0 - 1.0));
+        memcpy(buf + o, &w, 4);
+    }
+    snprintf(dst, sizeof(dst), "%s/model.safetensors", noisy_dir);
+    f = fopen(dst, "wb");
+    ck_assert(f != NULL);
+    ck_assert_int_eq(fwrite(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    free(buf);
+    return noisy_dir;
+}
+
+static void
+remove_noisy(void)
+{
+    static const char *const files[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                        "tokenizer_config.json", "model.safetensors"};
+    char path[1200];
+
+    if (noisy_dir[0] == '\0') {
+        return;
+    }
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", noisy_dir, files[i]);
+        unlink(path);
+    }
+    rmdir(noisy_dir);
+    noisy_dir[0] = '\0';
+}
+
+static const char *
+self_path(void)
+{
+    const char *dir = getenv("KVSERVE_MODEL_DIR");
+
+    return dir != NULL ? dir : KVSERVE_SOURCE_ROOT "/models/austen-2.7m";
+}
+
+/* Greedy outputs with a draft model equal the plain ones: the default
+ * model drafting for itself (every draft accepted but for rounding), and
+ * its q8_0 and q4_0 copies (some drafts rejected), at batch 1 and 16,
+ * with an f32 and an int8 KV cache (the draft's KV lives in the same
+ * blocks, in the same dtype). */
+START_TEST(test_draft_greedy_identical)
+{
+    static const mdl_kv_dtype_t dts[] = {MDL_KV_F32, MDL_KV_INT8};
+    static job_t jobs[N_GREEDY];
+    static res_t plain[2][2][MAX_ID][MAX_CH];
+    eng_stats_t st;
+
     load_model();
-    ck_assert_int_eq(spec_config_parse("{\"method\": \"draft_model\", \"model\": \"/x\", "
-                                       "\"num_speculative_tokens\": 3}",
-                                       &c.spec, err, sizeof(err)),
-                     ST_OK);
+    greedy_jobs(jobs);
+    for (size_t d = 0; d < 2; d++) {
+        for (int batch1 = 0; batch1 < 2; batch1++) {
+            eng_config_t c = cfg_make(0, dts[d], 512, 0);
+            int n = batch1 ? 4 : N_GREEDY;
+
+            c.max_num_seqs = batch1 ? 1 : 16;
+            start(&c);
+            run_jobs(jobs, n, 0, 0);
+            memcpy(plain[d][batch1], res, sizeof(res));
+            finish(jobs, n, &st);
+        }
+    }
+    for (int which = 0; which < 3; which++) {
+        draft_path = which == 0 ? self_path() : quantized(which - 1);
+        for (size_t d = 0; d < 2; d++) {
+            for (int batch1 = 0; batch1 < 2; batch1++) {
+                eng_config_t c = cfg_make(4, dts[d], 512, 0);
+                int n = batch1 ? 4 : N_GREEDY;
+                char what[64];
+
+                c.max_num_seqs = batch1 ? 1 : 16;
+                start(&c);
+                run_jobs(jobs, n, 0, 0);
+                snprintf(what, sizeof(what), "draft %d %s", which, mdl_kv_dtype_name(dts[d]));
+                same_outputs(jobs, n, plain[d][batch1], res, what);
+                finish(jobs, n, &st);
+                fprintf(stderr,
+                        "draft %s %s batch%s: %llu drafts, %llu of %llu draft tokens accepted\n",
+                        which == 0 ? "self" : which == 1 ? "q8_0" : "q4_0",
+                        mdl_kv_dtype_name(dts[d]), batch1 ? "=1" : ">1",
+                        (unsigned long long)st.spec.drafts,
+                        (unsigned long long)st.spec.accepted_tokens,
+                        (unsigned long long)st.spec.draft_tokens);
+                ck_assert_uint_gt(st.spec.drafts, 0);
+                if (which == 0) {
+                    /* The same model: a draft is the target's argmax up to
+                     * the rounding of a batched row. */
+                    ck_assert_uint_ge(st.spec.accepted_tokens * 100, st.spec.draft_tokens * 95);
+                } else {
+                    ck_assert_uint_gt(st.spec.accepted_tokens, 0);
+                }
+                if (which == 2) {
+                    ck_assert_uint_lt(st.spec.accepted_tokens, st.spec.draft_tokens);
+                }
+            }
+        }
+    }
+    draft_path = NULL;
+    remove_quantized();
+}
+END_TEST
+
+/* The randomized schedule (preemption by swap and by recompute, n = 2,
+ * stop ids, min_tokens, cancellation) with the q4_0 draft: the draft's KV
+ * is swapped, copied and dropped with the target's. */
+START_TEST(test_draft_randomized_schedule)
+{
+    draft_path = quantized(1);
+    randomized_schedule();
+    draft_path = NULL;
+    remove_quantized();
+}
+END_TEST
+
+/* Temperature 0.8: rejection sampling keeps the target's distribution
+ * (the chi-square of the n-gram test), with the q4_0 draft (close to the
+ * target: few rejections) and with a copy whose weights are each scaled by
+ * a factor uniform in [0, 2]
+ * (far from it: many rejections, so the tokens drawn from
+ * norm(max(0, p - q)) weigh in the histogram); drafts were both accepted
+ * and rejected. */
+START_TEST(test_draft_sampled_distribution)
+{
+    spec_stats_t spec;
+
+    for (int which = 0; which < 2; which++) {
+        draft_path = which == 0 ? quantized(1) : noisy_copy(1.0);
+        sampled_distribution(&spec);
+        fprintf(stderr, "draft %s at T 0.8: %llu drafts, %llu of %llu draft tokens accepted\n",
+                which == 0 ? "q4_0" : "noisy", (unsigned long long)spec.drafts,
+                (unsigned long long)spec.accepted_tokens, (unsigned long long)spec.draft_tokens);
+        ck_assert_uint_gt(spec.accepted_tokens, 0);
+        ck_assert_uint_lt(spec.accepted_tokens, spec.draft_tokens);
+        if (which == 1) {
+            /* Far enough that rejections are common. */
+            ck_assert_uint_lt(spec.accepted_tokens * 10, spec.draft_tokens * 9);
+        }
+    }
+    draft_path = NULL;
+    remove_quantized();
+    remove_noisy();
+}
+END_TEST
+
+/* A draft model that cannot be used is refused at start-up with one line
+ * that says why: a missing file; a vocabulary that differs (the default
+ * model with one token renamed in its tokenizer.json). */
+START_TEST(test_draft_model_refused)
+{
+    static const char *const files[] = {"config.json", "generation_config.json",
+                                        "model.safetensors", "tokenizer_config.json"};
+    char dir[] = "/tmp/kvs-spec-vocab-XXXXXX", path[1200], src[1200], err[512] = "";
+    eng_config_t c;
+    FILE *f;
+    char *text, *at;
+    long len;
+
+    load_model();
+    draft_path = "/nonexistent/draft";
+    c = cfg_make(3, MDL_KV_F32, 64, 0);
     chan_init(&outbox, NULL, NULL);
     ck_assert_int_ne(engine_create(&c, model, &outbox, &eng, err, sizeof(err)), ST_OK);
-    ck_assert(strstr(err, "draft_model") != NULL);
+    ck_assert_msg(strstr(err, "draft model") != NULL && strstr(err, "/nonexistent/draft") != NULL,
+                  "%s", err);
+
+    ck_assert(mkdtemp(dir) != NULL);
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        snprintf(src, sizeof(src), "%s/%s", self_path(), files[i]);
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+        ck_assert_int_eq(symlink(src, path), 0);
+    }
+    snprintf(src, sizeof(src), "%s/tokenizer.json", self_path());
+    f = fopen(src, "rb");
+    ck_assert(f != NULL);
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = xmalloc((size_t)len + 1);
+    ck_assert_int_eq(fread(text, 1, (size_t)len, f), (size_t)len);
+    text[len] = '\0';
+    fclose(f);
+    at = strstr(text, "\"\xe2\x96\x81year\"");
+    ck_assert(at != NULL);
+    at[7] = 'R'; /* "_year" -> "_yeaR" */
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    f = fopen(path, "wb");
+    ck_assert(f != NULL);
+    ck_assert_int_eq(fwrite(text, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    free(text);
+    draft_path = dir;
+    c = cfg_make(3, MDL_KV_F32, 64, 0);
+    ck_assert_int_ne(engine_create(&c, model, &outbox, &eng, err, sizeof(err)), ST_OK);
+    ck_assert_msg(strstr(err, "token 1023 differs") != NULL && strstr(err, "tokenizer") != NULL,
+                  "%s", err);
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    unlink(path);
+    rmdir(dir);
+    draft_path = NULL;
     chan_fini(&outbox);
     eng = NULL;
 }
@@ -797,11 +1136,15 @@ scheduler_spec_suite(void)
     tcase_add_test(tc, test_config_parse);
     tcase_add_test(tc, test_ngram_propose);
     tcase_add_test(tc, test_adaptive_rule);
+    tcase_add_test(tc, test_reject_sample);
     tcase_add_test(tc, test_greedy_identical_every_dtype);
     tcase_add_test(tc, test_greedy_identical_constrained);
     tcase_add_test(tc, test_randomized_schedule);
     tcase_add_test(tc, test_sampled_distribution);
     tcase_add_test(tc, test_draft_model_refused);
+    tcase_add_test(tc, test_draft_greedy_identical);
+    tcase_add_test(tc, test_draft_randomized_schedule);
+    tcase_add_test(tc, test_draft_sampled_distribution);
     suite_add_tcase(s, tc);
     return s;
 }
