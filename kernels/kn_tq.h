@@ -43,6 +43,7 @@
 #define KERNELS_KN_TQ_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/kn_shared.h"

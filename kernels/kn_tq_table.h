@@ -10,6 +10,10 @@
 #ifndef KERNELS_KN_TQ_TABLE_H
 #define KERNELS_KN_TQ_TABLE_H
 
+#ifndef KN_TQ_TABLE_QUAL /* kernels/kn_tq.h sets it (device constants under nvcc) */
+#define KN_TQ_TABLE_QUAL static const
+#endif
+
 #define KN_TQ_N_DIMS 5
 
 KN_TQ_TABLE_QUAL float KN_TQ_CB[KN_TQ_N_DIMS][4][16] = {

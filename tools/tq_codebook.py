@@ -86,6 +86,10 @@ def main():
     out.append("#ifndef KERNELS_KN_TQ_TABLE_H")
     out.append("#define KERNELS_KN_TQ_TABLE_H")
     out.append("")
+    out.append("#ifndef KN_TQ_TABLE_QUAL /* kernels/kn_tq.h sets it (device constants under nvcc) */")
+    out.append("#define KN_TQ_TABLE_QUAL static const")
+    out.append("#endif")
+    out.append("")
     out.append("#define KN_TQ_N_DIMS %d" % len(DIMS))
     out.append("")
     cbs, mses = [], []
