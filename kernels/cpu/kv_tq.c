@@ -143,6 +143,18 @@ tq_S(const kn_tq_t *tq, int32_t layer, int32_t h)
     return tq->S + ((size_t)layer * tq->n_kv + h) * tq->hd * tq->hd;
 }
 
+const float *
+kn_tq_layer_signs(const kn_tq_t *tq, int32_t layer)
+{
+    return tq_sg(tq, layer, 0);
+}
+
+const float *
+kn_tq_layer_sketch(const kn_tq_t *tq, int32_t layer)
+{
+    return tq_S(tq, layer, 0);
+}
+
 void
 kn_tq_rotate(const kn_tq_t *tq, int32_t layer, int32_t h, const float *x, float *out)
 {

@@ -42,6 +42,10 @@ int32_t kn_tq_row_size(int bits, int kind, int32_t head_dim, char *err, size_t e
  * bit; values: bits code bits). */
 kn_tq_t *kn_tq_create(int bits, int32_t n_layers, int32_t n_kv, int32_t head_dim);
 void kn_tq_destroy(kn_tq_t *tq); /* NULL is a no-op */
+/* Borrowed views of one layer's signs (n_kv, hd) and sketch (n_kv, hd, hd),
+ * valid for the state's life: what a device backend uploads. */
+const float *kn_tq_layer_signs(const kn_tq_t *tq, int32_t layer);
+const float *kn_tq_layer_sketch(const kn_tq_t *tq, int32_t layer);
 
 /* out = R x = H D x / sqrt(d) for (layer, head); in and out may alias.
  * kn_tq_unrotate is its inverse (transpose). For the tests. */
