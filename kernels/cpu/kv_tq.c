@@ -3,6 +3,7 @@
  * task over tq blocks.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,23 @@ struct kn_tq {
     float *sg; /* [n_layers][n_kv][hd] +-1 */
     float *S;  /* [n_layers][n_kv][hd][hd] sqrt(hd) x Haar orthogonal */
 };
+
+/* Bit plane bytes to codes, eight coordinates at a time: tq_spread[b]
+ * has bit j of b in byte j; tq_pm1[b][j] is bit j of b as +-1. */
+static uint64_t tq_spread[256];
+static float tq_pm1[256][8];
+static pthread_once_t tq_once = PTHREAD_ONCE_INIT;
+
+static void
+tq_init_luts(void)
+{
+    for (int b = 0; b < 256; b++) {
+        for (int j = 0; j < 8; j++) {
+            tq_spread[b] |= (uint64_t)((b >> j) & 1) << (8 * j);
+            tq_pm1[b][j] = (b >> j) & 1 ? 1.0f : -1.0f;
+        }
+    }
+}
 
 static uint64_t
 splitmix64(uint64_t *s)
@@ -99,6 +117,7 @@ kn_tq_create(int bits, int32_t n_layers, int32_t n_kv, int32_t head_dim)
     kn_tq_t *tq = xcalloc(1, sizeof(*tq));
     size_t hd = (size_t)head_dim;
 
+    pthread_once(&tq_once, tq_init_luts);
     tq->bits = bits;
     tq->n_layers = n_layers;
     tq->n_kv = n_kv;
@@ -257,23 +276,27 @@ kn_tq_key_score(const kn_tq_t *tq, int32_t layer, int32_t h, const float *q, con
     return kn_tq_key_dot(tq->hd, tq->bits, row, qz, sq);
 }
 
-/* Codebook values of a row's codes (and, for keys, its signs as +-1). */
+/* Codebook values of a row's codes (and, for keys, its signs as +-1):
+ * per byte of the planes one table load per plane gives eight codes. */
 static inline void
 tq_unpack(const uint8_t *row, int mb, int32_t hd, const float *cb, float *val, float *sgn)
 {
     const int32_t pb = hd / 8;
 
-    for (int32_t c = 0; c < hd; c++) {
-        int code = 0;
+    for (int32_t i = 0; i < pb; i++) {
+        uint64_t codes = 0;
+        float *v = val + 8 * i;
 
         for (int p = 0; p < mb; p++) {
-            code |= ((row[p * pb + c / 8] >> (c % 8)) & 1) << p;
+            codes |= tq_spread[row[p * pb + i]] << p;
         }
-        val[c] = cb[code];
+        for (int j = 0; j < 8; j++) {
+            v[j] = cb[(codes >> (8 * j)) & 0xff];
+        }
     }
     if (sgn != NULL) {
-        for (int32_t c = 0; c < hd; c++) {
-            sgn[c] = (row[mb * pb + c / 8] >> (c % 8)) & 1 ? 1.0f : -1.0f;
+        for (int32_t i = 0; i < pb; i++) {
+            memcpy(sgn + 8 * i, tq_pm1[row[mb * pb + i]], sizeof(tq_pm1[0]));
         }
     }
 }
