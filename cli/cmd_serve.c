@@ -39,7 +39,7 @@ kv_dtype_of(const char *s)
     } map[] = {
         {"auto", MDL_KV_AUTO}, {"f32", MDL_KV_F32},           {"f16", MDL_KV_F16},
         {"bf16", MDL_KV_BF16}, {"fp8_e4m3", MDL_KV_FP8_E4M3}, {"int8", MDL_KV_INT8},
-        {"int4", MDL_KV_INT4},
+        {"int4", MDL_KV_INT4}, {"tq3", MDL_KV_TQ3},           {"tq4", MDL_KV_TQ4},
     };
 
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
@@ -121,7 +121,7 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     block_bytes = mdl_kv_block_bytes(mc, cfg->block_size, e->rt.kv_dtype);
     if (block_bytes == 0) {
         LOG_ERROR("--kv-cache-dtype %s cannot hold this model's KV heads (head_dim %d; int4 "
-                  "needs a multiple of 8)",
+                  "needs a multiple of 8, tq3 / tq4 a power of two in 16 .. 256)",
                   cfg->kv_cache_dtype, mc->head_dim);
         return ST_EINVAL;
     }

@@ -86,7 +86,7 @@ typedef struct cfg {
     int32_t tensor_parallel_size;      /* --tensor-parallel-size, default 1 */
     double gpu_memory_utilization;     /* --gpu-memory-utilization, default 0.9 */
     char dtype[16];                    /* --dtype: weight type, auto f32 bf16 f16 (and aliases) */
-    char kv_cache_dtype[16];           /* auto f32 f16 bf16 fp8_e4m3 int8 int4 */
+    char kv_cache_dtype[16];           /* auto f32 f16 bf16 fp8_e4m3 int8 int4 tq3 tq4 */
     char kv_policy[64];                /* --kv-policy, "full" or "sink=S,window=W" */
     int32_t kv_policy_sink;            /* parsed S tokens; 0 with "full" */
     int32_t kv_policy_window;          /* parsed W tokens; 0 with "full" */

@@ -15,7 +15,8 @@ static const struct {
     {"auto", MDL_KV_AUTO, KN_KVQ_F32},     {"f32", MDL_KV_F32, KN_KVQ_F32},
     {"f16", MDL_KV_F16, KN_KVQ_F16},       {"bf16", MDL_KV_BF16, KN_KVQ_BF16},
     {"fp8_e4m3", MDL_KV_FP8_E4M3, KN_KVQ_FP8}, {"int8", MDL_KV_INT8, KN_KVQ_INT8},
-    {"int4", MDL_KV_INT4, KN_KVQ_INT4},
+    {"int4", MDL_KV_INT4, KN_KVQ_INT4},    {"tq3", MDL_KV_TQ3, KN_KVQ_TQ3},
+    {"tq4", MDL_KV_TQ4, KN_KVQ_TQ4},
 };
 
 int

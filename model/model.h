@@ -154,6 +154,8 @@ typedef enum mdl_kv_dtype {
     MDL_KV_FP8_E4M3,
     MDL_KV_INT8,
     MDL_KV_INT4,
+    MDL_KV_TQ3, /* TurboQuant-style rotated codes, 3 / 4 bits (kernels/cpu/kv_tq.h) */
+    MDL_KV_TQ4,
 } mdl_kv_dtype_t;
 
 typedef struct mdl_runtime_config {
@@ -227,7 +229,8 @@ int mdl_kv_blocks_for_budget(const mdl_config_t *c, const mdl_runtime_config_t *
  * "cpu". Thread: before the runtime exists (it selects each device). */
 int mdl_device_memory(const char *device, int32_t n_devices, size_t *total_bytes, char *err,
                       size_t errlen);
-/* "auto", "f32", "f16", "bf16", "fp8_e4m3", "int8", "int4" <-> dtype.
+/* "auto", "f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "tq3", "tq4"
+ * <-> dtype.
  * parse: ST_EINVAL for anything else. */
 int mdl_kv_dtype_parse(const char *s, mdl_kv_dtype_t *out);
 const char *mdl_kv_dtype_name(mdl_kv_dtype_t d);

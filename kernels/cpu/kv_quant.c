@@ -36,6 +36,7 @@
 #include "kernels/cpu/kn_int.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/kv_slots.h"
+#include "kernels/cpu/kv_tq.h"
 #include "kernels/kn_shared.h"
 
 /* kn_kvq_group_params() takes the scaled formats by these numbers. */
@@ -191,9 +192,16 @@ kn_f32_to_e4m3(float x)
 const char *
 kn_kvq_fmt_name(kn_kvq_fmt_t fmt)
 {
-    static const char *const names[] = {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4"};
+    static const char *const names[] = {"f32",  "f16",  "bf16", "fp8_e4m3",
+                                        "int8", "int4", "tq3",  "tq4"};
 
-    return (unsigned)fmt < 6 ? names[fmt] : "?";
+    return (unsigned)fmt < 8 ? names[fmt] : "?";
+}
+
+int
+kn_kvq_tq_bits(kn_kvq_fmt_t fmt)
+{
+    return fmt == KN_KVQ_TQ3 ? 3 : fmt == KN_KVQ_TQ4 ? 4 : 0;
 }
 
 int
@@ -216,7 +224,7 @@ kn_kvq_layout_init(kn_kvq_layout_t *out, kn_kvq_fmt_t fmt, int32_t n_kv_heads, i
     kn_kvq_layout_t L;
     size_t elems;
 
-    if (n_kv_heads <= 0 || block_size <= 0 || head_dim <= 0 || (unsigned)fmt > KN_KVQ_INT4) {
+    if (n_kv_heads <= 0 || block_size <= 0 || head_dim <= 0 || (unsigned)fmt > KN_KVQ_TQ4) {
         snprintf(err, errlen, "bad KV block shape");
         return ST_EINVAL;
     }
@@ -255,6 +263,20 @@ kn_kvq_layout_init(kn_kvq_layout_t *out, kn_kvq_fmt_t fmt, int32_t n_kv_heads, i
     case KN_KVQ_INT4:
         L.data_bytes = elems / 2;
         break;
+    case KN_KVQ_TQ3:
+    case KN_KVQ_TQ4: { /* rows of kernels/kn_tq.h, no meta */
+        int32_t kr = kn_tq_row_size(kn_kvq_tq_bits(fmt), 0, head_dim, err, errlen);
+        int32_t vr = kn_tq_row_size(kn_kvq_tq_bits(fmt), 1, head_dim, err, errlen);
+
+        if (kr == 0) {
+            return ST_EUNSUPPORTED;
+        }
+        L.k_stride = ((size_t)n_kv_heads * block_size * kr + 15) & ~(size_t)15;
+        L.v_stride = ((size_t)n_kv_heads * block_size * vr + 15) & ~(size_t)15;
+        L.data_bytes = L.k_stride; /* the larger kind's rows */
+        *out = L;
+        return ST_OK;
+    }
     }
     L.k_meta = sizeof(uint16_t) * (size_t)meta_per_group(fmt) * n_kv_heads * head_dim;
     L.v_meta = sizeof(uint16_t) * (size_t)meta_per_group(fmt) * n_kv_heads * block_size;
@@ -309,6 +331,9 @@ put_code(const kn_kvq_layout_t *L, uint8_t *data, size_t i, float x, float inv, 
         *b = d >= half ? (uint8_t)((*b & 0x0f) | (c << 4)) : (uint8_t)((*b & 0xf0) | c);
         break;
     }
+    case KN_KVQ_TQ3:
+    case KN_KVQ_TQ4: /* whole rows only (kv_tq.c) */
+        break;
     }
 }
 
@@ -530,6 +555,7 @@ struct kn_kvq_store {
     size_t lk_floats;   /* one layer and kind of a slot: n_kv * bs * hd */
     kvq_tier_t tier[2];
     float *inv_freq; /* (hd / 2) for SHIFT, NULL until set */
+    kn_tq_t *tq;     /* tq formats: rotations and sketches, else NULL */
     uint64_t stamp;
     kn_kvq_stats_t st;
 };
@@ -568,6 +594,7 @@ kn_kvq_store_destroy(kn_kvq_store_t *st)
     tier_fini(&st->tier[0]);
     tier_fini(&st->tier[1]);
     free(st->inv_freq);
+    kn_tq_destroy(st->tq);
     free(st);
 }
 
@@ -626,6 +653,9 @@ kn_kvq_store_create(const kn_kvq_layout_t *L, int32_t n_layers, int32_t num_bloc
     st->n_layers = n_layers;
     st->lk_floats = (size_t)L->n_kv_heads * L->block_size * L->head_dim;
     st->slot_floats = 2 * (size_t)n_layers * st->lk_floats;
+    if (kn_kvq_tq_bits(L->fmt) != 0) {
+        st->tq = kn_tq_create(kn_kvq_tq_bits(L->fmt), n_layers, L->n_kv_heads, L->head_dim);
+    }
     rc = tier_init(st, &st->tier[KVQ_DEV], num_blocks, res_slots, err, errlen);
     if (rc == ST_OK) {
         rc = tier_init(st, &st->tier[KVQ_SWAP], swap_blocks, res_slots, err, errlen);
@@ -721,6 +751,26 @@ static inline float *
 slot_at(const kn_kvq_store_t *st, const kvq_tier_t *t, int32_t slot, int32_t layer, int kind)
 {
     return t->res + (size_t)slot * st->slot_floats + ((size_t)layer * 2 + kind) * st->lk_floats;
+}
+
+/* Bytes of one tq row of kind. */
+static inline size_t
+tq_row(const kn_kvq_layout_t *L, int kind)
+{
+    return (size_t)kn_tq_row_size(kn_kvq_tq_bits(L->fmt), kind, L->head_dim, NULL, 0);
+}
+
+/* Decodes rows [r0, r0 + n) of head h of a tq block into out (n, hd). */
+static void
+tq_read(const kn_kvq_store_t *st, int32_t layer, int kind, const uint8_t *blk, int32_t h,
+        int32_t r0, int32_t n, float *out)
+{
+    const kn_kvq_layout_t *L = &st->L;
+
+    for (int32_t r = 0; r < n; r++) {
+        kn_tq_decode(st->tq, layer, h, kind, blk + ((size_t)h * L->block_size + r0 + r) *
+                     tq_row(L, kind), out + (size_t)r * L->head_dim);
+    }
 }
 
 const uint8_t *
@@ -852,6 +902,17 @@ kn_kvq_write(kn_kvq_store_t *st, int32_t layer, const float *k, const float *v,
         int32_t blk = slot[i] / bs, off = slot[i] % bs;
         const float *kr = k + (size_t)i * nkv * hd, *vr = v + (size_t)i * nkv * hd;
 
+        if (st->tq != NULL) {
+            uint8_t *kb = blk_at(st, t, layer, 0, blk), *vb = blk_at(st, t, layer, 1, blk);
+
+            for (int32_t h = 0; h < nkv; h++) {
+                kn_tq_encode(st->tq, layer, h, 0, kr + (size_t)h * hd,
+                             kb + ((size_t)h * bs + off) * tq_row(L, 0));
+                kn_tq_encode(st->tq, layer, h, 1, vr + (size_t)h * hd,
+                             vb + ((size_t)h * bs + off) * tq_row(L, 1));
+            }
+            continue;
+        }
         if (!kn_kvq_scaled(L->fmt)) {
             uint8_t *kb = blk_at(st, t, layer, 0, blk), *vb = blk_at(st, t, layer, 1, blk);
 
@@ -948,6 +1009,10 @@ kn_kvq_read_rows(const kn_kvq_store_t *st, int32_t layer, int kind, int32_t bloc
                sizeof(float) * (size_t)n * st->L.head_dim);
         return;
     }
+    if (st->tq != NULL) {
+        tq_read(st, layer, kind, blk_at(st, t, layer, kind, block), h, r0, n, out);
+        return;
+    }
     kn_kvq_dequant_rows(&st->L, kind, blk_at(st, t, layer, kind, block), h, r0, n, out);
     if (kind == 0 && t->shift[block] != 0) {
         kn_kvq_rotate_rows(out, n, st->L.head_dim, st->inv_freq, t->shift[block]);
@@ -985,8 +1050,20 @@ shift_block(kn_kvq_store_t *st, int32_t blk, int32_t delta)
                 continue;
             }
             /* f32 / f16 / bf16: rotate the stored rows (re-rounded to the
-             * format), 64 rows at a time. */
+             * format), 64 rows at a time; tq re-encodes them. */
             uint8_t *kb = blk_at(st, t, l, 0, blk);
+
+            if (st->tq != NULL) {
+                for (int32_t r = 0; r < bs; r++) {
+                    uint8_t *row = kb + ((size_t)h * bs + r) * tq_row(L, 0);
+
+                    kn_tq_decode(st->tq, l, h, 0, row, rows);
+                    kn_kvq_rotate_rows(rows, 1, hd, st->inv_freq, delta);
+                    kn_tq_encode(st->tq, l, h, 0, rows, row);
+                }
+                st->st.requantized += h == 0 && l == 0;
+                continue;
+            }
 
             for (int32_t r0 = 0; r0 < bs; r0 += 64) {
                 int32_t n = bs - r0 < 64 ? bs - r0 : 64;
@@ -1103,6 +1180,15 @@ kvq_attn_chunk(void *arg, int i, int n_tasks)
     int32_t s = kn_seq_of(a->query_start, a->n_seqs, t);
 
     (void)n_tasks;
+    if (j->st->tq != NULL) {
+        const kn_kvq_store_t *st = j->st;
+        const kvq_tier_t *tr = &st->tier[KVQ_DEV];
+
+        kn__tq_attn_task(st->tq, j->layer, blk_at(st, tr, j->layer, 0, 0), st->L.k_stride,
+                         blk_at(st, tr, j->layer, 1, 0), st->L.v_stride, a, t, s,
+                         i % a->n_kv_heads);
+        return;
+    }
 #if KVQ_HAVE_X86
     if (kn_cpu_isa() >= KN_ISA_AVX512) {
         kvq_attn_task_avx512(j->st, j->layer, a, t, s, i % a->n_kv_heads);

@@ -42,6 +42,12 @@
  * kn_cpu_isa()); the online softmax is the f32 kernel's. A quantized block
  * with a pending SHIFT rotates the query by +shift instead of the keys.
  *
+ * tq3 / tq4 (kv_tq.h) are whole-row codes: each token is encoded as it is
+ * written (no residual slot, no meta), its data region holding
+ * [n_kv][block_size][row] rows of kernels/kn_tq.h; kn_kvq_quantize_block()
+ * and kn_kvq_dequant_rows() do not take them (they need the layer's
+ * rotation: kn_kvq_read_rows() does).
+ *
  * Thread: a store belongs to one thread (the engine); kn_kvq_attention()
  * fans out over the kernel thread team internally.
  */
@@ -61,6 +67,8 @@ typedef enum kn_kvq_fmt {
     KN_KVQ_FP8, /* E4M3 (OCP "fn": no infinities, max 448), scaled */
     KN_KVQ_INT8,
     KN_KVQ_INT4,
+    KN_KVQ_TQ3, /* TurboQuant-style rows, 3 / 4 bits per coordinate (kv_tq.h) */
+    KN_KVQ_TQ4,
 } kn_kvq_fmt_t;
 
 /* Byte sizes of one block of one layer, per kind. */
@@ -80,8 +88,12 @@ const char *kn_kvq_fmt_name(kn_kvq_fmt_t fmt);
 /* Whether fmt carries scales (and so a residual for partial blocks). */
 int kn_kvq_scaled(kn_kvq_fmt_t fmt);
 
+/* Bits per coordinate of a tq format (3 or 4), 0 for the others. */
+int kn_kvq_tq_bits(kn_kvq_fmt_t fmt);
+
 /* Fills *out. ST_EUNSUPPORTED with a reason in err for shapes a format
- * cannot group (INT4 with head_dim % 8 != 0; any odd head_dim), ST_EINVAL
+ * cannot group (INT4 with head_dim % 8 != 0; tq with head_dim not a power
+ * of two in 16 .. 256; any odd head_dim), ST_EINVAL
  * for non-positive sizes. */
 int kn_kvq_layout_init(kn_kvq_layout_t *out, kn_kvq_fmt_t fmt, int32_t n_kv_heads,
                        int32_t block_size, int32_t head_dim, char *err, size_t errlen);

@@ -1535,4 +1535,135 @@ kn_kq_attention_body(const kn_thr_t *t, float *smem, const kn_kq_attn_args_t *qa
     }
 }
 
+/* ---- tq3 / tq4 KV rows (kernels/kn_tq.h, kernels/cpu/kv_tq.h) ------------
+ * The same row bytes as the CPU store: [n_kv][bs][row] per block and kind,
+ * block b of the layer's region at b * k_stride / v_stride. sg (n_kv, hd)
+ * and S (n_kv, hd, hd) are the layer's signs and sketch as kn_tq_create()
+ * makes them (the host uploads them once). Both bodies call the shared
+ * row codec, so a write is bit-identical to kn_kvq_write() (the emulator
+ * test checks it; on a GPU log2f of the value norm may differ in the last
+ * place at a rounding boundary of its 8-bit code).
+ *
+ * kn_tq_write_body: the new tokens' K (thread 0) and V (thread 1) rows of
+ * one layer. k, v: (n_tok, n_kv * hd) f32; slot: (n_tok), negative
+ * skipped. Launch: grid (n_tok, n_kv), block >= 1 thread, no shared memory.
+ *
+ * kn_tq_attn_body: paged attention over tq blocks, as kn_kvq_attention():
+ * each thread takes one query head of KV head blockIdx.y's group, rotates
+ * it once (qz = H D q, sq = S qz), scores every key row in the rotated
+ * domain (kn_tq_key_dot), sums p_t n_t cb[code_t] and rotates the sum back
+ * once. A first, serial-per-head version: correct and checked, not tuned
+ * (a warp per head with the rows split over lanes is the next step).
+ * q, out: (n_tok, n_heads * hd) f32. Launch: grid (n_tok, n_kv), block >=
+ * n_heads / n_kv threads (more idle), no shared memory. */
+#include "kernels/kn_tq.h"
+
+typedef struct kn_tq_write_args {
+    const float *k, *v;
+    const int32_t *slot;
+    uint8_t *kc, *vc;
+    const float *sg, *S;
+    size_t k_stride, v_stride;
+    int32_t n_kv, hd, bs, bits;
+} kn_tq_write_args_t;
+
+KN_DEV void
+kn_tq_write_body(const kn_thr_t *t, float *smem, const kn_tq_write_args_t *a)
+{
+    const int32_t tok = t->bx, h = t->by, hd = a->hd;
+    const int32_t sl = a->slot[tok];
+
+    (void)smem;
+    if (sl < 0) {
+        return;
+    }
+    for (int kind = t->tid; kind < 2; kind += t->nthr) {
+        const float *x = (kind == 0 ? a->k : a->v) + ((size_t)tok * a->n_kv + h) * hd;
+        uint8_t *base = kind == 0 ? a->kc + (size_t)(sl / a->bs) * a->k_stride
+                                  : a->vc + (size_t)(sl / a->bs) * a->v_stride;
+        size_t row = (size_t)kn_tq_row_bytes(a->bits, kind, hd);
+
+        kn_tq_encode_row(hd, a->bits, kind, a->sg + (size_t)h * hd,
+                         a->S + (size_t)h * hd * hd, x,
+                         base + ((size_t)h * a->bs + sl % a->bs) * row);
+    }
+}
+
+typedef struct kn_tq_attn_args {
+    float *out;
+    const float *q;
+    const uint8_t *kc, *vc;
+    const float *sg, *S;
+    const int32_t *query_start, *context_len, *block_tables;
+    size_t k_stride, v_stride;
+    int32_t max_blocks, n_seqs, n_heads, n_kv, hd, bs, bits, sliding_window;
+    float scale;
+} kn_tq_attn_args_t;
+
+KN_DEV void
+kn_tq_attn_body(const kn_thr_t *t, float *smem, const kn_tq_attn_args_t *a)
+{
+    const int32_t tok = t->bx, kh = t->by, hd = a->hd, bs = a->bs, bits = a->bits;
+    const int32_t group = a->n_heads / a->n_kv;
+    const int32_t s = kn_seq_of(a->query_start, a->n_seqs, tok);
+    const int32_t n_new = a->query_start[s + 1] - a->query_start[s];
+    const int32_t ctx = a->context_len[s] - n_new + (tok - a->query_start[s]);
+    const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
+    const size_t krow = (size_t)kn_tq_row_bytes(bits, 0, hd);
+    const size_t vrow = (size_t)kn_tq_row_bytes(bits, 1, hd);
+    const float *vcb = KN_TQ_CB[kn_tq_dim_index(hd)][bits - 1];
+    const float *sg = a->sg + (size_t)kh * hd, *S = a->S + (size_t)kh * hd * hd;
+    int32_t lo = 0;
+
+    (void)smem;
+    if (a->sliding_window > 0 && ctx - a->sliding_window + 1 > 0) {
+        lo = ctx - a->sliding_window + 1;
+    }
+    for (int32_t g = t->tid; g < group; g += t->nthr) {
+        float qz[KN_TQ_MAX_DIM], sq[KN_TQ_MAX_DIM], acc[KN_TQ_MAX_DIM];
+        const size_t qo = ((size_t)tok * a->n_heads + (size_t)kh * group + g) * hd;
+        float m = -INFINITY, l = 0.0f;
+
+        for (int32_t c = 0; c < hd; c++) {
+            qz[c] = KN_FMUL_RN(a->q[qo + c], sg[c]);
+            acc[c] = 0.0f;
+        }
+        kn_tq_fwht(qz, hd);
+        for (int32_t i = 0; i < hd; i++) {
+            float d = 0.0f;
+
+            for (int32_t c = 0; c < hd; c++) {
+                d = KN_FADD_RN(d, KN_FMUL_RN(S[(size_t)i * hd + c], qz[c]));
+            }
+            sq[i] = d;
+        }
+        for (int32_t j = lo; j <= ctx; j++) {
+            const size_t blk = (size_t)bt[j / bs], r = (size_t)kh * bs + j % bs;
+            const uint8_t *kr = a->kc + blk * a->k_stride + r * krow;
+            const uint8_t *vr = a->vc + blk * a->v_stride + r * vrow;
+            float sc = KN_FMUL_RN(kn_tq_key_dot(hd, bits, kr, qz, sq), a->scale), w;
+
+            if (sc > m) {
+                float corr = expf(m - sc);
+
+                l = KN_FMUL_RN(l, corr);
+                for (int32_t c = 0; c < hd; c++) {
+                    acc[c] = KN_FMUL_RN(acc[c], corr);
+                }
+                m = sc;
+            }
+            w = expf(sc - m);
+            l = KN_FADD_RN(l, w);
+            w = KN_FMUL_RN(w, kn_tq_vnorm(vr[bits * (hd / 8)]));
+            for (int32_t c = 0; c < hd; c++) {
+                acc[c] = KN_FADD_RN(acc[c], KN_FMUL_RN(w, vcb[kn_tq_code(vr, bits, hd / 8, c)]));
+            }
+        }
+        kn_tq_fwht(acc, hd);
+        for (int32_t c = 0; c < hd; c++) {
+            a->out[qo + c] = acc[c] / (l * (float)hd) * sg[c];
+        }
+    }
+}
+
 #endif /* KERNELS_CUDA_KN_CUDA_BODY_H */

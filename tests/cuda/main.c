@@ -5,6 +5,7 @@
 
 Suite *cuda_emu_suite(void);
 Suite *cuda_devemu_suite(void);
+Suite *cuda_emu_tq_suite(void);
 
 int
 main(void)
@@ -13,6 +14,7 @@ main(void)
     int failed;
 
     srunner_add_suite(sr, cuda_devemu_suite());
+    srunner_add_suite(sr, cuda_emu_tq_suite());
 
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);

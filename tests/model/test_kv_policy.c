@@ -206,6 +206,13 @@ START_TEST(test_stream_int4)
 }
 END_TEST
 
+/* tq3 re-encodes a shifted block's keys (kernels/cpu/kv_tq.h). */
+START_TEST(test_stream_tq3)
+{
+    stream_past_context(MDL_KV_TQ3);
+}
+END_TEST
+
 typedef struct nll_acc {
     const int32_t *toks;
     int64_t from; /* score predictions of tokens >= from */
@@ -311,8 +318,16 @@ START_TEST(test_dtypes)
                       6 * ((2 * 16 * 32 + 2 * 2 * 2 * 32) + (2 * 16 * 32 + 2 * 2 * 2 * 16)));
     ck_assert_uint_eq(mdl_kv_block_bytes(c, 16, MDL_KV_INT4),
                       6 * ((2 * 16 * 16 + 2 * 2 * 2 * 32) + (2 * 16 * 16 + 2 * 2 * 2 * 16)));
+    /* tq3: 3 bit planes of 4 bytes per row, + f16 norm + u8 residual norm
+     * for keys, + log8 norm for values; no meta. */
+    ck_assert_uint_eq(mdl_kv_block_bytes(c, 16, MDL_KV_TQ3), 6 * (2 * 16 * 15 + 2 * 16 * 13));
+    ck_assert_uint_eq(mdl_kv_block_bytes(c, 16, MDL_KV_TQ4), 6 * (2 * 16 * 19 + 2 * 16 * 17));
+    ck_assert_int_eq(mdl_kv_dtype_parse("tq3", &d), ST_OK);
+    ck_assert_int_eq(d, MDL_KV_TQ3);
+    ck_assert_str_eq(mdl_kv_dtype_name(MDL_KV_TQ4), "tq4");
     odd.head_dim = 36;
     ck_assert_uint_eq(mdl_kv_block_bytes(&odd, 16, MDL_KV_INT4), 0);
+    ck_assert_uint_eq(mdl_kv_block_bytes(&odd, 16, MDL_KV_TQ3), 0);
     ck_assert_uint_gt(mdl_kv_block_bytes(&odd, 16, MDL_KV_INT8), 0);
     ck_assert_int_eq(mdl_kv_dtype_parse("fp8_e4m3", &d), ST_OK);
     ck_assert_int_eq(d, MDL_KV_FP8_E4M3);
@@ -349,6 +364,7 @@ kv_policy_suite(void)
     tcase_add_test(tc, test_evict_plan);
     tcase_add_test(tc, test_stream_f32);
     tcase_add_test(tc, test_stream_int4);
+    tcase_add_test(tc, test_stream_tq3);
     tcase_add_test(tc, test_stream_text);
     tcase_add_test(tc, test_dtypes);
     suite_add_tcase(s, tc);

@@ -426,7 +426,8 @@ END_TEST
  * blocks as codes however the tokens were split into steps (KIVI). */
 START_TEST(test_quantized_kv_consistent)
 {
-    static const mdl_kv_dtype_t dts[] = {MDL_KV_INT8, MDL_KV_INT4, MDL_KV_FP8_E4M3};
+    static const mdl_kv_dtype_t dts[] = {MDL_KV_INT8, MDL_KV_INT4, MDL_KV_FP8_E4M3, MDL_KV_TQ3,
+                                         MDL_KV_TQ4};
     static res_t free_run[N_PR], pressured[N_PR];
     eng_stats_t st;
 

@@ -593,8 +593,8 @@ greedy_jobs(job_t *jobs)
  * both accepted and rejected. */
 START_TEST(test_greedy_identical_every_dtype)
 {
-    static const mdl_kv_dtype_t dts[] = {MDL_KV_F32,      MDL_KV_F16,  MDL_KV_BF16,
-                                         MDL_KV_FP8_E4M3, MDL_KV_INT8, MDL_KV_INT4};
+    static const mdl_kv_dtype_t dts[] = {MDL_KV_F32,  MDL_KV_F16,  MDL_KV_BF16, MDL_KV_FP8_E4M3,
+                                         MDL_KV_INT8, MDL_KV_INT4, MDL_KV_TQ3};
     static job_t jobs[N_GREEDY];
     static res_t plain[MAX_ID][MAX_CH];
     eng_stats_t st;
