@@ -10,6 +10,7 @@ Suite *blockmgr_random_suite(void);
 Suite *blockmgr_oom_suite(void);
 Suite *blockmgr_step_suite(void);
 Suite *blockmgr_events_suite(void);
+Suite *blockmgr_unreserve_suite(void);
 
 int
 main(void)
@@ -22,6 +23,7 @@ main(void)
     srunner_add_suite(sr, blockmgr_oom_suite());
     srunner_add_suite(sr, blockmgr_step_suite());
     srunner_add_suite(sr, blockmgr_events_suite());
+    srunner_add_suite(sr, blockmgr_unreserve_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -112,6 +112,7 @@ fake_env_init(fake_env_t *env, const fake_cfg_t *cfg)
     }
     sc.random_seed = 12345;
     sc.sliding_window = cfg->sliding_window;
+    sc.vtc = cfg->vtc;
     sc.kv_policy_ok = 1;
     env->sliding_window = cfg->sliding_window;
     ck_assert_int_eq(sched_create(&sc, env->pool, on_event, env, &env->sched), ST_OK);
