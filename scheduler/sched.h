@@ -57,7 +57,8 @@
  *   then the most recently admitted. A victim already planned in this
  *   step (a decode, when a more protected prefill runs short) is taken
  *   out of the batch first: its row goes, its token budget comes back
- *   and blockmgr takes its reservation back (bm_seq_unreserve). It is swapped out when the CPU tier has room, otherwise its
+ *   and blockmgr takes its reservation back (bm_seq_unreserve). The
+ *   victim is swapped out when the CPU tier has room, otherwise its
  *   blocks are freed and its prompt plus generated tokens become a new
  *   prefill (hitting the prefix cache where possible).
  *
