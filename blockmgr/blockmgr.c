@@ -797,7 +797,7 @@ bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_
             seal_block(pool, s, s->n_blocks - 1);
         }
     }
-    bm__step_wrote(pool, s);
+    bm__step_reserved(pool, s, n_new);
     return ST_OK;
 }
 
@@ -1367,4 +1367,16 @@ bm_tenant_swap_blocks(const bm_pool_t *pool, uint32_t tenant)
     const bm_tenant_t *t = tenant_find(pool, tenant);
 
     return t != NULL ? t->blocks[BM_CPU] : 0;
+}
+
+void
+bm__blk_put(bm_pool_t *pool, int tier, bm_block_t *b, uint32_t tenant)
+{
+    blk_put(pool, tier, b, tenant);
+}
+
+uint32_t
+bm_pool_watermark_blocks(const bm_pool_t *pool)
+{
+    return pool->watermark_blocks;
 }

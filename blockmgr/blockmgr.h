@@ -163,6 +163,8 @@ uint32_t bm_seq_blocks_needed(const bm_pool_t *pool, uint64_t seq, uint32_t n_ne
 /* Whether n_blocks more can be given to a NEW sequence while keeping the
  * watermark for running ones. */
 int bm_pool_can_admit(const bm_pool_t *pool, uint32_t n_blocks);
+/* The device blocks that watermark keeps: floor(watermark x usable blocks). */
+uint32_t bm_pool_watermark_blocks(const bm_pool_t *pool);
 
 /* Make room for tokens[0..n_new) after the sequence's current length,
  * all-or-nothing. Writes slots[i] = block * block_size + offset for each
@@ -272,6 +274,19 @@ void bm_pool_reset_prefix_cache(bm_pool_t *pool);
  * tests and kv_stream drive the pool directly). Cannot fail. */
 void bm_pool_step_begin(bm_pool_t *pool);
 void bm_pool_step_end(bm_pool_t *pool);
+
+/* Takes back, within the step that made them, every bm_seq_reserve of
+ * seq since bm_pool_step_begin (vLLM v1 un-schedules a preemption victim
+ * this way): the length returns to what it was, blocks left empty go
+ * back to the queue, and hashes registered for the taken-back slots are
+ * unregistered (their bytes will never be written). Afterwards the
+ * sequence counts as untouched in this step, so it may be swapped out or
+ * freed. ST_EINVAL (nothing changed) outside a step, for an unknown or
+ * swapped sequence, one that did not reserve in this step or was also
+ * forked, looked up or swapped in during it, one whose taken-back blocks
+ * another sequence references, or one whose length would fall into
+ * blocks the sliding window released. Cannot fail otherwise. */
+int bm_seq_unreserve(bm_pool_t *pool, uint64_t seq);
 
 /* Walks every structure; aborts with a message on any violation:
  * refcount == table entries naming the block, every block in exactly one

@@ -117,6 +117,11 @@ typedef struct bm_seq {
     /* Step epochs (bm_step.c): the pool epoch of its last reserve or fork
      * (wrote) and of its last reserve, fork, lookup or swap-in (taint). */
     uint64_t wrote_epoch, taint_epoch;
+    /* bm_seq_unreserve: the epoch of its last reserve and its length
+     * before that epoch's first reserve; the epoch of its last fork,
+     * lookup or swap-in (anything a reserve cannot undo). */
+    uint64_t resv_epoch, other_epoch;
+    uint32_t resv_len0;
 } bm_seq_t;
 
 struct bm_pool {
@@ -195,5 +200,9 @@ void bm__step_wrote(const bm_pool_t *pool, bm_seq_t *s);
 void bm__step_taint(const bm_pool_t *pool, bm_seq_t *s);
 void bm__step_check_free(const bm_pool_t *pool, const bm_seq_t *s);
 void bm__step_check_move(const bm_pool_t *pool, const bm_seq_t *s, const char *what);
+/* The sequence reserved n_new tokens (its length already counts them). */
+void bm__step_reserved(const bm_pool_t *pool, bm_seq_t *s, uint32_t n_new);
+/* blockmgr.c's reference drop, for bm_step.c's bm_seq_unreserve. */
+void bm__blk_put(bm_pool_t *pool, int tier, bm_block_t *b, uint32_t tenant);
 
 #endif /* BLOCKMGR_INT_H */

@@ -9,6 +9,12 @@
  * starts a new epoch, and the calls that would break the plan compare. Cost:
  * two stores per reserve, one compare per free, truncate or swap-out.
  *
+ * bm_seq_unreserve takes a reservation back within its step (the
+ * scheduler un-plans a preemption victim it had already planned): it
+ * needs the length before the step's first reserve, and that nothing but
+ * reserves touched the sequence in the step (a fork, lookup or swap-in
+ * cannot be undone), so a reserve also records both.
+ *
  * Thread: the pool's owner (the engine thread).
  */
 #include <stdio.h>
@@ -33,13 +39,65 @@ bm_pool_step_end(bm_pool_t *pool)
 void
 bm__step_wrote(const bm_pool_t *pool, bm_seq_t *s)
 {
-    s->wrote_epoch = s->taint_epoch = pool->epoch;
+    s->wrote_epoch = s->taint_epoch = s->other_epoch = pool->epoch;
 }
 
 void
 bm__step_taint(const bm_pool_t *pool, bm_seq_t *s)
 {
-    s->taint_epoch = pool->epoch;
+    s->taint_epoch = s->other_epoch = pool->epoch;
+}
+
+void
+bm__step_reserved(const bm_pool_t *pool, bm_seq_t *s, uint32_t n_new)
+{
+    if (s->resv_epoch != pool->epoch) {
+        s->resv_epoch = pool->epoch;
+        s->resv_len0 = s->len - n_new;
+    }
+    s->wrote_epoch = s->taint_epoch = pool->epoch;
+}
+
+int
+bm_seq_unreserve(bm_pool_t *pool, uint64_t seq)
+{
+    bm_seq_t *s = bm__seq_find(pool, seq);
+    bm_tier_t *dev = &pool->tier[BM_DEV];
+    uint32_t bs = pool->bs, first, keep;
+
+    if (s == NULL || s->swapped || !pool->in_step || s->resv_epoch != pool->epoch ||
+        s->other_epoch == pool->epoch) {
+        return ST_EINVAL;
+    }
+    first = s->resv_len0 / bs;
+    keep = (s->resv_len0 + bs - 1) / bs;
+    if (keep < s->n_released || (s->resv_len0 > 0 && keep == s->n_released)) {
+        return ST_EINVAL; /* it would reach blocks the window gave back */
+    }
+    for (uint32_t i = first; i < s->n_blocks; i++) {
+        if (bm__blk(pool, BM_DEV, (uint32_t)s->table[i])->ref != 1) {
+            return ST_EINVAL; /* another sequence took it this step */
+        }
+    }
+    /* Every block from `first` on got its last slot from this step's
+     * reservation, so a hash it carries was made at plan time for bytes
+     * that will now never be written: unregister it before anyone
+     * looks it up. */
+    for (uint32_t i = first; i < s->n_blocks; i++) {
+        bm_block_t *b = bm__blk(pool, BM_DEV, (uint32_t)s->table[i]);
+        if (b->cached) {
+            bm__ht_remove(dev, b);
+        }
+        b->hashed = 0;
+    }
+    s->len = s->resv_len0;
+    while (s->n_blocks > keep) {
+        s->n_blocks--;
+        bm__blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[s->n_blocks]),
+                    s->tenant);
+    }
+    s->wrote_epoch = s->taint_epoch = s->resv_epoch = 0;
+    return ST_OK;
 }
 
 void

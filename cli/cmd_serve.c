@@ -259,7 +259,10 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     e->prefix_caching = cfg->enable_prefix_caching;
     e->kv_sink = cfg->kv_policy_window > 0 ? cfg->kv_policy_sink : 0;
     e->kv_window = cfg->kv_policy_window > 0 ? cfg->kv_policy_window : 0;
-    e->watermark = 0.01f;
+    e->watermark = (float)cfg->kv_watermark;
+    e->vtc = (sp_vtc_weights_t){.input = cfg->vtc_input_weight,
+                                .cached = cfg->vtc_cached_weight,
+                                .output = cfg->vtc_output_weight};
     e->kv_events_config = cfg->kv_events_config;
     e->kv_map_tokens = cfg->admin_api_key_sha256[0] != '\0'; /* the console's map */
     e->n_tenants = cfg->n_tenants;

@@ -111,6 +111,14 @@ static const opt_t opts[] = {
      "\"full\" or \"sink=S,window=W\" (StreamingLLM, tokens)"},
     {"enable-prefix-caching", OT_BOOL, F(enable_prefix_caching), 0, 0, NULL, NULL,
      "reuse KV blocks of shared prompt prefixes"},
+    {"kv-watermark", OT_DBL, F(kv_watermark), 0, 0.5, NULL, "F",
+     "share of KV blocks admission keeps free so running sequences grow without preemption"},
+    {"vtc-input-weight", OT_DBL, F(vtc_input_weight), 0, 1e6, NULL, "W",
+     "fair share: charge per computed prompt token"},
+    {"vtc-cached-weight", OT_DBL, F(vtc_cached_weight), 0, 1e6, NULL, "W",
+     "fair share: charge per prompt token served by the prefix cache"},
+    {"vtc-output-weight", OT_DBL, F(vtc_output_weight), 0, 1e6, NULL, "W",
+     "fair share: charge per generated token (a decode step each)"},
     {"pooling", OT_ENUM, F(pooling), 0, 0, "last|mean", "P",
      "/v1/embeddings pooling of the final hidden states: last token or mean"},
     {"threads", OT_I32, F(threads), 0, 4096, NULL, "N", "CPU threads (0: all cores)"},
@@ -603,6 +611,10 @@ cfg_defaults(cfg_t *c)
     strcpy(c->dtype, "auto");
     strcpy(c->kv_policy, "full");
     c->enable_prefix_caching = 1;
+    c->kv_watermark = 0.01;
+    c->vtc_input_weight = 1.0;
+    c->vtc_cached_weight = 0.25;
+    c->vtc_output_weight = 2.0;
     strcpy(c->pooling, "last");
     c->log_level = LOG_LEVEL_INFO;
     c->drain_timeout_s = 30.0;
@@ -879,6 +891,11 @@ cfg_validate(cfg_t *c, char *err, size_t errlen)
     }
     if (c->swap_space_gib < 0) {
         c->swap_space_gib = strcmp(c->device, "cuda") == 0 ? 1.0 : 0.0;
+    }
+    if (c->vtc_input_weight == 0 && c->vtc_output_weight == 0) {
+        set_err(err, errlen, "--vtc-input-weight and --vtc-output-weight are both 0: the fair "
+                             "share would never move");
+        return ST_EINVAL;
     }
     if (c->model[0] == '\0') {
         set_err(err, errlen, "--model: must not be empty");

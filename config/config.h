@@ -91,6 +91,13 @@ typedef struct cfg {
     int32_t kv_policy_sink;            /* parsed S tokens; 0 with "full" */
     int32_t kv_policy_window;          /* parsed W tokens; 0 with "full" */
     int enable_prefix_caching;         /* default 1 */
+    double kv_watermark;               /* --kv-watermark: fraction of device KV blocks admission
+                                        * keeps free for running growth, default 0.01 */
+    double vtc_input_weight;           /* --vtc-input-weight: fair-share charge per computed
+                                        * prompt token, default 1 */
+    double vtc_cached_weight;          /* --vtc-cached-weight: per prefix-cached prompt token,
+                                        * default 0.25 */
+    double vtc_output_weight;          /* --vtc-output-weight: per generated token, default 2 */
     int32_t threads;                   /* --threads CPU threads; 0 = all cores */
     char pooling[8];                   /* --pooling for /v1/embeddings: "last" (default)
                                         * or "mean" */

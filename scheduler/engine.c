@@ -792,6 +792,7 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     sc.n_tenants = c->n_tenants;
     sc.udata_free = reserve_free;
     sc.spec = c->spec;
+    sc.vtc = c->vtc;
     memcpy(sc.tenants, c->tenants, sizeof(sc.tenants));
     rc = sched_create(&sc, e->pool, engine_emit, e, &e->sched);
     if (rc != ST_OK) {

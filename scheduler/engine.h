@@ -18,6 +18,7 @@
 #include "common/chan.h"
 #include "model/model.h"
 #include "scheduler/proto.h"
+#include "scheduler/sched_policy.h"
 #include "scheduler/spec.h"
 
 typedef struct eng_config {
@@ -41,6 +42,8 @@ typedef struct eng_config {
     int32_t test_fail_forward_at;
     /* Speculative decoding (--speculative-config, scheduler/spec.h). */
     spec_config_t spec;
+    /* VTC charges (--vtc-*-weight, scheduler/sched_policy.h); all 0: defaults. */
+    sp_vtc_weights_t vtc;
 } eng_config_t;
 
 typedef struct engine engine_t;

@@ -445,8 +445,13 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
         }
     }
 
+    sp_vtc_weights_t vtc;
+    if (sp_vtc_resolve(&cfg->vtc, &vtc) != ST_OK) {
+        return ST_EINVAL;
+    }
     s = xcalloc(1, sizeof(*s));
     s->cfg = *cfg;
+    s->cfg.vtc = vtc;
     s->pool = pool;
     s->emit = emit;
     s->emit_arg = emit_arg;
@@ -960,10 +965,10 @@ victim_cmp(sched_t *s, const sched_seq_t *a, const sched_seq_t *b)
     return (a->choice > b->choice) - (a->choice < b->choice);
 }
 
-/* Victim for preemption among the running sequences not yet planned this
- * step (blockmgr forbids preempting one that reserved this step). The
- * step plans in the opposite order (sort_running), so the unplanned ones
- * are always the first candidates anyway. */
+/* Victim for preemption among the running sequences, planned or not. The
+ * step plans in the opposite order (sort_running) within each pass, so a
+ * planned victim is a decode met by a more protected prefill (pass 1);
+ * plan_running takes it out of the batch before preempting it. */
 static sched_seq_t *
 pick_victim(sched_t *s)
 {
@@ -973,11 +978,48 @@ pick_victim(sched_t *s)
     LIST_FOREACH(it, &s->running)
     {
         sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
-        if (q->step_no != s->step_no && (best == NULL || victim_cmp(s, q, best) > 0)) {
+        if (best == NULL || victim_cmp(s, q, best) > 0) {
             best = q;
         }
     }
     return best;
+}
+
+/* Takes planned running sequence q back out of this step's batch
+ * (sched_policy.h, bm_seq_unreserve). 0 when blockmgr refuses (q took
+ * blocks some other way this step): q stays planned. */
+static int
+unplan(sched_t *s, sched_seq_t *q)
+{
+    int32_t row = s->n_rows - 1;
+
+    while (row >= 0 && s->rows_seq[row] != q) {
+        row--;
+    }
+    if (row < 0 || bm_seq_unreserve(s->pool, q->bm_id) != ST_OK) {
+        return 0;
+    }
+    sp_rows_t b = {
+        .tokens = s->b_tokens,
+        .positions = s->b_positions,
+        .slots = s->b_slots,
+        .query_start = s->b_query_start,
+        .context_len = s->b_context_len,
+        .rows_new = s->rows_new,
+        .rows_draft = s->rows_draft,
+        .rows_seq = s->rows_seq,
+        .logits_rows = s->b_logits_rows,
+        .samples = s->samples,
+        .n_tok = &s->n_tok,
+        .n_rows = &s->n_rows,
+        .n_logits = &s->n_logits,
+        .n_samples = &s->n_samples,
+        .n_res = &s->n_res,
+        .budget_tokens = &s->budget_tokens,
+    };
+    sp_unplan_row(&b, row);
+    q->step_no = 0;
+    return 1;
 }
 
 static int
@@ -1125,6 +1167,9 @@ plan_running(sched_t *s, sched_seq_t *q, int32_t n_new)
         CHECK(rc == ST_EAGAIN);
         sched_seq_t *v = pick_victim(s);
         CHECK(v != NULL);
+        if (v != q && v->step_no == s->step_no && !unplan(s, v)) {
+            v = q; /* blockmgr would not take its blocks back: q yields */
+        }
         if (v == q && s->n_running == 1) {
             /* Alone on the device and still out of blocks: the pool cannot
              * hold this sequence any longer. */
@@ -1140,21 +1185,40 @@ plan_running(sched_t *s, sched_seq_t *q, int32_t n_new)
     }
 }
 
-static void
+/* Brings swapped sequences back in (priority, arrival) order through
+ * sp_swap_in_gate. Returns 1 when it stopped short of the pool's blocks
+ * or the step's slots (nothing is admitted then), 0 when every swapped
+ * sequence left is held by its own tenant's limits. */
+static int
 plan_swap_in(sched_t *s)
 {
-    while (!list_empty(&s->swapped)) {
-        sched_seq_t *q = LIST_ENTRY(s->swapped.next, sched_seq_t, node);
-        sched_tenant_t *t = seq_tenant(s, q);
-        uint32_t need = bm_seq_swap_in_needed(s->pool, q->bm_id);
+    list_node_t *it = s->swapped.next;
 
-        /* One block of headroom for the next token, unless nothing runs. */
-        if (s->run_slots + seq_slots(q) > (uint32_t)s->cfg.max_num_seqs ||
-            need + (s->n_running > 0) > bm_pool_free_blocks(s->pool)) {
-            break;
+    while (it != &s->swapped) {
+        sched_seq_t *q = LIST_ENTRY(it, sched_seq_t, node);
+        sched_tenant_t *t = seq_tenant(s, q);
+        sp_swap_in_req_t g = {
+            .slots = seq_slots(q),
+            .run_slots = s->run_slots,
+            .max_slots = (uint32_t)s->cfg.max_num_seqs,
+            .tenant_slots = t->run_slots,
+            .tenant_max = (uint32_t)t->cfg.max_running,
+            .tenant_running = t->n_running,
+            .tenant_blocks = bm_tenant_blocks(s->pool, q->req->r.tenant),
+            .tenant_kv = t->kv_limit,
+            .need = bm_seq_swap_in_needed(s->pool, q->bm_id),
+            .free_blocks = bm_pool_free_blocks(s->pool),
+            .watermark = bm_pool_watermark_blocks(s->pool),
+            .others_running = s->n_running > 0,
+        };
+        sp_swap_in_t verdict = sp_swap_in_gate(&g);
+
+        it = it->next;
+        if (verdict == SP_SWAP_IN_SKIP) {
+            continue;
         }
-        if (bm_seq_swap_in(s->pool, q->bm_id) != ST_OK) {
-            break;
+        if (verdict == SP_SWAP_IN_STOP || bm_seq_swap_in(s->pool, q->bm_id) != ST_OK) {
+            return 1;
         }
         list_remove(&q->node);
         t->n_swapped--;
@@ -1172,6 +1236,7 @@ plan_swap_in(sched_t *s)
             }
         }
     }
+    return 0;
 }
 
 /* The tenant to admit from: least weighted service among tenants with an
@@ -1184,7 +1249,8 @@ pick_tenant(sched_t *s)
 
     for (int32_t u = 0; u < s->cfg.n_tenants; u++) {
         sched_tenant_t *t = &s->tenants[u];
-        if (list_empty(&t->waiting) || t->blocked_step == s->step_no) {
+        /* A tenant's swapped sequences come back before its new work. */
+        if (list_empty(&t->waiting) || t->blocked_step == s->step_no || t->n_swapped > 0) {
             continue;
         }
         sched_seq_t *h = LIST_ENTRY(t->waiting.next, sched_seq_t, node);
@@ -1300,7 +1366,8 @@ plan_admit(sched_t *s)
         if (!rq->admitted) {
             rq->admitted = 1;
             rq->cached_tokens = q->n_computed;
-            t->vtc += (double)rq->r.n_prompt / t->cfg.weight;
+            t->vtc += sp_vtc_prompt_charge(&s->cfg.vtc, rq->r.n_prompt, q->n_computed) /
+                      t->cfg.weight;
             t->tpm_budget -= (double)rq->r.n_prompt;
             t->prompt_tokens += (uint64_t)rq->r.n_prompt;
             s->prompt_tokens += (uint64_t)rq->r.n_prompt;
@@ -1412,11 +1479,8 @@ sched_step(sched_t *s, sched_plan_t *plan)
             (void)plan_running(s, q, min_i32(remaining, s->budget_tokens));
         }
     }
-    if (s->step_swap == 0 && s->step_recompute == 0) {
-        plan_swap_in(s);
-        if (list_empty(&s->swapped)) {
-            plan_admit(s);
-        }
+    if (s->step_swap == 0 && s->step_recompute == 0 && !plan_swap_in(s)) {
+        plan_admit(s);
     }
     plan_finalize(s, plan);
     return ST_OK;
@@ -1627,7 +1691,7 @@ commit_token(sched_t *s, sched_seq_t *q, const smp_result_t *res)
     q->n_generated++;
     t->generation_tokens++;
     s->generation_tokens++;
-    t->vtc += 1.0 / t->cfg.weight;
+    t->vtc += s->cfg.vtc.output / t->cfg.weight;
     t->tpm_budget -= 1.0;
     if (s->emit(s->emit_arg, &ev) != ST_OK) {
         /* The token could not be reported: the request ends with ERROR at

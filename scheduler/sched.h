@@ -28,14 +28,19 @@
  *   sequences still unplanned when blocks run out are the right victims),
  *   each reserving its blocks and preempting when
  *   blockmgr says ST_EAGAIN; (3) swapped sequences come back when nothing
- *   was preempted this step; (4) only when nothing is swapped, new or
- *   recomputed sequences are admitted by tenant fair share. Budgets:
+ *   was preempted this step, within their tenant's max_running and KV
+ *   share and keeping the watermark free (sched_policy.h); (4) unless
+ *   swap-in stopped for want of blocks or slots, new or recomputed
+ *   sequences are admitted by tenant fair share, from tenants with no
+ *   swapped sequence. Budgets:
  *   max_num_batched_tokens tokens and max_num_seqs sequences.
  *
  *   Fair share (Virtual Token Counter, Sheng et al. OSDI 2024): each tenant
  *   has a counter of served tokens divided by its weight: the whole prompt
  *   is charged at first admission, each generated token when it is
- *   sampled. Admission takes the tenant with the least counter that has an
+ *   sampled, with separate weights for computed prompt tokens, prompt
+ *   tokens served by the prefix cache and generated tokens
+ *   (sched_policy.h). Admission takes the tenant with the least counter that has an
  *   admissible sequence, then priority, then arrival. A tenant that becomes
  *   active (first live request) has its counter lifted to the minimum of
  *   the active tenants, so idle time earns no credit.
@@ -47,10 +52,13 @@
  *   prompt at first admission and each generated token; a new request is
  *   admitted only when its prompt fits the bucket (running ones go on).
  *
- *   Preemption victim: among running sequences not yet planned this step
- *   (and the one being planned), the tenant with the largest counter, then
- *   within it the lowest priority (largest value), then the most recently
- *   admitted. It is swapped out when the CPU tier has room, otherwise its
+ *   Preemption victim: among running sequences, the tenant with the
+ *   largest counter, then within it the lowest priority (largest value),
+ *   then the most recently admitted. A victim already planned in this
+ *   step (a decode, when a more protected prefill runs short) is taken
+ *   out of the batch first: its row goes, its token budget comes back
+ *   and blockmgr takes its reservation back (bm_seq_unreserve). The
+ *   victim is swapped out when the CPU tier has room, otherwise its
  *   blocks are freed and its prompt plus generated tokens become a new
  *   prefill (hitting the prefix cache where possible).
  *
@@ -65,6 +73,7 @@
 #include "model/model.h"
 #include "sampler/sampler.h"
 #include "scheduler/proto.h"
+#include "scheduler/sched_policy.h"
 #include "scheduler/spec.h"
 
 typedef struct sched sched_t;
@@ -123,6 +132,9 @@ typedef struct sched_config {
     void (*udata_free)(void *udata);
     /* Speculative decoding (scheduler/spec.h); method SPEC_OFF: none. */
     spec_config_t spec;
+    /* VTC charge per token kind (scheduler/sched_policy.h); all 0: the
+     * defaults (input 1, cached 0.25, output 2). */
+    sp_vtc_weights_t vtc;
 } sched_config_t;
 
 /* One logits row to sample for one sequence (choice); a speculating

@@ -212,6 +212,7 @@ START_TEST(test_help)
         "--idle-timeout", "--request-timeout", "--max-n", "--max-tokens-cap",
         "--max-waiting-requests", "--max-sse-buffer-bytes", "--[no-]public-metrics",
         "--[no-]public-health", "--threads", "weight", "max_kv_share", "tokens_per_minute",
+        "--kv-watermark", "--vtc-input-weight", "--vtc-cached-weight", "--vtc-output-weight",
     };
 
     ck_assert_int_eq(PARSE(&c, "--port", "1", "--help"), CFG_HELP);
@@ -766,6 +767,34 @@ START_TEST(test_example_file)
 }
 END_TEST
 
+/* Issue 15: the admission watermark and the VTC weights, from flags and
+ * the file, with their defaults and the one contradiction refused. */
+START_TEST(test_watermark_and_vtc_weights)
+{
+    cfg_t c;
+
+    ck_assert_int_eq(PARSE(&c, "--port", "1"), ST_OK);
+    ck_assert_double_eq(c.kv_watermark, 0.01);
+    ck_assert_double_eq(c.vtc_input_weight, 1.0);
+    ck_assert_double_eq(c.vtc_cached_weight, 0.25);
+    ck_assert_double_eq(c.vtc_output_weight, 2.0);
+    ck_assert_int_eq(PARSE(&c, "--kv-watermark", "0.05", "--vtc-cached-weight=0",
+                           "--vtc-output-weight", "4"),
+                     ST_OK);
+    ck_assert_double_eq(c.kv_watermark, 0.05);
+    ck_assert_double_eq(c.vtc_cached_weight, 0.0);
+    ck_assert_double_eq(c.vtc_output_weight, 4.0);
+    ck_assert_int_eq(PARSE(&c, "--kv-watermark", "0.6"), ST_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "--kv-watermark"));
+    ck_assert_int_eq(PARSE(&c, "--vtc-cached-weight", "-1"), ST_EINVAL);
+    ck_assert_int_eq(PARSE(&c, "--vtc-input-weight", "0", "--vtc-output-weight", "0"), ST_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "both 0"));
+    ck_assert_int_eq(load_text(&c, "kv_watermark = 0\nvtc_input_weight = 2\n"), ST_OK);
+    ck_assert_double_eq(c.kv_watermark, 0.0);
+    ck_assert_double_eq(c.vtc_input_weight, 2.0);
+}
+END_TEST
+
 START_TEST(test_parsers)
 {
     int64_t b;
@@ -832,6 +861,7 @@ config_suite(void)
     tcase_add_test(tc, test_dtype);
     tcase_add_test(tc, test_example_file);
     tcase_add_test(tc, test_parsers);
+    tcase_add_test(tc, test_watermark_and_vtc_weights);
     suite_add_tcase(s, tc);
     return s;
 }

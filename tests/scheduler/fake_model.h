@@ -71,6 +71,7 @@ typedef struct fake_cfg {
     int32_t n_tenants;
     eng_tenant_t tenants[4];
     int32_t sliding_window; /* 0: full attention */
+    sp_vtc_weights_t vtc;   /* all 0: the scheduler's defaults */
 } fake_cfg_t;
 
 /* A config with small defaults; tests change fields. */
