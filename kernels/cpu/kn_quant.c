@@ -613,10 +613,11 @@ act_pad(int32_t d_in)
 size_t
 kn_act_bytes(int32_t n_tok, int32_t d_in)
 {
-    /* codes 1 + dl 1 + s16 1/4 + d32 1/8 + s32 1/8 + transposed codes 1 bytes per column */
+    /* codes 1 + dl 1 + s16 1/4 + d32 1/8 + s32 1/8 + c32 1/8 + transposed codes 1 bytes
+     * per column */
     size_t per = (size_t)act_pad(d_in);
 
-    return (size_t)n_tok * (per + per + per / 4 + per / 4 + per) + 6 * 64;
+    return (size_t)n_tok * (per + per + per / 4 + per / 4 + per / 8 + per) + 7 * 64;
 }
 
 static void *
@@ -643,6 +644,7 @@ kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf)
     a->s16 = act_carve(&p, n / 4);
     a->d32 = act_carve(&p, n / 8);
     a->s32 = act_carve(&p, n / 8);
+    a->c32 = act_carve(&p, n / 8);
     a->qt = act_carve(&p, n);
     a->have_q8 = 0;
 }
@@ -651,7 +653,7 @@ kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf)
  * q = round-half-even(x / d) (x * (1 / d), as ggml's q8 quantizers). */
 static void
 act_q8_row(const float *x, int32_t d_in, int32_t d_pad, int8_t *q, float *dl, float *s16,
-           float *d32, float *s32)
+           float *d32, float *s32, int32_t *c32)
 {
     for (int32_t b = 0; b < d_pad / 32; b++) {
         int32_t n = d_in - 32 * b < 32 ? d_in - 32 * b : 32;
@@ -694,6 +696,7 @@ act_q8_row(const float *x, int32_t d_in, int32_t d_pad, int8_t *q, float *dl, fl
         s16[2 * b + 1] = d * (float)sum[1];
         d32[b] = d;
         s32[b] = d * (float)(sum[0] + sum[1]);
+        c32[b] = -128 * (sum[0] + sum[1]);
     }
 }
 
@@ -707,7 +710,7 @@ kn_act_quantize_q8(kn_act_t *a)
         size_t o = (size_t)t * a->d_pad;
 
         act_q8_row(a->x + (size_t)t * a->d_in, a->d_in, a->d_pad, a->q + o, a->dl + o / 4,
-                   a->s16 + o / 16, a->d32 + o / 32, a->s32 + o / 32);
+                   a->s16 + o / 16, a->d32 + o / 32, a->s32 + o / 32, a->c32 + o / 32);
         for (size_t s = 0; s < (size_t)a->d_pad; s += KN_QK) {
             for (int i = 0; i < 8; i++) {
                 for (int j = 0; j < 8; j++) {

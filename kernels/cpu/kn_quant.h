@@ -95,6 +95,9 @@ void kn_quant_row(kn_wtype_t t, const float *src, void *dst, int64_t n);
  *               tiles' min terms, the GEMV's q6_K offsets)
  *   d32, s32    (n_tok, d_pad / 32) d and d * sum(q) per block of 32 (the
  *               GEMV's compact forms of dl and s16)
+ *   c32         (n_tok, d_pad / 32) -128 * sum(q) per block of 32, exact in
+ *               int32 (the VNNI q8_0 kernels read a weight code q as the
+ *               unsigned q + 128 and start each block's sum here)
  *   qt          (n_tok, d_pad) q with each 256-column slice transposed as
  *               8 x 8 dwords: bytes 32 i + 4 j .. + 3 hold codes 4 i .. 4 i + 3
  *               of block j (the tiled GEMM's layout: one vpdpbusd lane
@@ -108,6 +111,7 @@ typedef struct kn_act {
     float *dl;
     float *s16;
     float *d32, *s32;
+    int32_t *c32;
     int8_t *qt;
     int have_q8;
 } kn_act_t;

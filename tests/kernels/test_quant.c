@@ -11,7 +11,8 @@
  * accumulate; one activation shared by every type; the embedding lookup.
  * The tiled GEMM (n_tok >= 4) at odd row counts, n_tok 33, 40, 70 against
  * the reference and every n_tok 1 .. 40 bit for bit against the GEMV
- * (batch independence); kn_matmul_w_n bit for bit against kn_matmul_w.
+ * (batch independence); kn_matmul_w_n bit for bit against kn_matmul_w;
+ * q8_0 codes over the whole int8 range (-128 included) at every level.
  *
  * KVSERVE_TEST_SCALE < 1 (the sanitizer runs) drops n_tok 17 and 64.
  */
@@ -631,6 +632,90 @@ START_TEST(test_matmul_fused)
 }
 END_TEST
 
+/* q8_0 codes over the whole int8 range, -128 included (ggml's quantizer
+ * never writes it; a file may), against activations whose codes sit at
+ * +-127: the VNNI kernels read each code as the unsigned q + 128 and
+ * subtract 128 * sum(xq) per block, the others split q into |q| and its
+ * sign. Every ISA level, 1 and 2 threads, the GEMV and the tiled GEMM,
+ * against the reference and bit for bit against each token alone. */
+START_TEST(test_q8_0_extreme_codes)
+{
+    enum { ROWS = 37, COLS = 512, NT = 9 };
+    static const int32_t n_toks[] = {1, 2, 5, NT};
+    size_t rb = kn_wtype_row_bytes(KN_W_Q8_0, COLS);
+    uint8_t *data = malloc(rb * ROWS);
+    float *deq = malloc(sizeof(float) * ROWS * COLS), *x = malloc(sizeof(float) * NT * COLS);
+    float *y = malloc(sizeof(float) * NT * ROWS), *yr = malloc(sizeof(float) * NT * ROWS);
+    float *y1 = malloc(sizeof(float) * ROWS);
+    double *tol = malloc(sizeof(double) * NT * ROWS);
+    void *abuf = malloc(kn_act_bytes(NT, COLS));
+    kn_weight_t w = {KN_W_Q8_0, data, rb, ROWS, COLS};
+
+    for (size_t b = 0; b < rb * ROWS / 34; b++) {
+        uint8_t *blk = data + 34 * b;
+
+        put16(blk, (uint16_t)(0x2000 + (b * 977) % 0x1800)); /* f16 2^-7 .. ~2^-1 */
+        for (int l = 0; l < 32; l++) {
+            float u = frand();
+
+            /* a third -128, a third 127, the rest anything */
+            blk[2 + l] = u < -0.33f ? 0x80 : u > 0.33f ? 0x7f : (uint8_t)(frand() * 128.0f);
+        }
+    }
+    for (int32_t r = 0; r < ROWS; r++) {
+        kn_dequant_row(KN_W_Q8_0, data + rb * r, deq + (size_t)r * COLS, COLS);
+    }
+    for (size_t i = 0; i < (size_t)NT * COLS; i++) { /* +-1: every code +-127 */
+        x[i] = frand() > 0.2f ? -1.0f : 1.0f;
+    }
+    for (int ti = 0; ti < 4; ti++) {
+        int32_t n_tok = n_toks[ti];
+        kn_act_t act;
+
+        kn_matmul_w_ref(x, n_tok, &w, NULL, yr, 0);
+        for (int32_t tk = 0; tk < n_tok; tk++) {
+            for (int32_t o = 0; o < ROWS; o++) {
+                double s = 0;
+
+                for (int32_t i = 0; i < COLS; i++) {
+                    s += fabs(deq[(size_t)o * COLS + i]);
+                }
+                tol[(size_t)tk * ROWS + o] = 1e-5 * s + 1e-6; /* |x| = 1: f32 sums of s */
+            }
+        }
+        for (int isa = 0; isa <= (int)kn_cpu_isa_best(); isa++) {
+            ck_assert_int_eq(kn_cpu_set_isa((kn_isa_t)isa), ST_OK);
+            for (int nt = 1; nt <= 2; nt++) {
+                kn_cpu_init(nt);
+                kn_act_init(&act, x, n_tok, COLS, abuf);
+                kn_matmul_w(&act, &w, NULL, y, 0);
+                for (int32_t i = 0; i < n_tok * ROWS; i++) {
+                    ck_assert_msg(fabs((double)y[i] - yr[i]) <= tol[i],
+                                  "%s nt %d n_tok %d at %d: %.9g vs ref %.9g",
+                                  kn_isa_name((kn_isa_t)isa), nt, n_tok, i, y[i], yr[i]);
+                }
+                for (int32_t tk = 0; tk < n_tok; tk++) {
+                    kn_act_init(&act, x + (size_t)tk * COLS, 1, COLS, abuf);
+                    kn_matmul_w(&act, &w, NULL, y1, 0);
+                    ck_assert_msg(memcmp(y1, y + (size_t)tk * ROWS, sizeof(float) * ROWS) == 0,
+                                  "%s nt %d n_tok %d: token %d differs alone",
+                                  kn_isa_name((kn_isa_t)isa), nt, n_tok, tk);
+                }
+            }
+        }
+    }
+    kn_cpu_set_isa(kn_cpu_isa_best());
+    free(data);
+    free(deq);
+    free(x);
+    free(y);
+    free(yr);
+    free(y1);
+    free(tol);
+    free(abuf);
+}
+END_TEST
+
 START_TEST(test_embed)
 {
     enum { V = 10, D = 512 };
@@ -665,6 +750,7 @@ quant_suite(void)
     tcase_add_test(tc, test_matmul_batch_independent);
     tcase_add_test(tc, test_matmul_gemm_tiles);
     tcase_add_test(tc, test_matmul_fused);
+    tcase_add_test(tc, test_q8_0_extreme_codes);
     tcase_add_test(tc, test_embed);
     suite_add_tcase(s, tc);
     return s;
