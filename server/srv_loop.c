@@ -46,6 +46,7 @@
 #include "server/srv_endpoints.h"
 #include "server/srv_ready.h"
 #include "server/srv_state.h"
+#include "server/srv_work.h"
 
 #define SRV_SOCKET_SNDBUF (64 * 1024)
 /* After the drain timeout: time for the final error events to reach clients. */
@@ -110,6 +111,9 @@ srv_hold_init(srv_hold_t *h, srv_t *s, struct MHD_Connection *mc, void (*on_hang
 int
 srv_hold_reserve(srv_hold_t *h)
 {
+    if (h->hup != NULL) {
+        return 1; /* the watch runs already */
+    }
     if (h->hup_mem == NULL) {
         h->hup_mem = xmalloc_try(sizeof(*h->hup_mem));
     }
@@ -624,6 +628,7 @@ out:
     if (s->mhd != NULL) {
         stop_everything(s);
     }
+    srv_work_drain(s); /* before the engine and grammar vocabulary they may use go */
     srv_ready_fini(s); /* a loader still running hands its engine over */
     if (s->engine != NULL) {
         engine_stop(s->engine);

@@ -79,6 +79,7 @@ struct srv {
     list_node_t suspended; /* srv_hold_t of suspended connections */
     uint32_t n_reqs;
     uint32_t n_gen; /* generation requests in flight */
+    uint32_t n_work; /* request preparations on the thread pool (srv_work.c) */
     uint64_t next_id;
     int draining;
     int drain_expired;
