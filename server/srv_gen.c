@@ -36,6 +36,7 @@
 #include "server/srv_gen.h"
 #include "server/srv_tools.h"
 #include "server/srv_grammar.h"
+#include "server/srv_outq.h"
 #include "server/srv_work.h"
 
 /* Room a stream's output buffer gets up front: chunks of a client that
@@ -73,7 +74,7 @@ struct srv_gen {
     srv_choice_t *choices;
 
     /* Streaming. */
-    srv_buf_t out;
+    srv_outq_t out; /* appended at out.buf, read from out.off */
     srv_buf_t chunk_prefix; /* 'data: {"id":...,"choices":[{"index":' */
     int out_eos;
     int stream_error;        /* an error event was sent */
@@ -173,7 +174,7 @@ srv_gen_free(srv_gen_t *g)
     if (g->have_params) {
         srv_params_free(&g->p);
     }
-    srv_buf_free(&g->out);
+    srv_outq_free(&g->out);
     srv_buf_free(&g->chunk_prefix);
     srv_buf_free(&g->tail);
     free(g);
@@ -248,10 +249,10 @@ fail_oom(srv_gen_t *g)
 static void
 out_truncate(srv_gen_t *g, size_t out_len)
 {
-    g->out.len = out_len;
-    g->out.oom = 0;
-    if (g->out.data != NULL) {
-        g->out.data[out_len] = '\0';
+    g->out.buf.len = out_len;
+    g->out.buf.oom = 0;
+    if (g->out.buf.data != NULL) {
+        g->out.buf.data[out_len] = '\0';
     }
 }
 
@@ -260,7 +261,7 @@ stream_emit(srv_gen_t *g, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
             const char *finish)
 {
     unsigned long mark = srv_json_mark();
-    size_t out_len = g->out.len;
+    size_t out_len = g->out.buf.len;
 
     if (g->stream_error || srv_req_gone(g->r) || g->err.status) {
         cJSON_Delete(lp);
@@ -269,7 +270,7 @@ stream_emit(srv_gen_t *g, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
     if (piece->len == 0 && lp == NULL && finish == NULL && !g->rs.api->chunk_owed(&g->rs, ch)) {
         return;
     }
-    srv_api_chunk(&g->rs, &g->chunk_prefix, ci, ch, piece, lp, finish, &g->out);
+    srv_api_chunk(&g->rs, &g->chunk_prefix, ci, ch, piece, lp, finish, &g->out.buf);
     if (xmalloc_try_failures() != mark) {
         /* Drop the torn chunk: the stream ends after the last whole one. */
         out_truncate(g, out_len);
@@ -278,10 +279,10 @@ stream_emit(srv_gen_t *g, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
         return;
     }
 
-    if ((int64_t)g->out.len > g->s->cfg->max_sse_buffer_bytes) {
+    if ((int64_t)srv_outq_pending(&g->out) > g->s->cfg->max_sse_buffer_bytes) {
         srv_err_set(&g->err, 400, NULL,
                     "the client does not read the stream fast enough (%lld bytes unsent)",
-                    (long long)g->out.len);
+                    (long long)srv_outq_pending(&g->out));
         g->err.code = "slow_consumer";
         REQ_WARN(g->id, "%s: cancelling", g->err.message);
         cancel_jobs(g);
@@ -328,7 +329,7 @@ choice_emit(srv_gen_t *g, int32_t ci, srv_choice_t *ch, srv_buf_t *piece, cJSON 
 int
 srv_gen_stream_ready(const srv_gen_t *g)
 {
-    return g->p.stream && (g->out.len > 0 || g->out_eos);
+    return g->p.stream && (srv_outq_pending(&g->out) > 0 || g->out_eos);
 }
 
 ssize_t
@@ -336,11 +337,8 @@ srv_gen_read(srv_gen_t *g, char *buf, size_t max)
 {
     size_t n;
 
-    if (g->out.len > 0) {
-        n = g->out.len < max ? g->out.len : max;
-        memcpy(buf, g->out.data, n);
-        srv_buf_consume(&g->out, n);
-        return (ssize_t)n;
+    if (srv_outq_pending(&g->out) > 0) {
+        return (ssize_t)srv_outq_read(&g->out, buf, max);
     }
     if (g->out_eos) {
         const char *t = g->tail_static != NULL ? g->tail_static : g->tail.data;
@@ -363,18 +361,18 @@ srv_gen_read(srv_gen_t *g, char *buf, size_t max)
 static void
 stream_end(srv_gen_t *g)
 {
-    size_t out_len = g->out.len;
+    size_t out_len = g->out.buf.len;
     unsigned long mark = srv_json_mark();
 
     if (g->rs.api->stream_end != NULL) {
         srv_usage_t u = usage_of(g);
-        g->rs.api->stream_end(&g->rs, &g->choices[0], &u, &g->out);
+        g->rs.api->stream_end(&g->rs, &g->choices[0], &u, &g->out.buf);
     } else {
         if (g->p.include_usage) {
             srv_usage_t u = usage_of(g);
-            srv_api_usage_chunk(&g->rs, &u, &g->out);
+            srv_api_usage_chunk(&g->rs, &u, &g->out.buf);
         }
-        srv_sse_done(&g->out);
+        srv_sse_done(&g->out.buf);
     }
     if (xmalloc_try_failures() != mark) {
         out_truncate(g, out_len);
@@ -412,7 +410,7 @@ request_done(srv_gen_t *g)
     if (!srv_req_live(r)) {
         return;
     }
-    if (g->p.stream && !(g->err.status && g->out.len == 0 && srv_req_waiting(r))) {
+    if (g->p.stream && !(g->err.status && srv_outq_pending(&g->out) == 0 && srv_req_waiting(r))) {
         if (!g->stream_error) {
             if (g->err.status) {
                 stream_error_event(g);
@@ -837,7 +835,7 @@ alloc_jobs(srv_gen_t *g, int32_t n_jobs, eng_msg_submit_t **msgs)
         g->choices = NULL;
     }
     if (g->choices != NULL &&
-        (!srv_req_reserve(r) || (g->p.stream && !srv_buf_reserve(&g->out, SRV_STREAM_RESERVE)))) {
+        (!srv_req_reserve(r) || (g->p.stream && !srv_buf_reserve(&g->out.buf, SRV_STREAM_RESERVE)))) {
         free_tp(g, n_jobs * g->p.n);
         free(g->choices);
         g->choices = NULL;
@@ -858,7 +856,7 @@ alloc_jobs(srv_gen_t *g, int32_t n_jobs, eng_msg_submit_t **msgs)
     if (g->choices == NULL) {
         free(g->jobs);
         g->jobs = NULL;
-        srv_buf_free(&g->out);
+        srv_outq_free(&g->out);
         srv_req_unreserve(r);
         return 0;
     }
@@ -930,6 +928,13 @@ gen_prep_done(srv_req_t *r, void *arg, int live)
     }
     if (!w->ok) {
         srv_req_answer_error(r, &w->err);
+        gen_prep_free(w);
+        return;
+    }
+    /* A stream keeps a half-closed client (it is written to at every
+     * token, so a closed one is found at once); a body waits silently,
+     * and a FIN before it is a hang-up, as it always was. */
+    if (srv_req_half_close(r, w->p.stream)) {
         gen_prep_free(w);
         return;
     }

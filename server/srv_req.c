@@ -287,12 +287,25 @@ srv_req_wait(srv_req_t *r)
 }
 
 void
+srv_req_wait_later(srv_req_t *r)
+{
+    r->state = SRV_REQ_WAITING;
+    srv_loop_suspend_later(&r->hold);
+}
+
+void
 srv_req_busy(srv_req_t *r, int delta)
 {
     r->busy += delta;
     if (r->busy == 0) {
         srv_req_maybe_free(r);
     }
+}
+
+int
+srv_req_half_close(srv_req_t *r, int allow)
+{
+    return srv_loop_hold_settle(&r->hold, allow) || r->client_gone;
 }
 
 void

@@ -39,6 +39,10 @@ on_after_work(uv_work_t *req, int status)
     s->n_work--;
     srv_req_set_work(r, NULL);
     live = status == 0 && srv_req_live(r) && !s->stopping;
+    if (!live) {
+        REQ_INFO(srv_req_id(r), "dropped while being prepared (%s)",
+                 status != 0 ? "cancelled before it ran" : s->stopping ? "stopping" : "client gone");
+    }
     w->done(r, w->arg, live);
     free(w);
     srv_req_busy(r, -1); /* may free r */
@@ -71,7 +75,8 @@ srv_work_queue(srv_req_t *r, srv_work_fn fn, srv_work_done_fn done, void *arg)
     s->n_work++;
     srv_req_busy(r, 1);
     srv_req_set_work(r, w);
-    srv_req_wait(r);
+    (void)srv_req_half_close(r, 1); /* done decides what a FIN meant */
+    srv_req_wait_later(r);
     return 1;
 }
 

@@ -6,7 +6,8 @@
  *
  * DESIGN
  *   srv_work_queue() suspends the request (as srv_req_wait does, with its
- *   hang-up watch) and queues fn(arg) with uv_queue_work. fn runs on a
+ *   hang-up watch, a half-close allowed: done settles it with
+ *   srv_req_half_close) and queues fn(arg) with uv_queue_work. fn runs on a
  *   pool thread and touches only arg, the request's body and what of the
  *   server is read-only once it is ready (configuration, limits,
  *   tokenizer, chat template, grammar vocabulary): no socket, no MHD, no
