@@ -835,7 +835,8 @@ alloc_jobs(srv_gen_t *g, int32_t n_jobs, eng_msg_submit_t **msgs)
         g->choices = NULL;
     }
     if (g->choices != NULL &&
-        (!srv_req_reserve(r) || (g->p.stream && !srv_buf_reserve(&g->out.buf, SRV_STREAM_RESERVE)))) {
+        (!srv_req_reserve(r) ||
+         (g->p.stream && !srv_buf_reserve(&g->out.buf, SRV_STREAM_RESERVE)))) {
         free_tp(g, n_jobs * g->p.n);
         free(g->choices);
         g->choices = NULL;

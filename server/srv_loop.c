@@ -89,7 +89,7 @@ srv_loop_run_mhd(srv_t *s)
         list_remove(&h->node);
         h->suspend_later = 0;
         h->resume_later = 0;
-        srv_loop_suspend(h);
+        srv_loop_suspend(h); /* the hang-up watch starts here */
         if (resume) {
             srv_loop_resume(h);
         }
@@ -223,8 +223,8 @@ srv_loop_suspend(srv_hold_t *h)
 {
     const union MHD_ConnectionInfo *ci;
 
-    if (h->suspended) {
-        return;
+    if (h->suspended || h->suspend_later) {
+        return; /* a pending srv_loop_suspend_later suspends it */
     }
     MHD_suspend_connection(h->mc);
     h->suspended = 1;

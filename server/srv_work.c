@@ -41,7 +41,9 @@ on_after_work(uv_work_t *req, int status)
     live = status == 0 && srv_req_live(r) && !s->stopping;
     if (!live) {
         REQ_INFO(srv_req_id(r), "dropped while being prepared (%s)",
-                 status != 0 ? "cancelled before it ran" : s->stopping ? "stopping" : "client gone");
+                 status != 0    ? "cancelled before it ran"
+                 : s->stopping ? "stopping"
+                               : "client gone");
     }
     w->done(r, w->arg, live);
     free(w);

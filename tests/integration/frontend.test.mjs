@@ -110,7 +110,8 @@ test('a stream client that resets the connection is cancelled, half-closed or no
       n++;
       await waitKvEmpty(srv.base);
       const m = await getMetrics(srv.base);
-      assert.equal(metricValue(m, 'kvserve:client_disconnects_total'), n, `half-close ${halfClose}`);
+      assert.equal(metricValue(m, 'kvserve:client_disconnects_total'), n,
+        `half-close ${halfClose}`);
       assert.equal(metricValue(m, 'kvserve:request_success_total', 'finished_reason="abort"'), n);
       const gen = metricValue(m, 'kvserve:generation_tokens_total', 'tenant="default"');
       assert.ok(gen < 200 * n, `generated ${gen} tokens for ${n} reset clients`);
