@@ -202,6 +202,10 @@ on_hup(uv_poll_t *p, int status, int events)
              * comes as EPOLLERR / EPOLLHUP. */
             h->half_closed = 1;
             uv_poll_start(p, UV_PRIORITIZED, on_hup);
+        } else {
+            /* An event that is no reset (our own shutdown's EPOLLHUP):
+             * stop rather than spin; a failing send still tells. */
+            uv_poll_stop(p);
         }
         return;
     }
