@@ -24,9 +24,10 @@
  *   (srv_embed_on_msg), the others go to srv_gen.c. The request record is
  *   held (srv_req_busy) until every job has said its last word; a client
  *   that went away gets nothing, and its jobs, being short prefills, run
- *   to their end.
+ *   to their end. The body's parse and the inputs' tokenizing run on the
+ *   thread pool (srv_work.h), before any job exists.
  *
- * Thread: loop thread.
+ * Thread: loop thread, except embed_prep_run (a pool thread).
  */
 #define LOG_MODULE "http"
 
@@ -41,6 +42,7 @@
 #include "common/util.h"
 #include "common/xmalloc.h"
 #include "server/srv_embed.h"
+#include "server/srv_work.h"
 #include "server/srv_req.h"
 
 /* Inputs per request: each is one engine request. */
@@ -489,15 +491,66 @@ make_submit(const srv_t *s, embed_job_t *job, int tenant, uint64_t t0)
     return m;
 }
 
+/* The costly part, on the thread pool (srv_work.h): parse the body and
+ * tokenize the inputs into em, and check their lengths. Touches only
+ * this record, em, the body (borrowed) and the server's read-only state. */
+typedef struct embed_prep {
+    srv_embed_t *em;
+    const char *body;
+    size_t len;
+    int ok;
+    srv_error_t err;
+} embed_prep_t;
+
+static void
+embed_prep_run(void *arg)
+{
+    embed_prep_t *w = arg;
+    srv_embed_t *em = w->em;
+    const srv_t *s = em->s;
+
+    if (!parse_body(s, w->body, w->len, em, &w->err)) {
+        return;
+    }
+    for (int32_t i = 0; i < em->n_jobs; i++) {
+        embed_job_t *job = &em->jobs[i];
+        /* One more slot for the token sampled after the prompt. */
+        if (job->n_ids > s->max_model_len - 1 ||
+            (s->kv_blocks > 0 && (job->n_ids + s->block_size) / s->block_size > s->kv_blocks)) {
+            srv_err_set(&w->err, 400, "input",
+                        "input[%d] has %d tokens; at most %d fit this model's context", i,
+                        job->n_ids, s->max_model_len - 1);
+            return;
+        }
+    }
+    w->ok = 1;
+}
+
+static void embed_submit(srv_req_t *r, srv_embed_t *em);
+
+static void
+embed_prep_done(srv_req_t *r, void *arg, int live)
+{
+    embed_prep_t *w = arg;
+    srv_embed_t *em = w->em;
+
+    if (live && !w->ok) {
+        srv_req_answer_error(r, &w->err);
+    }
+    if (live && w->ok && !srv_req_half_close(r, 0)) {
+        embed_submit(r, em);
+    } else {
+        embed_free(em);
+    }
+    free(w);
+}
+
 enum MHD_Result
 srv_embed_start(srv_req_t *r)
 {
     srv_t *s = srv_req_server(r);
     srv_embed_t *em;
-    srv_error_t err;
-    const char *body;
-    size_t len;
-    eng_msg_submit_t **msgs = NULL;
+    embed_prep_t *w;
 
     if (s->cfg->device[0] != '\0' && strcmp(s->cfg->device, "cpu") != 0) {
         return srv_req_reply_errmsg(r, 400, NULL,
@@ -505,39 +558,46 @@ srv_embed_start(srv_req_t *r)
                                     "cuda backend does not give hidden states yet)");
     }
     em = xcalloc_try(1, sizeof(*em));
-    if (em == NULL) {
+    w = em != NULL ? xcalloc_try(1, sizeof(*w)) : NULL;
+    if (w == NULL) {
+        free(em);
         return srv_req_reply(r, 503, NULL, NULL, 1);
     }
     em->s = s;
     em->r = r;
     em->dim = s->model != NULL ? mdl_model_config(s->model)->dim : 0;
-    body = srv_req_body(r, &len);
-    if (!parse_body(s, body, len, em, &err)) {
-        embed_free(em);
-        return srv_req_reply_error(r, &err);
+    w->em = em;
+    w->body = srv_req_body(r, &w->len);
+    if (!srv_work_queue(r, embed_prep_run, embed_prep_done, w)) {
+        free(w);
+        free(em);
+        return srv_req_reply(r, 503, NULL, NULL, 1);
     }
-    for (int32_t i = 0; i < em->n_jobs; i++) {
-        embed_job_t *job = &em->jobs[i];
-        /* One more slot for the token sampled after the prompt. */
-        if (job->n_ids > s->max_model_len - 1 ||
-            (s->kv_blocks > 0 && (job->n_ids + s->block_size) / s->block_size > s->kv_blocks)) {
-            srv_err_set(&err, 400, "input",
-                        "input[%d] has %d tokens; at most %d fit this model's context", i,
-                        job->n_ids, s->max_model_len - 1);
-            embed_free(em);
-            return srv_req_reply_error(r, &err);
-        }
-    }
+    return MHD_YES;
+}
+
+/* The inputs tokenized (on the loop thread again, r waiting): the jobs'
+ * SUBMITs. Answers r on any error. Takes em. */
+static void
+embed_submit(srv_req_t *r, srv_embed_t *em)
+{
+    srv_t *s = srv_req_server(r);
+    eng_msg_submit_t **msgs = NULL;
+
     if (s->engine == NULL || !engine_alive(s->engine)) {
+        srv_error_t err;
         embed_free(em);
-        return srv_req_reply_errmsg(r, 503, NULL, "the engine is not running");
+        srv_err_set(&err, 503, NULL, "the engine is not running");
+        srv_req_answer_error(r, &err);
+        return;
     }
     /* Everything is allocated before any job is registered or sent. */
     msgs = xcalloc_try((size_t)em->n_jobs, sizeof(*msgs));
     if (msgs == NULL || !srv_req_reserve(r)) {
         free(msgs);
         embed_free(em);
-        return srv_req_reply(r, 503, NULL, NULL, 1);
+        srv_req_answer(r, 503, NULL, NULL, 1);
+        return;
     }
     for (int32_t i = 0; i < em->n_jobs; i++) {
         em->jobs[i].id = i == 0 ? srv_req_id(r) : s->next_id++;
@@ -551,7 +611,8 @@ srv_embed_start(srv_req_t *r)
             free(msgs);
             srv_req_unreserve(r);
             embed_free(em);
-            return srv_req_reply(r, 503, NULL, NULL, 1);
+            srv_req_answer(r, 503, NULL, NULL, 1);
+            return;
         }
     }
     int64_t total = 0;
@@ -571,6 +632,5 @@ srv_embed_start(srv_req_t *r)
         chan_send(engine_inbox(s->engine), &msgs[i]->hdr);
     }
     free(msgs);
-    srv_req_wait(r);
-    return MHD_YES;
+    /* r waits on (srv_work_queue suspended it) for the engine's answer. */
 }

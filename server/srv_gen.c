@@ -3,10 +3,12 @@
  * back to a JSON body or an SSE stream.
  *
  * DESIGN
- *   srv_gen_start() parses and validates the body, lets the endpoint turn
- *   it into prompts (srv_api_t.prepare), tokenizes, checks the context,
- *   allocates everything the generation will need, then registers one job
- *   per prompt (found by id in s->jobs) and sends their SUBMITs. Outbox
+ *   srv_gen_start() hands the costly part to the thread pool (srv_work.h):
+ *   parse and validate the body, let the endpoint turn it into prompts
+ *   (srv_api_t.prepare: the chat template), tokenize, check the context.
+ *   Back on the loop thread, gen_submit() allocates everything the
+ *   generation will need, then registers one job per prompt (found by id
+ *   in s->jobs) and sends their SUBMITs. Outbox
  *   messages update the choices: DELTA tokens are detokenized
  *   incrementally and run through the stop-string matcher (srv_stop_t;
  *   the text returned ends before a stop string, and the engine is told to
@@ -19,7 +21,7 @@
  *   plain response before a stream's headers, an error event and [DONE]
  *   after) once its jobs, cancelled, have finished.
  *
- * Thread: loop thread.
+ * Thread: loop thread, except gen_prep_run (a pool thread).
  */
 #define LOG_MODULE "http"
 
@@ -34,6 +36,8 @@
 #include "server/srv_gen.h"
 #include "server/srv_tools.h"
 #include "server/srv_grammar.h"
+#include "server/srv_outq.h"
+#include "server/srv_work.h"
 
 /* Room a stream's output buffer gets up front: chunks of a client that
  * reads along never make it grow (one allocation, not one per doubling
@@ -70,7 +74,7 @@ struct srv_gen {
     srv_choice_t *choices;
 
     /* Streaming. */
-    srv_buf_t out;
+    srv_outq_t out; /* appended at out.buf, read from out.off */
     srv_buf_t chunk_prefix; /* 'data: {"id":...,"choices":[{"index":' */
     int out_eos;
     int stream_error;        /* an error event was sent */
@@ -170,7 +174,7 @@ srv_gen_free(srv_gen_t *g)
     if (g->have_params) {
         srv_params_free(&g->p);
     }
-    srv_buf_free(&g->out);
+    srv_outq_free(&g->out);
     srv_buf_free(&g->chunk_prefix);
     srv_buf_free(&g->tail);
     free(g);
@@ -245,10 +249,10 @@ fail_oom(srv_gen_t *g)
 static void
 out_truncate(srv_gen_t *g, size_t out_len)
 {
-    g->out.len = out_len;
-    g->out.oom = 0;
-    if (g->out.data != NULL) {
-        g->out.data[out_len] = '\0';
+    g->out.buf.len = out_len;
+    g->out.buf.oom = 0;
+    if (g->out.buf.data != NULL) {
+        g->out.buf.data[out_len] = '\0';
     }
 }
 
@@ -257,7 +261,7 @@ stream_emit(srv_gen_t *g, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
             const char *finish)
 {
     unsigned long mark = srv_json_mark();
-    size_t out_len = g->out.len;
+    size_t out_len = g->out.buf.len;
 
     if (g->stream_error || srv_req_gone(g->r) || g->err.status) {
         cJSON_Delete(lp);
@@ -266,7 +270,7 @@ stream_emit(srv_gen_t *g, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
     if (piece->len == 0 && lp == NULL && finish == NULL && !g->rs.api->chunk_owed(&g->rs, ch)) {
         return;
     }
-    srv_api_chunk(&g->rs, &g->chunk_prefix, ci, ch, piece, lp, finish, &g->out);
+    srv_api_chunk(&g->rs, &g->chunk_prefix, ci, ch, piece, lp, finish, &g->out.buf);
     if (xmalloc_try_failures() != mark) {
         /* Drop the torn chunk: the stream ends after the last whole one. */
         out_truncate(g, out_len);
@@ -275,10 +279,10 @@ stream_emit(srv_gen_t *g, int32_t ci, srv_choice_t *ch, const srv_buf_t *piece, 
         return;
     }
 
-    if ((int64_t)g->out.len > g->s->cfg->max_sse_buffer_bytes) {
+    if ((int64_t)srv_outq_pending(&g->out) > g->s->cfg->max_sse_buffer_bytes) {
         srv_err_set(&g->err, 400, NULL,
                     "the client does not read the stream fast enough (%lld bytes unsent)",
-                    (long long)g->out.len);
+                    (long long)srv_outq_pending(&g->out));
         g->err.code = "slow_consumer";
         REQ_WARN(g->id, "%s: cancelling", g->err.message);
         cancel_jobs(g);
@@ -325,7 +329,7 @@ choice_emit(srv_gen_t *g, int32_t ci, srv_choice_t *ch, srv_buf_t *piece, cJSON 
 int
 srv_gen_stream_ready(const srv_gen_t *g)
 {
-    return g->p.stream && (g->out.len > 0 || g->out_eos);
+    return g->p.stream && (srv_outq_pending(&g->out) > 0 || g->out_eos);
 }
 
 ssize_t
@@ -333,11 +337,8 @@ srv_gen_read(srv_gen_t *g, char *buf, size_t max)
 {
     size_t n;
 
-    if (g->out.len > 0) {
-        n = g->out.len < max ? g->out.len : max;
-        memcpy(buf, g->out.data, n);
-        srv_buf_consume(&g->out, n);
-        return (ssize_t)n;
+    if (srv_outq_pending(&g->out) > 0) {
+        return (ssize_t)srv_outq_read(&g->out, buf, max);
     }
     if (g->out_eos) {
         const char *t = g->tail_static != NULL ? g->tail_static : g->tail.data;
@@ -360,18 +361,18 @@ srv_gen_read(srv_gen_t *g, char *buf, size_t max)
 static void
 stream_end(srv_gen_t *g)
 {
-    size_t out_len = g->out.len;
+    size_t out_len = g->out.buf.len;
     unsigned long mark = srv_json_mark();
 
     if (g->rs.api->stream_end != NULL) {
         srv_usage_t u = usage_of(g);
-        g->rs.api->stream_end(&g->rs, &g->choices[0], &u, &g->out);
+        g->rs.api->stream_end(&g->rs, &g->choices[0], &u, &g->out.buf);
     } else {
         if (g->p.include_usage) {
             srv_usage_t u = usage_of(g);
-            srv_api_usage_chunk(&g->rs, &u, &g->out);
+            srv_api_usage_chunk(&g->rs, &u, &g->out.buf);
         }
-        srv_sse_done(&g->out);
+        srv_sse_done(&g->out.buf);
     }
     if (xmalloc_try_failures() != mark) {
         out_truncate(g, out_len);
@@ -409,7 +410,7 @@ request_done(srv_gen_t *g)
     if (!srv_req_live(r)) {
         return;
     }
-    if (g->p.stream && !(g->err.status && g->out.len == 0 && srv_req_waiting(r))) {
+    if (g->p.stream && !(g->err.status && srv_outq_pending(&g->out) == 0 && srv_req_waiting(r))) {
         if (!g->stream_error) {
             if (g->err.status) {
                 stream_error_event(g);
@@ -836,7 +837,8 @@ alloc_jobs(srv_gen_t *g, int32_t n_jobs, eng_msg_submit_t **msgs)
         g->choices = NULL;
     }
     if (g->choices != NULL &&
-        (!srv_req_reserve(r) || (g->p.stream && !srv_buf_reserve(&g->out, SRV_STREAM_RESERVE)))) {
+        (!srv_req_reserve(r) ||
+         (g->p.stream && !srv_buf_reserve(&g->out.buf, SRV_STREAM_RESERVE)))) {
         free_tp(g, n_jobs * g->p.n);
         free(g->choices);
         g->choices = NULL;
@@ -857,26 +859,127 @@ alloc_jobs(srv_gen_t *g, int32_t n_jobs, eng_msg_submit_t **msgs)
     if (g->choices == NULL) {
         free(g->jobs);
         g->jobs = NULL;
-        srv_buf_free(&g->out);
+        srv_outq_free(&g->out);
         srv_req_unreserve(r);
         return 0;
     }
     return 1;
 }
 
+/* The preparation of a request, run on the thread pool (srv_work.h):
+ * parse and validate the body, let the endpoint turn it into prompts
+ * (chat template), tokenize, check the context, and compile the
+ * constraint once for its 400. Touches only this record, the request's
+ * body (borrowed) and the server's read-only state. */
+typedef struct gen_prep {
+    const srv_t *s;
+    const srv_api_t *api;
+    const char *body; /* the request's, kept while the item is in flight */
+    size_t len;
+    srv_params_t p;
+    int have_params;
+    int ok;
+    srv_error_t err;
+} gen_prep_t;
+
+static void
+gen_prep_run(void *arg)
+{
+    gen_prep_t *w = arg;
+    const srv_t *s = w->s;
+    const srv_api_t *api = w->api;
+
+    if (api->parse != NULL ? !api->parse(s, w->body, w->len, &w->p, &w->err)
+                           : !srv_params_parse(api->kind, w->body, w->len, &s->lim, &w->p,
+                                               &w->err)) {
+        return;
+    }
+    w->have_params = 1;
+    if (!srv_api_prompts(s, api, &w->p, &w->err) ||
+        !srv_params_check_context(&w->p, &s->lim, s->block_size, s->kv_blocks, &w->err)) {
+        return;
+    }
+    /* Structured output: any caller that filled p.constraint gets the
+     * compile and its 400 here, before anything is queued. */
+    gr_grammar_t *check = NULL;
+    if (!srv_grammar_compile(s->gr_vocab, &w->p.constraint, &check, &w->err)) {
+        return;
+    }
+    gr_grammar_destroy(check);
+    w->ok = 1;
+}
+
+static void
+gen_prep_free(gen_prep_t *w)
+{
+    if (w->have_params) {
+        srv_params_free(&w->p);
+    }
+    free(w);
+}
+
+static void gen_submit(srv_req_t *r, gen_prep_t *w);
+
+static void
+gen_prep_done(srv_req_t *r, void *arg, int live)
+{
+    gen_prep_t *w = arg;
+
+    if (!live) {
+        gen_prep_free(w);
+        return;
+    }
+    if (!w->ok) {
+        srv_req_answer_error(r, &w->err);
+        gen_prep_free(w);
+        return;
+    }
+    /* A stream keeps a half-closed client (it is written to at every
+     * token, so a closed one is found at once); a body waits silently,
+     * and a FIN before it is a hang-up, as it always was. */
+    if (srv_req_half_close(r, w->p.stream)) {
+        gen_prep_free(w);
+        return;
+    }
+    gen_submit(r, w);
+}
+
 enum MHD_Result
 srv_gen_start(srv_req_t *r, const srv_api_t *api)
 {
+    gen_prep_t *w = xcalloc_try(1, sizeof(*w));
+
+    if (w == NULL) {
+        return srv_req_reply(r, 503, NULL, NULL, 1);
+    }
+    w->s = srv_req_server(r);
+    w->api = api;
+    w->body = srv_req_body(r, &w->len);
+    if (!srv_work_queue(r, gen_prep_run, gen_prep_done, w)) {
+        free(w);
+        return srv_req_reply(r, 503, NULL, NULL, 1);
+    }
+    return MHD_YES;
+}
+
+/* The request prepared (on the loop thread again, r waiting): its
+ * generation record, the engine's admission checks, everything the jobs
+ * need, and the SUBMITs. Answers r on any error. Takes w. */
+static void
+gen_submit(srv_req_t *r, gen_prep_t *w)
+{
     srv_t *s = srv_req_server(r);
+    const srv_api_t *api = w->api;
     srv_gen_t *g;
     srv_error_t err;
-    const char *body;
-    size_t len;
     int64_t prompt_total = 0;
 
     g = xcalloc_try(1, sizeof(*g));
     if (g == NULL) {
-        return srv_req_reply(r, 503, NULL, NULL, 1);
+        gen_prep_free(w);
+        srv_err_oom(&err);
+        srv_req_answer_error(r, &err);
+        return;
     }
     g->r = r;
     g->s = s;
@@ -889,36 +992,23 @@ srv_gen_start(srv_req_t *r, const srv_api_t *api)
     g->rs.id = g->id;
     g->rs.created = srv_req_created(r);
     g->rs.p = &g->p;
+    g->p = w->p; /* the parameters move to g */
+    g->have_params = 1;
+    free(w);
     srv_req_set_gen(r, g); /* freed with the request from here on */
 
-    body = srv_req_body(r, &len);
-    if (api->parse != NULL ? !api->parse(s, body, len, &g->p, &err)
-                           : !srv_params_parse(api->kind, body, len, &s->lim, &g->p, &err)) {
-        return srv_req_reply_error(r, &err);
-    }
-    g->have_params = 1;
-    if (!srv_api_prompts(s, api, &g->p, &err) ||
-        !srv_params_check_context(&g->p, &s->lim, s->block_size, s->kv_blocks, &err)) {
-        return srv_req_reply_error(r, &err);
-    }
-    {
-        /* Structured output: any caller that filled g->p.constraint gets
-         * the compile and its 400 here, before anything is queued. */
-        gr_grammar_t *check = NULL;
-        if (!srv_grammar_compile(s->gr_vocab, &g->p.constraint, &check, &err)) {
-            return srv_req_reply_error(r, &err);
-        }
-        gr_grammar_destroy(check);
-    }
     if (s->engine == NULL || !engine_alive(s->engine)) {
-        return srv_req_reply_errmsg(r, 503, NULL, "the engine is not running");
+        srv_err_set(&err, 503, NULL, "the engine is not running");
+        srv_req_answer_error(r, &err);
+        return;
     }
     if ((int64_t)s->n_gen >= (int64_t)s->cfg->max_num_seqs + s->cfg->max_waiting_requests) {
         srv_error_t e429;
         srv_err_set(&e429, 429, NULL, "the server has %u requests in flight; retry later",
                     s->n_gen);
         s->metrics.tenant[g->tenant].rejected++;
-        return srv_req_reply_error(r, &e429);
+        srv_req_answer_error(r, &e429);
+        return;
     }
     /* Everything the generation needs is allocated, fallibly, before any
      * job is registered or sent: out of memory is a 503 for this request
@@ -928,7 +1018,8 @@ srv_gen_start(srv_req_t *r, const srv_api_t *api)
     if (msgs == NULL || !alloc_jobs(g, n_jobs, msgs)) {
         free(msgs);
         srv_err_oom(&err);
-        return srv_req_reply_error(r, &err);
+        srv_req_answer_error(r, &err);
+        return;
     }
     g->n_jobs = n_jobs;
     g->n_choices = g->p.n_prompts * g->p.n;
@@ -958,6 +1049,5 @@ srv_gen_start(srv_req_t *r, const srv_api_t *api)
         chan_send(engine_inbox(s->engine), &msgs[j]->hdr);
     }
     free(msgs);
-    srv_req_wait(r);
-    return MHD_YES;
+    /* r waits on (srv_work_queue suspended it) for its first data. */
 }

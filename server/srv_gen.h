@@ -20,8 +20,9 @@
 #include "server/srv_openai.h"
 #include "server/srv_req.h"
 
-/* Parses r's body for api, tokenizes and submits; answers r at once on
- * any error, else makes it wait. The access handler's return value. */
+/* Parses r's body for api and tokenizes (on the thread pool, srv_work.h),
+ * then submits; answers r on any error. r waits from here on. The access
+ * handler's return value. */
 enum MHD_Result srv_gen_start(srv_req_t *r, const srv_api_t *api);
 /* Frees g (and unlinks its open jobs). NULL is a no-op. */
 void srv_gen_free(srv_gen_t *g);

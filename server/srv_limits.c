@@ -1,8 +1,10 @@
 /* srv_limits.c - request limits checked before costly work
  * (server/srv_limits.h).
  *
- * Thread: the loop thread.
+ * Thread: any (the request preparation runs on libuv's thread pool,
+ * srv_work.h); the per-tokenizer cache is behind a mutex.
  */
+#include <pthread.h>
 #include <string.h>
 
 #include "server/srv_limits.h"
@@ -10,9 +12,12 @@
 size_t
 srv_prompt_byte_cap(const tok_tokenizer_t *tok, int32_t max_model_len)
 {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     static const tok_tokenizer_t *cached_tok;
-    static size_t longest;
+    static size_t cached_longest;
+    size_t longest;
 
+    pthread_mutex_lock(&mu);
     if (tok != cached_tok) {
         int32_t n = tok_vocab_size(tok);
 
@@ -24,7 +29,10 @@ srv_prompt_byte_cap(const tok_tokenizer_t *tok, int32_t max_model_len)
             longest = len > longest ? len : longest;
         }
         cached_tok = tok;
+        cached_longest = longest;
     }
+    longest = cached_longest;
+    pthread_mutex_unlock(&mu);
     /* A few tokens more than the context: BOS and a leading space. */
     return (size_t)SRV_PROMPT_BYTES_PER_TOKEN * longest * ((size_t)max_model_len + 8);
 }

@@ -30,6 +30,8 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +48,7 @@
 #include "server/srv_endpoints.h"
 #include "server/srv_ready.h"
 #include "server/srv_state.h"
+#include "server/srv_work.h"
 
 #define SRV_SOCKET_SNDBUF (64 * 1024)
 /* After the drain timeout: time for the final error events to reach clients. */
@@ -80,6 +83,17 @@ srv_loop_run_mhd(srv_t *s)
         return;
     }
     MHD_run(s->mhd);
+    while (!list_empty(&s->suspend_later)) {
+        srv_hold_t *h = LIST_ENTRY(s->suspend_later.next, srv_hold_t, node);
+        int resume = h->resume_later;
+        list_remove(&h->node);
+        h->suspend_later = 0;
+        h->resume_later = 0;
+        srv_loop_suspend(h); /* the hang-up watch starts here */
+        if (resume) {
+            srv_loop_resume(h);
+        }
+    }
     if (MHD_get_timeout(s->mhd, &to) == MHD_YES) {
         if (to == 0) {
             uv_timer_stop(&s->mhd_timer);
@@ -101,6 +115,7 @@ srv_hold_init(srv_hold_t *h, srv_t *s, struct MHD_Connection *mc, void (*on_hang
               void *arg)
 {
     memset(h, 0, sizeof(*h));
+    h->fd = -1;
     h->s = s;
     h->mc = mc;
     h->on_hangup = on_hangup;
@@ -110,6 +125,9 @@ srv_hold_init(srv_hold_t *h, srv_t *s, struct MHD_Connection *mc, void (*on_hang
 int
 srv_hold_reserve(srv_hold_t *h)
 {
+    if (h->hup != NULL) {
+        return 1; /* the watch runs already */
+    }
     if (h->hup_mem == NULL) {
         h->hup_mem = xmalloc_try(sizeof(*h->hup_mem));
     }
@@ -129,16 +147,27 @@ on_hup_closed(uv_handle_t *h)
     free(h);
 }
 
-static void
-on_hup(uv_poll_t *p, int status, int events)
+/* The peer sent its FIN and the socket can still send (CLOSE_WAIT): a
+ * half-close, or a close that only a write will tell. */
+static int
+peer_half_closed(int fd)
 {
-    srv_hold_t *h = p->data;
+    struct tcp_info ti;
+    socklen_t n = sizeof(ti);
 
-    if (status >= 0 && !(events & UV_DISCONNECT)) {
-        return;
+    if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &n) != 0) {
+        return 0;
     }
-    /* Level-triggered: stop before the hang-up fires again. */
-    uv_poll_stop(p);
+    return ti.tcpi_state == TCP_CLOSE_WAIT;
+}
+
+/* The client is gone: on_hangup once, then the connection is resumed. */
+static void
+hang_up(srv_hold_t *h)
+{
+    if (h->hup != NULL) {
+        uv_poll_stop(h->hup);
+    }
     if (!h->hung_up) {
         h->hung_up = 1;
         h->on_hangup(h->arg);
@@ -159,13 +188,47 @@ on_hup(uv_poll_t *p, int status, int events)
     srv_loop_run_mhd(h->s);
 }
 
+static void
+on_hup(uv_poll_t *p, int status, int events)
+{
+    srv_hold_t *h = p->data;
+
+    if (status >= 0 && !(events & (UV_DISCONNECT | UV_PRIORITIZED))) {
+        return;
+    }
+    if (status >= 0 && h->half_close_ok && peer_half_closed(h->fd)) {
+        if (!h->half_closed) {
+            /* Level-triggered: stop asking for the FIN; a reset still
+             * comes as EPOLLERR / EPOLLHUP. */
+            h->half_closed = 1;
+            uv_poll_start(p, UV_PRIORITIZED, on_hup);
+        } else {
+            /* An event that is no reset (our own shutdown's EPOLLHUP):
+             * stop rather than spin; a failing send still tells. */
+            uv_poll_stop(p);
+        }
+        return;
+    }
+    hang_up(h);
+}
+
+int
+srv_loop_hold_settle(srv_hold_t *h, int allow)
+{
+    h->half_close_ok = allow;
+    if (!allow && h->half_closed && !h->hung_up) {
+        hang_up(h);
+    }
+    return h->hung_up;
+}
+
 void
 srv_loop_suspend(srv_hold_t *h)
 {
     const union MHD_ConnectionInfo *ci;
 
-    if (h->suspended) {
-        return;
+    if (h->suspended || h->suspend_later) {
+        return; /* a pending srv_loop_suspend_later suspends it */
     }
     MHD_suspend_connection(h->mc);
     h->suspended = 1;
@@ -188,13 +251,28 @@ srv_loop_suspend(srv_hold_t *h)
         h->hup = NULL;
         return;
     }
+    h->fd = ci->connect_fd;
     h->hup->data = h;
     uv_poll_start(h->hup, UV_DISCONNECT, on_hup);
 }
 
 void
+srv_loop_suspend_later(srv_hold_t *h)
+{
+    if (h->suspended || h->suspend_later) {
+        return;
+    }
+    h->suspend_later = 1;
+    list_push_back(&h->s->suspend_later, &h->node);
+}
+
+void
 srv_loop_resume(srv_hold_t *h)
 {
+    if (h->suspend_later) {
+        h->resume_later = 1; /* MHD calls back once it is suspended and resumed */
+        return;
+    }
     if (h->suspended) {
         h->suspended = 0;
         list_remove(&h->node);
@@ -210,8 +288,9 @@ srv_loop_release(srv_hold_t *h)
         uv_close((uv_handle_t *)h->hup, on_hup_closed);
         h->hup = NULL;
     }
-    if (h->suspended) {
+    if (h->suspended || h->suspend_later) {
         h->suspended = 0;
+        h->suspend_later = 0;
         list_remove(&h->node);
     }
     h->mc = NULL;
@@ -533,6 +612,7 @@ srv_init(srv_t *s, const srv_setup_t *setup)
     list_init(&s->conns);
     list_init(&s->reqs);
     list_init(&s->suspended);
+    list_init(&s->suspend_later);
     if (cfg->served_model_name[0] != '\0') {
         snprintf(s->model_name, sizeof(s->model_name), "%s", cfg->served_model_name);
     } else {
@@ -624,6 +704,7 @@ out:
     if (s->mhd != NULL) {
         stop_everything(s);
     }
+    srv_work_drain(s); /* before the engine and grammar vocabulary they may use go */
     srv_ready_fini(s); /* a loader still running hands its engine over */
     if (s->engine != NULL) {
         engine_stop(s->engine);

@@ -39,6 +39,7 @@
 #include "server/srv_ready.h"
 #include "server/srv_http.h"
 #include "server/srv_req.h"
+#include "server/srv_work.h"
 
 enum srv_req_state {
     SRV_REQ_READING = 0,
@@ -70,6 +71,7 @@ struct srv_req {
 
     srv_gen_t *gen; /* generation endpoints: what answers the request */
     int32_t busy;   /* other engine work still owing it messages (srv_req_busy) */
+    srv_work_t *work; /* its preparation in flight on the thread pool, or NULL */
     uint64_t t_arrival_ns;
     time_t created;
     list_node_t node; /* s->reqs */
@@ -88,6 +90,9 @@ on_hangup(void *arg)
     r->client_gone = 1;
     r->s->metrics.disconnects++;
     REQ_INFO(r->id, "client disconnected, cancelling");
+    if (r->work != NULL) {
+        srv_work_cancel(r->work);
+    }
     if (r->gen != NULL) {
         srv_gen_cancel(r->gen);
     }
@@ -302,12 +307,31 @@ srv_req_wait(srv_req_t *r)
 }
 
 void
+srv_req_wait_later(srv_req_t *r)
+{
+    r->state = SRV_REQ_WAITING;
+    srv_loop_suspend_later(&r->hold);
+}
+
+void
 srv_req_busy(srv_req_t *r, int delta)
 {
     r->busy += delta;
     if (r->busy == 0) {
         srv_req_maybe_free(r);
     }
+}
+
+int
+srv_req_half_close(srv_req_t *r, int allow)
+{
+    return srv_loop_hold_settle(&r->hold, allow) || r->client_gone;
+}
+
+void
+srv_req_set_work(srv_req_t *r, srv_work_t *w)
+{
+    r->work = w;
 }
 
 void
@@ -325,6 +349,19 @@ srv_req_answer(srv_req_t *r, int status, char *body, const char *ctype, int retr
     r->resp_type = ctype;
     r->retry_after = retry_after;
     srv_req_kick(r);
+}
+
+void
+srv_req_answer_error(srv_req_t *r, const srv_error_t *err)
+{
+    if (err->status >= 500 || err->status == 429) {
+        REQ_WARN(r->id, "%d %s", err->status, err->message);
+    } else {
+        REQ_INFO(r->id, "%d %s", err->status, err->message);
+    }
+    /* A NULL body is the static 503. */
+    srv_req_answer(r, err->status, srv_err_json(err), NULL,
+                   err->status == 429 || err->status == 503 ? 1 : 0);
 }
 
 void
@@ -499,6 +536,9 @@ srv_http_completed(void *cls, struct MHD_Connection *mc, void **req_cls,
     *req_cls = NULL;
     srv_loop_release(&r->hold);
     r->mhd_done = 1;
+    if (r->work != NULL) {
+        srv_work_cancel(r->work); /* the record waits for its done callback */
+    }
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->gen != NULL && srv_gen_open(r->gen) &&
         !r->client_gone) {
         r->client_gone = 1;

@@ -27,7 +27,8 @@
 
 #include "server/srv_state.h"
 
-typedef struct srv_gen srv_gen_t; /* private to srv_gen.c */
+typedef struct srv_gen srv_gen_t;   /* private to srv_gen.c */
+typedef struct srv_work srv_work_t; /* private to srv_work.c */
 
 #define SRV_CT_JSON "application/json"
 
@@ -83,15 +84,30 @@ int srv_req_reserve(srv_req_t *r);
 void srv_req_unreserve(srv_req_t *r);
 /* Suspends the request until there is something to send. */
 void srv_req_wait(srv_req_t *r);
+/* The same from the access handler's last call, suspending once MHD_run
+ * returns (srv_loop_suspend_later): a client that half-closed can still
+ * be answered. */
+void srv_req_wait_later(srv_req_t *r);
 /* Work other than a generation (embeddings) that the engine still owes
  * messages for r: +1 while it does, -1 when its last word came (the
  * record may then be freed, so r is not to be used after). */
 void srv_req_busy(srv_req_t *r, int delta);
+/* Whether a half-close of the client (a FIN after the request) is allowed
+ * from now on (srv_loop.h): while r is prepared, and for a stream. Not
+ * allowing it when the client half-closed already is a hang-up now.
+ * Returns 1 when the client is gone. */
+int srv_req_half_close(srv_req_t *r, int allow);
+/* The preparation of r in flight on the thread pool (srv_work.c), or
+ * NULL: a hang-up or an early close cancels it. */
+void srv_req_set_work(srv_req_t *r, srv_work_t *w);
 /* The generation that answers r; freed with r. */
 void srv_req_set_gen(srv_req_t *r, srv_gen_t *g);
 /* The later answer of a waiting request: as srv_req_reply(), queued once
  * the connection is resumed (it is kicked here). */
 void srv_req_answer(srv_req_t *r, int status, char *body, const char *ctype, int retry_after);
+/* srv_req_answer with err's OpenAI error body (logged as
+ * srv_req_reply_error does), Retry-After on 429 / 503. */
+void srv_req_answer_error(srv_req_t *r, const srv_error_t *err);
 /* Makes buffered data reach the client: resumes a waiting or streaming
  * request. No-op once the request is not live. */
 void srv_req_kick(srv_req_t *r);

@@ -78,8 +78,10 @@ struct srv {
     list_node_t conns;
     list_node_t reqs;      /* srv_req.c's records */
     list_node_t suspended; /* srv_hold_t of suspended connections */
+    list_node_t suspend_later; /* ... to suspend when MHD_run returns (srv_loop.h) */
     uint32_t n_reqs;
     uint32_t n_gen; /* generation requests in flight */
+    uint32_t n_work; /* request preparations on the thread pool (srv_work.c) */
     uint64_t next_id;
     int draining;
     int drain_expired;

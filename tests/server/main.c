@@ -10,6 +10,7 @@ Suite *server_oom_suite(void);
 Suite *server_toolparse_suite(void);
 Suite *server_tools_suite(void);
 Suite *server_admin_suite(void);
+Suite *server_outq_suite(void);
 
 int
 main(void)
@@ -23,6 +24,7 @@ main(void)
     srunner_add_suite(sr, server_toolparse_suite());
     srunner_add_suite(sr, server_tools_suite());
     srunner_add_suite(sr, server_admin_suite());
+    srunner_add_suite(sr, server_outq_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
