@@ -243,7 +243,10 @@ srv_ready_gate(srv_req_t *r, int ep, enum MHD_Result *ret)
 {
     const srv_t *s = srv_req_server(r);
 
-    if (s->ready || ep == SRV_EP_METRICS || ep == SRV_EP_VERSION) {
+    /* The console's static files need no model: an operator can open the
+     * page while the model loads (its API calls get the 503 below). */
+    if (s->ready || ep == SRV_EP_METRICS || ep == SRV_EP_VERSION || ep == SRV_EP_CONSOLE ||
+        ep == SRV_EP_CONSOLE_ROOT) {
         return 0;
     }
     if (ep == SRV_EP_HEALTH) {

@@ -24,7 +24,8 @@ void srv_ready_fini(srv_t *s);
 /* Frees the loader's record (after srv_ready_fini and the loop's close). */
 void srv_ready_free(srv_t *s);
 /* Before the endpoint ep runs: while not ready, answers r (503 loading for
- * /health and the API routes) and returns 1; 0 to run the endpoint. */
+ * /health and the API routes; /metrics, /version and the console's static
+ * files are served) and returns 1; 0 to run the endpoint. */
 int srv_ready_gate(srv_req_t *r, int ep, enum MHD_Result *ret);
 /* The warm-up job's outbox messages (1: taken, 0: not its). */
 int srv_ready_on_msg(srv_t *s, const msg_t *m);

@@ -76,6 +76,10 @@ test('the port answers 503 loading until the model is loaded and warmed up', asy
       headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify({ model: MODEL_NAME, prompt: 'Emma' }),
     }));
+    // The console's page needs no model: it is served while loading.
+    const page = await fetch(`${srv.base}/console`);
+    assert.equal(page.status, 200);
+    assert.match(await page.text(), /<html/i);
     // /metrics answers with what the front end knows.
     const m = await fetch(`${srv.base}/metrics`);
     assert.equal(m.status, 200);
