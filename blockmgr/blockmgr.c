@@ -1367,3 +1367,40 @@ bm_tenant_swap_blocks(const bm_pool_t *pool, uint32_t tenant)
 
     return t != NULL ? t->blocks[BM_CPU] : 0;
 }
+
+/* Helpers of bm_compact.c (blockmgr_int.h): the static operations above. */
+int
+bm__ops_reserve(bm_pool_t *pool, uint64_t n)
+{
+    return ops_reserve(pool, n);
+}
+
+void
+bm__op_push(bm_pool_t *pool, kv_op_kind_t kind, uint32_t src, uint32_t dst)
+{
+    op_push(pool, kind, src, dst);
+}
+
+bm_block_t *
+bm__blk_alloc(bm_pool_t *pool, uint32_t tenant)
+{
+    return blk_alloc(pool, BM_DEV, tenant);
+}
+
+void
+bm__blk_put(bm_pool_t *pool, bm_block_t *b, uint32_t tenant)
+{
+    blk_put(pool, BM_DEV, b, tenant);
+}
+
+void
+bm__twin_break(bm_pool_t *pool, bm_block_t *b)
+{
+    twin_break(pool, BM_DEV, b);
+}
+
+uint32_t
+bm__dev_avail(const bm_pool_t *pool)
+{
+    return tier_avail(pool, BM_DEV);
+}
