@@ -103,7 +103,8 @@ static const opt_t opts[] = {
     {"kv-cache-dtype", OT_ENUM, F(kv_cache_dtype), 0, 0,
      "auto|f32|f16|bf16|fp8_e4m3|int8|int4", "T", "KV cache element type"},
     {"kv-policy", OT_POLICY, F(kv_policy), 0, 0, NULL, "P",
-     "\"full\" or \"sink=S,window=W\" (StreamingLLM, tokens)"},
+     "\"full\", \"sink=S,window=W\" (StreamingLLM), \"h2o=B,recent=W\" (heavy hitters) or "
+     "\"snapkv=B,window=W,pool=K\" (tokens)"},
     {"enable-prefix-caching", OT_BOOL, F(enable_prefix_caching), 0, 0, NULL, NULL,
      "reuse KV blocks of shared prompt prefixes"},
     {"pooling", OT_ENUM, F(pooling), 0, 0, "last|mean", "P",
@@ -365,6 +366,16 @@ parse_policy(const char *s, int32_t *sink, int32_t *window)
         *sink = 0;
         *window = 0;
         return ST_OK;
+    }
+    if (strncmp(s, "h2o=", 4) == 0 || strncmp(s, "snapkv=", 7) == 0) {
+        /* H2O / SnapKV (model/kv_policy.h): the shape here; kvserve serve
+         * checks the numbers against the context and the backend. */
+        int b, w, k, used = 0, n = s[0] == 'h' ? sscanf(s, "h2o=%d,recent=%d%n", &b, &w, &used)
+                                            : sscanf(s, "snapkv=%d,window=%d%n,pool=%d%n", &b,
+                                                     &w, &used, &k, &used);
+        *sink = 0;
+        *window = 0;
+        return n >= 2 && s[used] == '\0' && w >= 1 && b > w ? ST_OK : ST_EINVAL;
     }
     if (strlen(s) >= sizeof(buf)) {
         return ST_EINVAL;
