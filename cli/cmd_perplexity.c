@@ -53,6 +53,7 @@ typedef struct ppl_opts {
     int32_t agree, prompt_len, gen_len;
     int32_t decode_ctx; /* > 0: decode benchmark at this context instead */
     int32_t split;      /* > 0: prompt / decode protocol (perplexity_split) */
+    int32_t copy;       /* > 0: the retrieval check over this many passages */
     int64_t budget; /* bytes, for the "blocks at a fixed budget" figure */
 } ppl_opts_t;
 
@@ -308,6 +309,49 @@ perplexity_split(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32_t
     return ST_OK;
 }
 
+/* The retrieval check: a passage of 48 tokens, 144 tokens of other text,
+ * then the passage's first 8 tokens again as the end of the prompt (200
+ * tokens); greedy decoding should copy the passage's next 40 tokens.
+ * Copy accuracy: generated tokens equal to the passage's, position by
+ * position, over o->copy passages taken evenly from the text. */
+#define COPY_PASSAGE 48
+#define COPY_FILLER 144
+#define COPY_CUE 8
+static int
+copy_check(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32_t n, int64_t *match,
+           int64_t *total)
+{
+    const int32_t plen = COPY_PASSAGE + COPY_FILLER + COPY_CUE, gen = COPY_PASSAGE - COPY_CUE;
+    int32_t prompt[COPY_PASSAGE + COPY_FILLER + COPY_CUE], next = 0;
+    int rc = ST_OK;
+
+    *match = *total = 0;
+    for (int32_t k = 0; k < o->copy && rc == ST_OK; k++) {
+        int32_t a = 1 + (int32_t)((int64_t)k * (n - 2 * (COPY_PASSAGE + COPY_FILLER)) / o->copy);
+        int32_t b = (a + COPY_PASSAGE + COPY_FILLER) % (n - COPY_FILLER);
+        ppl_argmax_t am = {.out = &next, .from = plen - 1, .n = 1, .vocab = r->vocab};
+
+        prompt[0] = toks[0]; /* BOS */
+        memcpy(prompt + 1, toks + a, sizeof(int32_t) * (COPY_PASSAGE - 1));
+        memcpy(prompt + COPY_PASSAGE, toks + b, sizeof(int32_t) * COPY_FILLER);
+        memcpy(prompt + COPY_PASSAGE + COPY_FILLER, prompt + 1, sizeof(int32_t) * COPY_CUE);
+        rc = sched_stream_reset(r->ks);
+        if (rc == ST_OK) {
+            sched_stream_set_prompt(r->ks, plen);
+            rc = sched_stream_feed_last(r->ks, prompt, plen, argmax_row, &am);
+        }
+        for (int32_t g = 0; rc == ST_OK && g < gen; g++) {
+            int32_t tok = next;
+            ppl_argmax_t one = {.out = &next, .from = plen + g, .n = 1, .vocab = r->vocab};
+
+            *match += tok == prompt[1 + COPY_CUE + g];
+            (*total)++;
+            rc = sched_stream_feed(r->ks, &tok, 1, argmax_row, &one);
+        }
+    }
+    return rc;
+}
+
 static double
 now_s(clockid_t clk)
 {
@@ -454,6 +498,9 @@ usage(FILE *f)
             "                        and a rolling window instead of strided windows;\n"
             "                        h2o=B,recent=W or snapkv=B,window=W,pool=K: the\n"
             "                        --split protocol under heavy-hitter eviction / SnapKV\n"
+            "  --copy N              instead: the retrieval check over N passages (a\n"
+            "                        48-token passage, 144 other tokens, its first 8\n"
+            "                        again; greedy copy accuracy of the next 40)\n"
             "  --split P             windows of --ctx tokens without overlap: prefill the\n"
             "                        first P as a prompt, decode the rest one token per\n"
             "                        step and score those (default 3/4 ctx with h2o or\n"
@@ -547,6 +594,8 @@ cmd_perplexity(int argc, char **argv)
             bad = parse_i32(v, 1, &o.prompt_len);
         } else if (strcmp(a, "--gen-len") == 0) {
             bad = parse_i32(v, 1, &o.gen_len);
+        } else if (strcmp(a, "--copy") == 0) {
+            bad = parse_i32(v, 1, &o.copy);
         } else if (strcmp(a, "--split") == 0) {
             bad = parse_i32(v, 1, &o.split);
         } else if (strcmp(a, "--decode-bench") == 0) {
@@ -672,6 +721,28 @@ cmd_perplexity(int argc, char **argv)
     int64_t n_scored = 0;
     int32_t max_kv = 0;
     ppl_split_t sp = {0};
+
+    if (o.copy > 0) {
+        int64_t match = 0, total = 0;
+
+        if (o.ctx < COPY_PASSAGE * 2 + COPY_FILLER || (int32_t)n_toks < 4 * (COPY_PASSAGE +
+                                                                            COPY_FILLER)) {
+            fprintf(stderr, "kvserve perplexity: --copy needs --ctx >= %d and a longer text\n",
+                    COPY_PASSAGE * 2 + COPY_FILLER);
+            goto out;
+        }
+        rc = copy_check(&run, &o, toks, (int32_t)n_toks, &match, &total);
+        if (rc != ST_OK) {
+            fprintf(stderr, "kvserve perplexity: forward failed: %s\n", st_str(rc));
+            goto out;
+        }
+        printf("retrieval, policy %s: copy accuracy %.1f%% (%lld of %lld tokens, %d passages); "
+               "%lld tokens evicted\n",
+               o.policy, 100.0 * (double)match / (double)total, (long long)match,
+               (long long)total, o.copy, (long long)sched_stream_compacted(run.ks));
+        status = 0;
+        goto out;
+    }
 
     if (o.split > 0) {
         rc = perplexity_split(&run, &o, toks, (int32_t)n_toks, &nll, &n_scored, &sp);
