@@ -431,7 +431,8 @@ expect_text(const opt_t *o, char *buf, size_t len)
         snprintf(buf, len, "64 hex digits (kvserve hash-key prints them)");
         break;
     case OT_POLICY:
-        snprintf(buf, len, "full or sink=S,window=W with W > 0");
+        snprintf(buf, len, "full, sink=S,window=W with W > 0, h2o=B,recent=W or "
+                           "snapkv=B,window=W,pool=K with 1 <= W < B");
         break;
     case OT_LOGLVL:
         snprintf(buf, len, "one of error|warn|info|debug|trace");
