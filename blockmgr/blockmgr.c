@@ -1380,3 +1380,34 @@ bm_pool_watermark_blocks(const bm_pool_t *pool)
 {
     return pool->watermark_blocks;
 }
+
+/* Helpers of bm_compact.c (blockmgr_int.h): the static operations above. */
+int
+bm__ops_reserve(bm_pool_t *pool, uint64_t n)
+{
+    return ops_reserve(pool, n);
+}
+
+void
+bm__op_push(bm_pool_t *pool, kv_op_kind_t kind, uint32_t src, uint32_t dst)
+{
+    op_push(pool, kind, src, dst);
+}
+
+bm_block_t *
+bm__blk_alloc(bm_pool_t *pool, uint32_t tenant)
+{
+    return blk_alloc(pool, BM_DEV, tenant);
+}
+
+void
+bm__twin_break(bm_pool_t *pool, bm_block_t *b)
+{
+    twin_break(pool, BM_DEV, b);
+}
+
+uint32_t
+bm__dev_avail(const bm_pool_t *pool)
+{
+    return tier_avail(pool, BM_DEV);
+}

@@ -220,6 +220,23 @@ int bm_seq_set_nohash(bm_pool_t *pool, uint64_t seq);
  * it through sched_kv_window_evict (scheduler/sched.h), in the engine and
  * in scheduler/kv_stream.h. */
 int bm_seq_evict(bm_pool_t *pool, uint64_t seq, uint32_t first, uint32_t n);
+/* Heavy-hitter / SnapKV compaction (blockmgr/bm_compact.c): the sequence
+ * keeps only its tokens keep[0..n_keep) (strictly increasing indices below
+ * its length), moved to indices 0 .. n_keep - 1 by queued KV_OP_COPY_SLOT
+ * ops; blocks left empty are released (KV_OP_DROP with drop_ops). Blocks
+ * before the first moved token stay as they are (still shared / cached);
+ * from there on a block is written in place only when the sequence holds
+ * it alone and it is not in the prefix cache, otherwise it gets a private
+ * copy (a shared prefix is never compacted in place). The sequence turns
+ * nohash: compacted blocks are never hashed or registered. ST_EINVAL for
+ * an unknown or swapped sequence, released front blocks or a bad keep
+ * list; ST_EAGAIN when the private copies find too few free blocks;
+ * ST_ENOMEM when op room cannot be allocated (nothing changed on any). */
+int bm_seq_compact(bm_pool_t *pool, uint64_t seq, const uint32_t *keep, uint32_t n_keep);
+/* Device blocks bm_seq_compact would take for its private copies (0 for an
+ * unknown sequence). */
+uint32_t bm_seq_compact_needed(const bm_pool_t *pool, uint64_t seq, const uint32_t *keep,
+                               uint32_t n_keep);
 /* Leading blocks released so far (0 for an unknown sequence). */
 uint32_t bm_seq_released(const bm_pool_t *pool, uint64_t seq);
 

@@ -202,7 +202,15 @@ void bm__step_check_free(const bm_pool_t *pool, const bm_seq_t *s);
 void bm__step_check_move(const bm_pool_t *pool, const bm_seq_t *s, const char *what);
 /* The sequence reserved n_new tokens (its length already counts them). */
 void bm__step_reserved(const bm_pool_t *pool, bm_seq_t *s, uint32_t n_new);
-/* blockmgr.c's reference drop, for bm_step.c's bm_seq_unreserve. */
+/* blockmgr.c's reference drop, for bm_step.c's bm_seq_unreserve and bm_compact.c. */
 void bm__blk_put(bm_pool_t *pool, int tier, bm_block_t *b, uint32_t tenant);
+
+/* blockmgr.c, for bm_compact.c: the device-tier operations of the same
+ * names (ops_reserve, op_push, blk_alloc, twin_break, tier_avail). */
+int bm__ops_reserve(bm_pool_t *pool, uint64_t n);
+void bm__op_push(bm_pool_t *pool, kv_op_kind_t kind, uint32_t src, uint32_t dst);
+bm_block_t *bm__blk_alloc(bm_pool_t *pool, uint32_t tenant);
+void bm__twin_break(bm_pool_t *pool, bm_block_t *b);
+uint32_t bm__dev_avail(const bm_pool_t *pool);
 
 #endif /* BLOCKMGR_INT_H */

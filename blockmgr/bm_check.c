@@ -219,8 +219,15 @@ bm_pool_check(const bm_pool_t *pool)
         VERIFY(op->kind == KV_OP_COPY || op->kind == KV_OP_SWAP_OUT || op->kind == KV_OP_SWAP_IN ||
                    (pool->cfg.drop_ops && (op->kind == KV_OP_DROP || op->kind == KV_OP_DROP_SWAP) &&
                     op->src == op->dst) ||
-                   (op->kind == KV_OP_SHIFT && op->dst > 0),
+                   (op->kind == KV_OP_SHIFT && op->dst > 0) || op->kind == KV_OP_COPY_SLOT,
                "op %u kind", i);
+        if (op->kind == KV_OP_COPY_SLOT) { /* device slots, never the null block's */
+            uint32_t n_slots = pool->tier[BM_DEV].n_blocks * pool->bs;
+            VERIFY(op->src >= (int32_t)pool->bs && (uint32_t)op->src < n_slots &&
+                       op->dst >= (int32_t)pool->bs && (uint32_t)op->dst < n_slots,
+                   "op %u slot copy %d -> %d", i, op->src, op->dst);
+            continue;
+        }
         if (op->kind == KV_OP_SHIFT) {
             VERIFY(op->src >= 1 && (uint32_t)op->src < pool->tier[BM_DEV].n_blocks,
                    "op %u shift block %d", i, op->src);

@@ -52,6 +52,8 @@ typedef struct ppl_opts {
     int32_t ctx, stride, chunk, block_size, threads;
     int32_t agree, prompt_len, gen_len;
     int32_t decode_ctx; /* > 0: decode benchmark at this context instead */
+    int32_t split;      /* > 0: prompt / decode protocol (perplexity_split) */
+    int32_t copy;       /* > 0: the retrieval check over this many passages */
     int64_t budget; /* bytes, for the "blocks at a fixed budget" figure */
 } ppl_opts_t;
 
@@ -92,6 +94,7 @@ run_create(const mdl_model_t *m, const ppl_opts_t *o, mdl_kv_dtype_t dtype,
         .max_num_seqs = o->chunk,
         .max_blocks_per_seq = max_blocks,
         .kv_dtype = dtype,
+        .kv_mass = pol->kind == MDL_KVP_H2O || pol->kind == MDL_KVP_SNAPKV,
     };
     rc = mdl_runtime_create(m, &rc_cfg, &r->rt, err, sizeof(err));
     if (rc != ST_OK) {
@@ -251,6 +254,104 @@ perplexity_stream(ppl_run_t *r, const int32_t *toks, int32_t n, double *nll, int
     return rc;
 }
 
+static double now_s(clockid_t clk);
+
+/* What perplexity_split measured besides the NLL. */
+typedef struct ppl_split {
+    int32_t kv_max;      /* most tokens any decode step attended to */
+    double kv_mean;      /* mean over decode steps */
+    double decode_s;     /* wall seconds of the decode steps */
+    int64_t n_decode;    /* decode steps */
+} ppl_split_t;
+
+/* The prompt / decode protocol of the H2O and SnapKV figures: the text in
+ * windows of ctx tokens (no overlap); each window's first `split` tokens
+ * are a prompt, prefilled in one call (SnapKV compresses after it), then
+ * the rest is teacher-forced one token per step (H2O evicts as it goes),
+ * and only the tokens after the prompt are scored: every policy and the
+ * baseline score the same tokens from the same cache history. */
+static int
+perplexity_split(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32_t n, double *nll,
+                 int64_t *n_scored, ppl_split_t *sp)
+{
+    double kv_sum = 0.0;
+
+    *nll = 0.0;
+    *n_scored = 0;
+    memset(sp, 0, sizeof(*sp));
+    for (int32_t begin = 0; begin + o->ctx <= n; begin += o->ctx) {
+        const int32_t *w = toks + begin;
+        ppl_score_t sc = {.toks = w, .first = o->split, .vocab = r->vocab, .nll = 0, .n = 0};
+        int rc = sched_stream_reset(r->ks);
+        double t0;
+
+        if (rc == ST_OK) {
+            sched_stream_set_prompt(r->ks, o->split);
+            rc = sched_stream_feed_last(r->ks, w, o->split, score_row, &sc);
+        }
+        t0 = now_s(CLOCK_MONOTONIC);
+        for (int32_t i = o->split; rc == ST_OK && i < o->ctx - 1; i++) {
+            int32_t kv = sched_stream_kv_len(r->ks) + 1;
+
+            sp->kv_max = kv > sp->kv_max ? kv : sp->kv_max;
+            kv_sum += kv;
+            sp->n_decode++;
+            rc = sched_stream_feed(r->ks, w + i, 1, score_row, &sc);
+        }
+        sp->decode_s += now_s(CLOCK_MONOTONIC) - t0;
+        if (rc != ST_OK) {
+            return rc;
+        }
+        *nll += sc.nll;
+        *n_scored += sc.n;
+    }
+    sp->kv_mean = sp->n_decode > 0 ? kv_sum / (double)sp->n_decode : 0.0;
+    return ST_OK;
+}
+
+/* The retrieval check: a passage of 48 tokens, 144 tokens of other text,
+ * then the passage's first 8 tokens again as the end of the prompt (200
+ * tokens); greedy decoding should copy the passage's next 40 tokens.
+ * Copy accuracy: generated tokens equal to the passage's, position by
+ * position, over o->copy passages taken evenly from the text. */
+#define COPY_PASSAGE 48
+#define COPY_FILLER 144
+#define COPY_CUE 8
+static int
+copy_check(ppl_run_t *r, const ppl_opts_t *o, const int32_t *toks, int32_t n, int64_t *match,
+           int64_t *total)
+{
+    const int32_t plen = COPY_PASSAGE + COPY_FILLER + COPY_CUE, gen = COPY_PASSAGE - COPY_CUE;
+    int32_t prompt[COPY_PASSAGE + COPY_FILLER + COPY_CUE], next = 0;
+    int rc = ST_OK;
+
+    *match = *total = 0;
+    for (int32_t k = 0; k < o->copy && rc == ST_OK; k++) {
+        int32_t a = 1 + (int32_t)((int64_t)k * (n - 2 * (COPY_PASSAGE + COPY_FILLER)) / o->copy);
+        int32_t b = (a + COPY_PASSAGE + COPY_FILLER) % (n - COPY_FILLER);
+        ppl_argmax_t am = {.out = &next, .from = plen - 1, .n = 1, .vocab = r->vocab};
+
+        prompt[0] = toks[0]; /* BOS */
+        memcpy(prompt + 1, toks + a, sizeof(int32_t) * (COPY_PASSAGE - 1));
+        memcpy(prompt + COPY_PASSAGE, toks + b, sizeof(int32_t) * COPY_FILLER);
+        memcpy(prompt + COPY_PASSAGE + COPY_FILLER, prompt + 1, sizeof(int32_t) * COPY_CUE);
+        rc = sched_stream_reset(r->ks);
+        if (rc == ST_OK) {
+            sched_stream_set_prompt(r->ks, plen);
+            rc = sched_stream_feed_last(r->ks, prompt, plen, argmax_row, &am);
+        }
+        for (int32_t g = 0; rc == ST_OK && g < gen; g++) {
+            int32_t tok = next;
+            ppl_argmax_t one = {.out = &next, .from = plen + g, .n = 1, .vocab = r->vocab};
+
+            *match += tok == prompt[1 + COPY_CUE + g];
+            (*total)++;
+            rc = sched_stream_feed(r->ks, &tok, 1, argmax_row, &one);
+        }
+    }
+    return rc;
+}
+
 static double
 now_s(clockid_t clk)
 {
@@ -395,7 +496,16 @@ usage(FILE *f)
             "                        (default auto: f32)\n"
             "  --kv-policy P         full (default) or sink=S,window=W in tokens, whole\n"
             "                        blocks: stream the whole text through attention sinks\n"
-            "                        and a rolling window instead of strided windows\n"
+            "                        and a rolling window instead of strided windows;\n"
+            "                        h2o=B,recent=W or snapkv=B,window=W,pool=K: the\n"
+            "                        --split protocol under heavy-hitter eviction / SnapKV\n"
+            "  --copy N              instead: the retrieval check over N passages (a\n"
+            "                        48-token passage, 144 other tokens, its first 8\n"
+            "                        again; greedy copy accuracy of the next 40)\n"
+            "  --split P             windows of --ctx tokens without overlap: prefill the\n"
+            "                        first P as a prompt, decode the rest one token per\n"
+            "                        step and score those (default 3/4 ctx with h2o or\n"
+            "                        snapkv, else off)\n"
             "  --ctx N               window length (default: the model's context)\n"
             "  --stride N            window start step (default ctx / 2)\n"
             "  --chunk N             tokens per forward step (default 64)\n"
@@ -485,6 +595,10 @@ cmd_perplexity(int argc, char **argv)
             bad = parse_i32(v, 1, &o.prompt_len);
         } else if (strcmp(a, "--gen-len") == 0) {
             bad = parse_i32(v, 1, &o.gen_len);
+        } else if (strcmp(a, "--copy") == 0) {
+            bad = parse_i32(v, 1, &o.copy);
+        } else if (strcmp(a, "--split") == 0) {
+            bad = parse_i32(v, 1, &o.split);
         } else if (strcmp(a, "--decode-bench") == 0) {
             bad = parse_i32(v, 1, &o.decode_ctx);
         } else if (strcmp(a, "--budget-mib") == 0) {
@@ -518,6 +632,15 @@ cmd_perplexity(int argc, char **argv)
 
     if (o.ctx <= 0 || o.ctx > c->max_pos) {
         o.ctx = c->max_pos;
+    }
+    int scored = o.pol.kind == MDL_KVP_H2O || o.pol.kind == MDL_KVP_SNAPKV;
+    if (scored && o.split <= 0) {
+        o.split = o.ctx * 3 / 4;
+    }
+    if (o.split > 0 && (o.split >= o.ctx - 1 || o.pol.window > 0 || o.agree > 0)) {
+        fprintf(stderr, "kvserve perplexity: --split %d needs %d < --ctx - 1, and no "
+                        "sink=S,window=W policy or --agree\n", o.split, o.split);
+        goto out;
     }
     if (o.stride <= 0 || o.stride > o.ctx) {
         o.stride = o.ctx / 2 > 0 ? o.ctx / 2 : 1;
@@ -567,7 +690,7 @@ cmd_perplexity(int argc, char **argv)
         goto out;
     }
     if (o.decode_ctx > 0) {
-        mdl_kv_policy_t full = {0, 0};
+        mdl_kv_policy_t full = {0};
 
         if (o.decode_ctx + o.gen_len > c->max_pos) {
             fprintf(stderr, "kvserve perplexity: --decode-bench %d + --gen-len %d exceed the "
@@ -598,8 +721,33 @@ cmd_perplexity(int argc, char **argv)
     double nll = 0.0;
     int64_t n_scored = 0;
     int32_t max_kv = 0;
+    ppl_split_t sp = {0};
 
-    if (o.pol.window > 0) {
+    if (o.copy > 0) {
+        int64_t match = 0, total = 0;
+
+        if (o.ctx < COPY_PASSAGE * 2 + COPY_FILLER || (int32_t)n_toks < 4 * (COPY_PASSAGE +
+                                                                            COPY_FILLER)) {
+            fprintf(stderr, "kvserve perplexity: --copy needs --ctx >= %d and a longer text\n",
+                    COPY_PASSAGE * 2 + COPY_FILLER);
+            goto out;
+        }
+        rc = copy_check(&run, &o, toks, (int32_t)n_toks, &match, &total);
+        if (rc != ST_OK) {
+            fprintf(stderr, "kvserve perplexity: forward failed: %s\n", st_str(rc));
+            goto out;
+        }
+        printf("retrieval, policy %s: copy accuracy %.1f%% (%lld of %lld tokens, %d passages); "
+               "%lld tokens evicted\n",
+               o.policy, 100.0 * (double)match / (double)total, (long long)match,
+               (long long)total, o.copy, (long long)sched_stream_compacted(run.ks));
+        status = 0;
+        goto out;
+    }
+
+    if (o.split > 0) {
+        rc = perplexity_split(&run, &o, toks, (int32_t)n_toks, &nll, &n_scored, &sp);
+    } else if (o.pol.window > 0) {
         rc = perplexity_stream(&run, toks, (int32_t)n_toks, &nll, &n_scored);
         max_kv = sched_stream_kv_peak(run.ks);
     } else {
@@ -610,7 +758,15 @@ cmd_perplexity(int argc, char **argv)
         goto out;
     }
     printf("text %s: %zu tokens, %lld scored, ", o.file, n_toks, (long long)n_scored);
-    if (o.pol.window > 0) {
+    if (o.split > 0) {
+        printf("windows of %d, prompt %d, policy %s: decode attended to at most %d tokens "
+               "(%d blocks of %d), %.1f on average; %lld tokens evicted; decode %.1f tok/s "
+               "(1 stream, %lld steps)\n",
+               o.ctx, o.split, o.policy, sp.kv_max, (sp.kv_max + o.block_size - 1) / o.block_size,
+               o.block_size, sp.kv_mean, (long long)sched_stream_compacted(run.ks),
+               sp.decode_s > 0 ? (double)sp.n_decode / sp.decode_s : 0.0,
+               (long long)sp.n_decode);
+    } else if (o.pol.window > 0) {
         printf("policy sink=%d,window=%d: KV held at most %d tokens, %lld blocks evicted\n",
                o.pol.sink, o.pol.window, max_kv, (long long)sched_stream_evicted(run.ks));
     } else {
@@ -622,7 +778,7 @@ cmd_perplexity(int argc, char **argv)
         int64_t match = 0, total = 0;
         double kl = 0.0;
 
-        mdl_kv_policy_t full = {0, 0};
+        mdl_kv_policy_t full = {0};
 
         if (o.pol.window > 0) {
             fprintf(stderr, "kvserve perplexity: --agree runs without a --kv-policy\n");

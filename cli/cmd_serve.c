@@ -24,6 +24,7 @@
 #include "common/sysmem.h"
 #include "common/xmalloc.h"
 #include "config/config.h"
+#include "model/kv_policy.h"
 #include "scheduler/spec.h"
 #include "cli/cmds.h"
 #include "cli/serve_mem.h"
@@ -221,6 +222,24 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
         LOG_ERROR("--kv-policy %s needs sink + window + 2 blocks within the context of %d tokens",
                   cfg->kv_policy, ctx);
         return ST_EUNSUPPORTED;
+    }
+    if (strncmp(cfg->kv_policy, "h2o", 3) == 0 || strncmp(cfg->kv_policy, "snapkv", 6) == 0) {
+        char why[256] = "";
+
+        /* H2O / SnapKV (model/kv_policy.h): the cpu backend with an f32
+         * KV cache keeps the attention mass they score by. */
+        if (mdl_kv_policy_parse(cfg->kv_policy, cfg->block_size, &e->kv_score, why,
+                                sizeof(why)) != ST_OK) {
+            LOG_ERROR("--kv-policy: %s", why);
+            return ST_EINVAL;
+        }
+        if (e->kv_score.budget > ctx || strcmp(cfg->device, "cuda") == 0 ||
+            (e->rt.kv_dtype != MDL_KV_AUTO && e->rt.kv_dtype != MDL_KV_F32)) {
+            LOG_ERROR("--kv-policy %s needs a budget within the context of %d tokens, the cpu "
+                      "device and an f32 KV cache (--kv-cache-dtype %s)",
+                      cfg->kv_policy, ctx, mdl_kv_dtype_name(e->rt.kv_dtype));
+            return ST_EUNSUPPORTED;
+        }
     }
     e->rt.num_blocks = (int32_t)blocks;
     e->rt.swap_blocks = (int32_t)(cfg->swap_space_gib * (double)(1LL << 30) / (double)kv_bytes);

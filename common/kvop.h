@@ -28,6 +28,11 @@ typedef enum kv_op_kind {
      * positions after the blocks before them were evicted. dst >= 0. The
      * block must not be shared. */
     KV_OP_SHIFT = 5,
+    /* Heavy-hitter / SnapKV compaction (model/kv_policy.h): one token of
+     * every layer's K and V (and its accumulated attention mass) moves
+     * from device slot src to device slot dst (slot = block * block_size
+     * + offset), keys unrotated: a kept key keeps its original position. */
+    KV_OP_COPY_SLOT = 6,
 } kv_op_kind_t;
 
 typedef struct kv_op {

@@ -108,7 +108,8 @@ static const opt_t opts[] = {
      "auto|f32|f16|bf16|fp8_e4m3|int8|int4|tq3|tq4", "T",
      "KV cache element type (tq3 / tq4: rotated 3 / 4-bit codes with a QJL key sketch, CPU)"},
     {"kv-policy", OT_POLICY, F(kv_policy), 0, 0, NULL, "P",
-     "\"full\" or \"sink=S,window=W\" (StreamingLLM, tokens)"},
+     "\"full\", \"sink=S,window=W\" (StreamingLLM), \"h2o=B,recent=W\" (heavy hitters) or "
+     "\"snapkv=B,window=W,pool=K\" (tokens)"},
     {"enable-prefix-caching", OT_BOOL, F(enable_prefix_caching), 0, 0, NULL, NULL,
      "reuse KV blocks of shared prompt prefixes"},
     {"kv-watermark", OT_DBL, F(kv_watermark), 0, 0.5, NULL, "F",
@@ -379,6 +380,16 @@ parse_policy(const char *s, int32_t *sink, int32_t *window)
         *window = 0;
         return ST_OK;
     }
+    if (strncmp(s, "h2o=", 4) == 0 || strncmp(s, "snapkv=", 7) == 0) {
+        /* H2O / SnapKV (model/kv_policy.h): the shape here; kvserve serve
+         * checks the numbers against the context and the backend. */
+        int b, w, k, used = 0, n = s[0] == 'h' ? sscanf(s, "h2o=%d,recent=%d%n", &b, &w, &used)
+                                            : sscanf(s, "snapkv=%d,window=%d%n,pool=%d%n", &b,
+                                                     &w, &used, &k, &used);
+        *sink = 0;
+        *window = 0;
+        return n >= 2 && s[used] == '\0' && w >= 1 && b > w ? ST_OK : ST_EINVAL;
+    }
     if (strlen(s) >= sizeof(buf)) {
         return ST_EINVAL;
     }
@@ -433,7 +444,8 @@ expect_text(const opt_t *o, char *buf, size_t len)
         snprintf(buf, len, "64 hex digits (kvserve hash-key prints them)");
         break;
     case OT_POLICY:
-        snprintf(buf, len, "full or sink=S,window=W with W > 0");
+        snprintf(buf, len, "full, sink=S,window=W with W > 0, h2o=B,recent=W or "
+                           "snapkv=B,window=W,pool=K with 1 <= W < B");
         break;
     case OT_LOGLVL:
         snprintf(buf, len, "one of error|warn|info|debug|trace");

@@ -41,6 +41,10 @@ typedef struct mdl_backend {
     /* Nonzero: kv_ops() takes KV_OP_SHIFT; otherwise the runtime refuses
      * it with ST_EUNSUPPORTED. */
     int kv_shift_ops;
+    /* H2O / SnapKV: out[i][layer][kv_head] = accumulated attention mass of
+     * slots[i] (mdl_runtime_kv_mass, slots validated). NULL: the backend
+     * keeps none, and refuses kv_mass and KV_OP_COPY_SLOT. */
+    int (*kv_mass)(void *state, const int32_t *slots, int32_t n, float *out);
 } mdl_backend_t;
 
 /* model/forward_cpu.c, at any tp_size (model/tp.h). */

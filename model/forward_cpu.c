@@ -572,6 +572,7 @@ cpu_rank_forward(void *arg, int r)
         }
         kn_cpu_rope(rk->q, T, sh->n_q, hd, rk->cos_t, rk->sin_t);
         host_kv_attend(&rk->kv, l, &aa);
+        host_kv_mass_attend(&rk->kv, l, &aa, b->mass_rows); /* H2O / SnapKV, else nothing */
         cpu_row_parallel(s, rk, r, rk->att, &cl->wo, rk->x, T);
         cpu_mlp(s, rk, r, L, cl, rk->x, rk->h, T);
     }
@@ -608,7 +609,7 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
     /* The last layer only needs K/V for every row; the rest of it runs on
      * the rows that want logits, unless that is all of them or hidden rows
      * are wanted. */
-    s->sub = b->n_logits < b->n_tokens && b->n_hidden == 0;
+    s->sub = b->n_logits < b->n_tokens && b->n_hidden == 0 && b->mass_rows == NULL;
     if (s->sub) {
         cpu_sub_batch(s, b);
     }
@@ -619,6 +620,22 @@ cpu_forward(void *state, const mdl_batch_t *b, const float **logits)
         return rc;
     }
     *logits = s->logits;
+    return ST_OK;
+}
+
+/* Every rank's share of the mass of slots (model/host_kv_mass.c). */
+static int
+cpu_kv_mass(void *state, const int32_t *slots, int32_t n, float *out)
+{
+    cpu_state_t *s = state;
+
+    memset(out, 0, sizeof(float) * (size_t)n * (size_t)s->c.n_layers * (size_t)s->c.n_kv_heads);
+    for (int32_t r = 0; r < s->tp; r++) {
+        if (s->ranks[r].kv.mass == NULL) {
+            return ST_EUNSUPPORTED;
+        }
+        host_kv_mass_read(&s->ranks[r].kv, slots, n, s->ranks[r].sh.kv0, s->c.n_kv_heads, out);
+    }
     return ST_OK;
 }
 
@@ -637,4 +654,5 @@ const mdl_backend_t mdl_backend_cpu = {
     .hidden = cpu_hidden,
     .kv_drop_ops = 1,
     .kv_shift_ops = 1,
+    .kv_mass = cpu_kv_mass,
 };

@@ -36,7 +36,7 @@ host_kv_create(host_kv_t *kv, const mdl_config_t *c, int32_t n_kv,
         if (st != ST_OK) {
             kv->kvq = NULL;
         }
-        return st;
+        return st == ST_OK ? host_kv_mass_create(kv, rc, err, errlen) : st;
     }
     kv->kv_len = sizeof(float) * 2 * (size_t)c->n_layers * (size_t)rc->num_blocks * kv->blk_floats;
     kv->kv = host_kv_map(kv->kv_len);
@@ -53,7 +53,7 @@ host_kv_create(host_kv_t *kv, const mdl_config_t *c, int32_t n_kv,
             return ST_ENOMEM;
         }
     }
-    return ST_OK;
+    return host_kv_mass_create(kv, rc, err, errlen);
 }
 
 void
@@ -64,6 +64,9 @@ host_kv_destroy(host_kv_t *kv)
     }
     if (kv->swap != NULL) {
         munmap(kv->swap, kv->swap_len);
+    }
+    if (kv->mass != NULL) {
+        munmap(kv->mass, kv->mass_len);
     }
     kn_kvq_store_destroy(kv->kvq);
     memset(kv, 0, sizeof(*kv));
@@ -84,10 +87,21 @@ host_kv_ops(host_kv_t *kv, const kv_op_t *ops, int32_t n_ops)
     int32_t nb = kv->num_blocks, ns = kv->swap_blocks;
     size_t bytes = kv->blk_floats * sizeof(float);
 
+    for (int32_t i = 0; kv->kvq != NULL && i < n_ops; i++) {
+        if (ops[i].kind == KV_OP_COPY_SLOT) {
+            return ST_EUNSUPPORTED; /* compaction: f32 pools only */
+        }
+    }
     if (kv->kvq != NULL) {
         return kn_kvq_ops(kv->kvq, ops, n_ops);
     }
     for (int32_t i = 0; i < n_ops; i++) {
+        if (ops[i].kind == KV_OP_COPY_SLOT || kv->mass != NULL) {
+            host_kv_mass_op(kv, &ops[i]);
+        }
+        if (ops[i].kind == KV_OP_COPY_SLOT) {
+            continue;
+        }
         if (ops[i].kind == KV_OP_DROP || ops[i].kind == KV_OP_DROP_SWAP) {
             continue; /* f32 keeps nothing beside the blocks */
         }
@@ -137,6 +151,9 @@ host_kv_write(host_kv_t *kv, int32_t layer, const float *k, const float *v,
     kn_cpu_kv_write(host_kv_region(kv->kv, kv->num_blocks, kv->blk_floats, layer, 0),
                     host_kv_region(kv->kv, kv->num_blocks, kv->blk_floats, layer, 1), k, v, slots,
                     n_tok, kv->n_kv, kv->block_size, kv->head_dim);
+    if (kv->mass != NULL) {
+        host_kv_mass_clear(kv, layer, slots, n_tok);
+    }
 }
 
 void

@@ -63,6 +63,10 @@ typedef struct host_kv {
     size_t swap_len;
     kn_kvq_store_t *kvq;   /* any dtype but f32: pool, swap tier, residual slots */
     const float *inv_freq; /* borrowed (head_dim / 2), for KV_OP_SHIFT */
+    /* H2O / SnapKV (model/host_kv_mass.c): accumulated attention mass,
+     * [layer][slot][n_kv] floats, or NULL without rc->kv_mass. */
+    float *mass;
+    size_t mass_len;
 } host_kv_t;
 
 /* Creates the pool of n_kv KV heads of model c for runtime rc (num_blocks,
@@ -95,6 +99,27 @@ void host_kv_write(host_kv_t *kv, int32_t layer, const float *k, const float *v,
  * filled in here, everything else as kn_cpu_attention() (n_kv_heads must
  * be the pool's n_kv). */
 void host_kv_attend(host_kv_t *kv, int32_t layer, kn_attn_args_t *a);
+
+/* model/host_kv_mass.c: the accumulated attention mass of H2O / SnapKV
+ * (kernels/cpu/kn_mass.h). create: maps the accumulator when rc->kv_mass
+ * (f32 pools only: ST_EUNSUPPORTED otherwise, reason in err); called by
+ * host_kv_create. clear: zeroes the cells of newly written slots (called
+ * by host_kv_write). attend: adds the probabilities of rows with
+ * row_on[t] (a as host_kv_attend filled it). read: out[i][l][kv0 + h] +=
+ * mass of slots[i], layer l, head h of this pool, for a row of n_kv_all
+ * heads per layer (ranks sharing a KV head hold partial sums over their
+ * query heads: adding them gives the head's). */
+int host_kv_mass_create(host_kv_t *kv, const mdl_runtime_config_t *rc, char *err, size_t errlen);
+void host_kv_mass_clear(host_kv_t *kv, int32_t layer, const int32_t *slots, int32_t n_tok);
+void host_kv_mass_attend(host_kv_t *kv, int32_t layer, const kn_attn_args_t *a,
+                         const uint8_t *row_on);
+void host_kv_mass_read(const host_kv_t *kv, const int32_t *slots, int32_t n, int32_t kv0,
+                       int32_t n_kv_all, float *out);
+/* One op's effect on the accumulator and, for KV_OP_COPY_SLOT, the f32
+ * rows: COPY moves a block's cells, SWAP_IN zeroes them (the swap tier
+ * keeps no mass), COPY_SLOT moves one token (K, V and mass) of every
+ * layer. */
+void host_kv_mass_op(host_kv_t *kv, const kv_op_t *op);
 
 /* Ends a forward step (residual slots of blocks filled during it return
  * to their pool). */

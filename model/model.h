@@ -144,6 +144,10 @@ typedef struct mdl_batch {
      * mdl_runtime_hidden() after the forward. NULL / 0: none. */
     const int32_t *hidden_rows; /* [n_hidden], each in 0 .. n_tokens-1 */
     int32_t n_hidden;
+    /* H2O / SnapKV (issue 18): nonzero mass_rows[t] adds row t's attention
+     * probabilities to the accumulated mass of the keys it reads (runtime
+     * created with kv_mass). NULL: no row does. */
+    const uint8_t *mass_rows; /* [n_tokens] */
 } mdl_batch_t;
 
 typedef enum mdl_kv_dtype {
@@ -172,6 +176,10 @@ typedef struct mdl_runtime_config {
     /* cuda: share of each device's memory that weights, activations and the
      * KV pool may use (--gpu-memory-utilization); 0 means 0.9. */
     float gpu_memory_utilization;
+    /* H2O / SnapKV (model/kv_policy.h): keep each cached token's attention
+     * mass per layer and KV head (mdl_runtime_kv_mass), and take
+     * KV_OP_COPY_SLOT. cpu backend, f32 KV cache only. */
+    int kv_mass;
 } mdl_runtime_config_t;
 
 typedef struct mdl_runtime mdl_runtime_t;
@@ -237,6 +245,17 @@ const char *mdl_kv_dtype_name(mdl_kv_dtype_t d);
 
 /* Runs queued block copy / swap operations, in order. */
 int mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops);
+/* The accumulated attention mass of device slots slots[0..n) (a runtime
+ * created with kv_mass): out[i][layer][kv_head], n * n_layers * n_kv_heads
+ * floats, the sum since each slot was written (or moved with its token) of
+ * the probabilities its key got from the mass rows of every forward, per
+ * layer and KV head (query heads of a group summed). Plain numbers for the
+ * scheduler's eviction policy, like the logits. ST_EINVAL for a slot out of
+ * range; ST_EUNSUPPORTED without kv_mass. */
+int mdl_runtime_kv_mass(mdl_runtime_t *rt, const int32_t *slots, int32_t n, float *out);
+/* Floats per slot that mdl_runtime_kv_mass writes (n_layers * n_kv_heads),
+ * 0 for a runtime without kv_mass. */
+int32_t mdl_runtime_kv_mass_heads(const mdl_runtime_t *rt);
 
 /* Forward pass. On ST_OK *logits points at [b->n_logits][vocab] f32 host
  * rows in the order of b->logits_rows, owned by the runtime and valid

@@ -90,6 +90,11 @@ mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_ru
         return ST_EFORMAT;
     }
 
+    if (c.kv_mass && be->kv_mass == NULL) {
+        snprintf(err, errlen, "attention-score eviction (h2o, snapkv) needs the cpu backend");
+        return ST_EUNSUPPORTED;
+    }
+
     rt = xcalloc(1, sizeof(*rt));
     rt->be = be;
     rt->m = m;
@@ -154,6 +159,20 @@ mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops)
             if (ops[i].src <= 0 || ops[i].src >= nb || ops[i].dst < 0) {
                 LOG_ERROR("kv op %d: shift of block %d by %d out of range", i, ops[i].src,
                           ops[i].dst);
+                return ST_EINVAL;
+            }
+            continue;
+        }
+        if (ops[i].kind == KV_OP_COPY_SLOT) {
+            int64_t n_slots = (int64_t)nb * rt->cfg.block_size;
+
+            if (rt->be->kv_mass == NULL) {
+                LOG_ERROR("the %s backend cannot move single KV slots", rt->be->name);
+                return ST_EUNSUPPORTED;
+            }
+            if (ops[i].src < rt->cfg.block_size || ops[i].src >= n_slots ||
+                ops[i].dst < rt->cfg.block_size || ops[i].dst >= n_slots) {
+                LOG_ERROR("kv op %d: slot copy %d -> %d out of range", i, ops[i].src, ops[i].dst);
                 return ST_EINVAL;
             }
             continue;
@@ -268,6 +287,31 @@ mdl_forward(mdl_runtime_t *rt, const mdl_batch_t *b, const float **logits)
         return ST_EUNSUPPORTED;
     }
     return rt->be->forward(rt->state, b, logits);
+}
+
+int
+mdl_runtime_kv_mass(mdl_runtime_t *rt, const int32_t *slots, int32_t n, float *out)
+{
+    int64_t n_slots = (int64_t)rt->cfg.num_blocks * rt->cfg.block_size;
+
+    if (!rt->cfg.kv_mass || rt->be->kv_mass == NULL) {
+        return ST_EUNSUPPORTED;
+    }
+    if (n < 0 || (n > 0 && (slots == NULL || out == NULL))) {
+        return ST_EINVAL;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (slots[i] < rt->cfg.block_size || slots[i] >= n_slots) {
+            return ST_EINVAL;
+        }
+    }
+    return n > 0 ? rt->be->kv_mass(rt->state, slots, n, out) : ST_OK;
+}
+
+int32_t
+mdl_runtime_kv_mass_heads(const mdl_runtime_t *rt)
+{
+    return rt->cfg.kv_mass ? rt->m->cfg.n_layers * rt->m->cfg.n_kv_heads : 0;
 }
 
 const float *

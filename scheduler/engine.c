@@ -657,6 +657,14 @@ eng__pool(engine_t *e)
 
 /* ---- lifecycle ------------------------------------------------------- */
 
+/* The scheduler's view of the runtime's attention mass (H2O / SnapKV):
+ * plain numbers, as the logits. */
+static int
+eng_kv_mass(void *arg, const int32_t *slots, int32_t n, float *out)
+{
+    return mdl_runtime_kv_mass(arg, slots, n, out);
+}
+
 int
 engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox, engine_t **out,
               char *err, size_t errlen)
@@ -728,6 +736,11 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
         }
     }
 
+    /* H2O / SnapKV requests need the attention mass beside the KV: the
+     * cpu backend keeps it for an f32 cache (1 float per token, layer
+     * and KV head), so any request may choose them. */
+    c->rt.kv_mass = (c->rt.device == NULL || strcmp(c->rt.device, "cpu") == 0) &&
+                    (c->rt.kv_dtype == MDL_KV_AUTO || c->rt.kv_dtype == MDL_KV_F32);
     rc = mdl_runtime_create(model, &c->rt, &e->rt, err, errlen);
     if (rc != ST_OK) {
         goto fail;
@@ -787,6 +800,12 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     sc.kv_window = c->kv_window;
     sc.kv_policy_ok = c->rt.device == NULL || strcmp(c->rt.device, "cpu") == 0 ||
                       strcmp(c->rt.device, "cuda") == 0; /* any tp: both re-rotate KV */
+    sc.kv_score = c->kv_score;
+    if (c->rt.kv_mass) {
+        sc.kv_mass = eng_kv_mass;
+        sc.kv_mass_arg = e->rt;
+        sc.kv_mass_heads = mdl_runtime_kv_mass_heads(e->rt);
+    }
     sc.n_eos = mc->n_eos;
     memcpy(sc.eos_ids, mc->eos_ids, sizeof(sc.eos_ids));
     sc.n_tenants = c->n_tenants;

@@ -29,6 +29,7 @@ typedef struct eng_config {
     int prefix_caching;
     float watermark;
     int32_t kv_sink, kv_window; /* default KV policy of requests (window 0: full) */
+    mdl_kv_policy_t kv_score;   /* default H2O / SnapKV policy (kind FULL: none) */
     int32_t n_tenants; /* >= 1; tenant 0 is the default */
     eng_tenant_t tenants[ENG_MAX_TENANTS];
     int log_every_steps; /* INFO summary period; 0 off */

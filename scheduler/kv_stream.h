@@ -17,6 +17,15 @@
  *   after a step (evicting before the next chunk is the same thing: no
  *   forward runs between the two). Positions stay contiguous 0 .. kv_len-1.
  *
+ *   Under H2O or SnapKV (model/kv_policy.h) the runtime must have been
+ *   created with kv_mass; the batch flags the rows whose attention counts
+ *   (every row for H2O, the last W prompt rows for SnapKV, the prompt
+ *   being announced with sched_stream_set_prompt), and after the forward
+ *   the stream reads the mass of its tokens and compacts them through
+ *   scheduler/kv_evict.h, as the scheduler does after a step. Positions
+ *   then run past the cache: each new token takes the next position
+ *   after every token fed since the reset, while kept keys keep theirs.
+ *
  *   The runtime must have block size block_size, at least
  *   sched_stream_blocks(block_size, max_ctx) + 1 blocks and as many
  *   max_blocks_per_seq, max_num_batched_tokens >= chunk, and
@@ -61,6 +70,12 @@ int sched_stream_feed(sched_stream_t *s, const int32_t *toks, int32_t n, sched_s
  * token only, and cb (may be NULL) gets those rows. */
 int sched_stream_feed_last(sched_stream_t *s, const int32_t *toks, int32_t n, sched_stream_cb cb,
                            void *arg);
+/* SnapKV: the next n_prompt tokens fed are the prompt; its last W rows
+ * accumulate mass, and the forward that completes it is followed by the
+ * compression. No effect under other policies. */
+void sched_stream_set_prompt(sched_stream_t *s, int32_t n_prompt);
+/* Tokens dropped by H2O / SnapKV compactions so far (over resets too). */
+int64_t sched_stream_compacted(const sched_stream_t *s);
 /* Tokens in the cache now, and the most it ever held. */
 int32_t sched_stream_kv_len(const sched_stream_t *s);
 int32_t sched_stream_kv_peak(const sched_stream_t *s);

@@ -37,6 +37,7 @@
 
 #include "common/chan.h"
 #include "grammar/grammar.h"
+#include "model/kv_policy.h"
 #include "sampler/sampler.h"
 #include "scheduler/spec.h"
 
@@ -89,6 +90,10 @@ typedef struct eng_request {
      * the context; 0 takes the engine's default, < 0 forces full KV. */
     int32_t kv_sink;
     int32_t kv_window;
+    /* H2O / SnapKV (model/kv_policy.h, kind != MDL_KVP_FULL): this request's
+     * attention-score eviction; kind FULL takes the engine's default, and
+     * kv_window < 0 (full KV) turns both off. */
+    mdl_kv_policy_t kv_score;
     int32_t max_tokens; /* >= 1 */
     int32_t min_tokens;
     int ignore_eos;

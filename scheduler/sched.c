@@ -44,6 +44,7 @@
 #include "common/thread.h"
 #include "common/util.h"
 #include "common/xmalloc.h"
+#include "scheduler/kv_evict.h"
 #include "scheduler/req_index.h"
 
 typedef enum seq_state {
@@ -69,6 +70,12 @@ struct sched_seq {
     int32_t n_computed;
     int32_t n_generated;
     int32_t n_evicted; /* tokens evicted after the sinks (kv policy) */
+    /* H2O / SnapKV: tokens dropped by compactions (the next position is
+     * n_computed + pos_gap), the prompt tokens still kept (-1: all), and
+     * whether SnapKV compressed the prompt already. */
+    int32_t pos_gap;
+    int32_t score_prompt;
+    int snap_done;
     uint64_t admit_no; /* admission order, for victim choice */
     uint64_t step_no;  /* last step that planned it */
     smp_rng_t rng;
@@ -83,6 +90,7 @@ struct sched_req {
     int32_t cap;           /* token buffer capacity per choice */
     int32_t kv_sink;       /* attention sinks + rolling window; window 0: off */
     int32_t kv_window;
+    mdl_kv_policy_t kv_score; /* H2O / SnapKV (kind FULL: none) */
     int32_t n_live;        /* choices without FINISHED */
     int fork_pending;      /* choice 0 still computes the prompt for all */
     int admitted;          /* left the waiting queue once (charged) */
@@ -160,6 +168,12 @@ struct sched {
     int32_t max_blocks_per_seq;
     int32_t *b_tokens;       /* [max_num_batched_tokens] */
     int32_t *b_positions;    /* [max_num_batched_tokens] */
+    uint8_t *b_mass;         /* [max_num_batched_tokens] H2O / SnapKV mass rows */
+    int b_mass_any;          /* some row of this step is one */
+    float *kv_mass;          /* [max_model_len][kv_mass_heads], with cfg.kv_mass */
+    int32_t *kv_slots;       /* [max_model_len] */
+    uint32_t *kv_keep;       /* [max_model_len] */
+    uint64_t kv_dropped;     /* tokens dropped by H2O / SnapKV */
     int32_t *b_slots;        /* [max_num_batched_tokens] */
     int32_t *b_query_start;  /* [max_num_seqs + 1] */
     int32_t *b_context_len;  /* [max_num_seqs] */
@@ -484,6 +498,13 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     s->max_blocks_per_seq = (int32_t)((cfg->max_model_len + s->block_size - 1) / s->block_size);
     s->b_tokens = xcalloc((size_t)mnbt, sizeof(int32_t));
     s->b_positions = xcalloc((size_t)mnbt, sizeof(int32_t));
+    s->b_mass = xcalloc((size_t)mnbt, 1);
+    if (cfg->kv_mass != NULL) {
+        s->kv_mass = xcalloc((size_t)cfg->max_model_len * (size_t)cfg->kv_mass_heads,
+                             sizeof(float));
+        s->kv_slots = xcalloc((size_t)cfg->max_model_len, sizeof(int32_t));
+        s->kv_keep = xcalloc((size_t)cfg->max_model_len, sizeof(uint32_t));
+    }
     s->b_slots = xcalloc((size_t)mnbt, sizeof(int32_t));
     s->b_query_start = xcalloc((size_t)mns + 1, sizeof(int32_t));
     s->b_context_len = xcalloc((size_t)mns, sizeof(int32_t));
@@ -522,6 +543,10 @@ sched_destroy(sched_t *s)
     ridx_fini(&s->req_ids);
     free(s->b_tokens);
     free(s->b_positions);
+    free(s->b_mass);
+    free(s->kv_mass);
+    free(s->kv_slots);
+    free(s->kv_keep);
     free(s->b_slots);
     free(s->b_query_start);
     free(s->b_context_len);
@@ -685,6 +710,33 @@ sched_submit(sched_t *s, eng_request_t *req, void *udata)
 
     int32_t sink = req->kv_window != 0 ? req->kv_sink : s->cfg.kv_sink;
     int32_t window = req->kv_window != 0 ? req->kv_window : s->cfg.kv_window;
+    /* H2O / SnapKV: the request's, else the default; full KV turns it off. */
+    mdl_kv_policy_t score = {0};
+
+    if (req->kv_window >= 0) {
+        score = req->kv_score.kind != MDL_KVP_FULL ? req->kv_score : s->cfg.kv_score;
+    }
+    if (req->kv_score.kind != MDL_KVP_FULL) {
+        window = 0; /* the request chose attention-score eviction over the default sinks */
+    } else if (window > 0) {
+        score.kind = MDL_KVP_FULL; /* the request chose sinks */
+    }
+    if (score.kind != MDL_KVP_FULL) {
+        if (score.budget > s->cfg.max_model_len || score.recent < 1 || score.budget <= score.recent) {
+            return submit_fail(s, ST_EINVAL, "kv policy %s: budget %d must exceed its window %d "
+                               "and be within the context of %d",
+                               score.kind == MDL_KVP_H2O ? "h2o" : "snapkv", score.budget,
+                               score.recent, s->cfg.max_model_len);
+        }
+        if (req->n != 1) {
+            return submit_fail(s, ST_EINVAL, "a kv policy needs n = 1");
+        }
+        if (s->cfg.kv_mass == NULL) {
+            return submit_fail(s, ST_EUNSUPPORTED,
+                               "kv policies h2o and snapkv need the cpu backend with an f32 KV "
+                               "cache");
+        }
+    }
 
     if (window > 0) {
         if (sink < 0 || sink % (int32_t)bs != 0 || window % (int32_t)bs != 0 ||
@@ -729,6 +781,7 @@ sched_submit(sched_t *s, eng_request_t *req, void *udata)
     }
     rq->kv_sink = window > 0 ? sink : 0;
     rq->kv_window = window > 0 ? window : 0;
+    rq->kv_score = score;
     req->prompt = NULL;
     req->sampling.bias = NULL;
     req->grammar = NULL;
@@ -740,6 +793,7 @@ sched_submit(sched_t *s, eng_request_t *req, void *udata)
         list_init(&q->node);
         q->req = rq;
         q->choice = k;
+        q->score_prompt = -1;
         q->bm_id = s->next_bm_id++;
         q->state = SEQ_UNBORN;
         memcpy(q->tokens, rq->r.prompt, (size_t)req->n_prompt * sizeof(int32_t));
@@ -845,6 +899,21 @@ sched_idle(const sched_t *s)
 
 /* Appends one batch row for q: n_new tokens from q->n_computed, whose
  * slots bm_seq_reserve() already wrote at b_slots[n_tok]. */
+/* Whether token i of q's history, computed this step, adds its attention
+ * to the mass of the keys it reads: every row under H2O, the last W
+ * prompt rows under SnapKV until it compressed. */
+static uint8_t
+score_mass_row(const sched_seq_t *q, int32_t i)
+{
+    const mdl_kv_policy_t *p = &q->req->kv_score;
+    int32_t n = q->req->r.n_prompt;
+
+    if (p->kind == MDL_KVP_H2O) {
+        return 1;
+    }
+    return p->kind == MDL_KVP_SNAPKV && !q->snap_done && i < n && i >= n - p->recent;
+}
+
 static void
 plan_add_row(sched_t *s, sched_seq_t *q, int32_t n_new)
 {
@@ -855,7 +924,9 @@ plan_add_row(sched_t *s, sched_seq_t *q, int32_t n_new)
     s->b_query_start[row] = base;
     for (int32_t j = 0; j < n_new; j++) {
         s->b_tokens[base + j] = q->tokens[q->n_computed + j];
-        s->b_positions[base + j] = q->n_computed + j;
+        s->b_positions[base + j] = q->n_computed + q->pos_gap + j;
+        s->b_mass[base + j] = score_mass_row(q, q->n_computed + j);
+        s->b_mass_any |= s->b_mass[base + j];
     }
     s->b_context_len[row] = q->n_computed + n_new;
     s->rows_seq[row] = q;
@@ -896,6 +967,7 @@ plan_spec(sched_t *s, sched_seq_t *q)
     int32_t k, off, n;
 
     if (rq->r.no_speculative || rq->fork_pending || rq->failed || rq->kv_window > 0 ||
+        rq->kv_score.kind != MDL_KVP_FULL ||
         s->cfg.sliding_window > 0) {
         return 0;
     }
@@ -1112,6 +1184,7 @@ preempt(sched_t *s, sched_seq_t *q)
         q->in_pool = 0;
     }
     q->n_computed = 0;
+    q->pos_gap = 0; /* a compacted history is re-prefilled at contiguous positions */
     waiting_add(s, q);
     s->preempt_recompute++;
     s->step_recompute++;
@@ -1418,6 +1491,8 @@ plan_finalize(sched_t *s, sched_plan_t *plan)
     plan->batch.max_blocks = max_blocks;
     plan->batch.logits_rows = s->b_logits_rows;
     plan->batch.n_logits = s->n_logits;
+    plan->batch.mass_rows = s->b_mass_any ? s->b_mass : NULL; /* H2O / SnapKV */
+    s->b_mass_any = 0;
     plan->n_samples = s->n_samples;
     plan->samples = s->samples;
     plan->n_preempt_swap = s->step_swap;
@@ -1508,6 +1583,9 @@ sched_sample_view_at(const sched_t *s, const sched_plan_t *plan, int32_t i, int3
     v->history = q->tokens; /* drafts follow n_tokens (plan_spec) */
     v->n_hist = q->n_tokens + j;
     v->n_prompt = q->req->r.n_prompt;
+    if (q->score_prompt >= 0) { /* H2O / SnapKV: the prompt tokens kept */
+        v->n_prompt = q->score_prompt;
+    }
     if (q->n_evicted > 0) { /* where the prompt ends in the kept history */
         int32_t sink = q->req->kv_sink;
 
@@ -1806,6 +1884,56 @@ evict_window(sched_t *s, sched_seq_t *q)
     q->n_evicted += e * bs;
 }
 
+/* H2O / SnapKV after a step (scheduler/kv_evict.h): H2O keeps the
+ * sequence under its budget, SnapKV compresses the prompt once it is
+ * computed. The mass comes from the runtime as plain numbers; blockmgr
+ * queues the moves for the next step. The token history closes the same
+ * gaps (tokens[i] = tokens[keep[i]]), and positions run on past every
+ * token ever computed (pos_gap): kept keys keep their rotation.
+ *
+ *   tokens | t0 t1 t2 t3 t4 t5 | pending |   keep t0 t2 t4 t5
+ *   after  | t0 t2 t4 t5 | pending |          pos_gap += 2
+ */
+static void
+score_evict(sched_t *s, sched_seq_t *q)
+{
+    const mdl_kv_policy_t *p = &q->req->kv_score;
+    int32_t n_kv = q->n_computed, n_keep = 0, dropped, pe, kept_prompt = 0;
+
+    if (s->cfg.kv_mass == NULL) {
+        return;
+    }
+    if (p->kind == MDL_KVP_H2O) {
+        n_keep = sched_kv_h2o_target(p, n_kv, (int32_t)s->block_size);
+    } else if (!q->snap_done && q->n_computed >= q->req->r.n_prompt) {
+        q->snap_done = 1;
+        n_keep = n_kv > p->budget ? p->budget : 0;
+    }
+    if (n_keep <= 0 || n_keep >= n_kv) {
+        return;
+    }
+    sched_kv_slots(s->pool, q->bm_id, n_kv, s->kv_slots);
+    if (s->cfg.kv_mass(s->cfg.kv_mass_arg, s->kv_slots, n_kv, s->kv_mass) != ST_OK) {
+        return;
+    }
+    dropped = sched_kv_compact(s->pool, q->bm_id, p, s->kv_mass, n_kv, s->cfg.kv_mass_heads,
+                               n_keep, s->kv_keep);
+    if (dropped == 0) {
+        return; /* no room for private copies now: the next step tries again */
+    }
+    pe = q->score_prompt >= 0 ? q->score_prompt : q->req->r.n_prompt;
+    for (int32_t i = 0; i < n_keep; i++) {
+        q->tokens[i] = q->tokens[s->kv_keep[i]];
+        kept_prompt += (int32_t)s->kv_keep[i] < pe;
+    }
+    memmove(q->tokens + n_keep, q->tokens + n_kv, sizeof(int32_t) * (size_t)(q->n_tokens - n_kv));
+    q->n_tokens -= dropped;
+    q->n_computed -= dropped;
+    q->pos_gap += dropped;
+    q->score_prompt = kept_prompt;
+    s->kv_dropped += (uint64_t)dropped;
+}
+
 /* Ends with ERROR ST_ENOMEM every request whose TOKEN event failed in
  * this commit (still live: commit_token returns before any finish check
  * when the event fails, and skips the request's later samples), or that
@@ -1855,6 +1983,9 @@ sched_commit(sched_t *s, const sched_plan_t *plan, const smp_result_t *results)
         }
         if (q->req->kv_window > 0 && q->n_computed > q->req->kv_sink + q->req->kv_window) {
             evict_window(s, q);
+        }
+        if (q->req->kv_score.kind != MDL_KVP_FULL) {
+            score_evict(s, q);
         }
     }
     for (int32_t r = 0; r < s->n_rows; r++) {

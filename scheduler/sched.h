@@ -127,6 +127,15 @@ typedef struct sched_config {
     /* Default attention-sink policy (eng_request_t.kv_sink / kv_window). */
     int32_t kv_sink, kv_window;
     int kv_policy_ok; /* the backend re-rotates KV (cpu, any tensor-parallel size) */
+    /* H2O / SnapKV (scheduler/kv_evict.h): the default policy of requests
+     * (kind FULL: none), and the runtime's accumulated attention mass,
+     * plain numbers read after a step (mdl_runtime_kv_mass through the
+     * engine; NULL: the runtime keeps none and such requests fail with
+     * ST_EUNSUPPORTED), kv_mass_heads floats per token. */
+    mdl_kv_policy_t kv_score;
+    int (*kv_mass)(void *arg, const int32_t *slots, int32_t n, float *out);
+    void *kv_mass_arg;
+    int32_t kv_mass_heads;
     /* Frees a request's udata when the scheduler frees the request (after
      * its last event, or in sched_destroy); NULL: udata is not owned. */
     void (*udata_free)(void *udata);

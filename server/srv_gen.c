@@ -742,6 +742,7 @@ make_submit(const srv_gen_t *g, const srv_job_t *job)
     q->priority = p->priority;
     q->kv_sink = p->kv_sink;
     q->kv_window = p->kv_window;
+    q->kv_score = p->kv_score;
     q->prompt = xmalloc_try(sizeof(int32_t) * (size_t)pr->n_ids);
     if (q->prompt == NULL) {
         free(m);

@@ -188,8 +188,10 @@ typedef struct srv_params {
     int32_t priority;
     int skip_special_tokens; /* default 1 */
     /* Extension "kv_policy": "full" (kv_window -1) or "sink=S,window=W";
-     * absent: 0, the server's --kv-policy. */
+     * absent: 0, the server's --kv-policy. "h2o=B,recent=W" or
+     * "snapkv=B,window=W,pool=K" (model/kv_policy.h) go to kv_score. */
     int32_t kv_sink, kv_window;
+    mdl_kv_policy_t kv_score;
     srv_constraint_t constraint; /* SRV_CONSTRAINT_NONE unless asked for */
     srv_chat_ext_t ext;          /* chat: tools, tool history, template kwargs */
 } srv_params_t;

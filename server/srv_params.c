@@ -379,6 +379,38 @@ parse_logit_bias(const cJSON *bj, const srv_limits_t *lim, srv_params_t *p, srv_
     return 1;
 }
 
+/* "h2o=B,recent=W" or "snapkv=B,window=W[,pool=K]" (model/kv_policy.h,
+ * the same grammar as mdl_kv_policy_parse, which the server core does
+ * not link): 1 and *out, or 0 with the reason in why. */
+static int
+parse_score_policy(const char *s, mdl_kv_policy_t *out, char *why, size_t whylen)
+{
+    int b = -1, w = -1, k = 1, used = 0, n;
+
+    memset(out, 0, sizeof(*out));
+    if (strncmp(s, "h2o=", 4) == 0) {
+        if (sscanf(s, "h2o=%d,recent=%d%n", &b, &w, &used) != 2 || s[used] != '\0' || w < 1 ||
+            b <= w) {
+            snprintf(why, whylen, "'%.40s': expected \"h2o=B,recent=W\" in tokens with "
+                                  "1 <= W < B", s);
+            return 0;
+        }
+        out->kind = MDL_KVP_H2O;
+    } else {
+        n = sscanf(s, "snapkv=%d,window=%d%n,pool=%d%n", &b, &w, &used, &k, &used);
+        if ((n != 2 && n != 3) || s[used] != '\0' || w < 1 || b <= w || k < 1) {
+            snprintf(why, whylen, "'%.40s': expected \"snapkv=B,window=W,pool=K\" in tokens "
+                                  "with 1 <= W < B and K >= 1", s);
+            return 0;
+        }
+        out->kind = MDL_KVP_SNAPKV;
+    }
+    out->budget = b;
+    out->recent = w;
+    out->pool = k;
+    return 1;
+}
+
 static int
 parse_common(const cJSON *root, const srv_limits_t *lim, srv_params_t *p, srv_error_t *err)
 {
@@ -520,8 +552,17 @@ parse_common(const cJSON *root, const srv_limits_t *lim, srv_params_t *p, srv_er
     }
     if ((j = field(root, "kv_policy"))) {
         int sink = -1, window = -1, used = 0;
+        char why[200] = "";
 
-        if (cJSON_IsString(j) && strcmp(j->valuestring, "full") == 0) {
+        if (cJSON_IsString(j) && (strncmp(j->valuestring, "h2o", 3) == 0 ||
+                                  strncmp(j->valuestring, "snapkv", 6) == 0)) {
+            /* Attention-score eviction (model/kv_policy.h); the scheduler
+             * checks the budget against the context. */
+            if (!parse_score_policy(j->valuestring, &p->kv_score, why, sizeof(why))) {
+                srv_err_set(err, 400, "kv_policy", "'kv_policy': %s", why);
+                return 0;
+            }
+        } else if (cJSON_IsString(j) && strcmp(j->valuestring, "full") == 0) {
             p->kv_window = -1;
         } else if (cJSON_IsString(j) &&
                    sscanf(j->valuestring, "sink=%d,window=%d%n", &sink, &window, &used) == 2 &&
@@ -530,7 +571,8 @@ parse_common(const cJSON *root, const srv_limits_t *lim, srv_params_t *p, srv_er
             p->kv_window = window;
         } else {
             srv_err_set(err, 400, "kv_policy",
-                        "'kv_policy' must be \"full\" or \"sink=S,window=W\" (tokens)");
+                        "'kv_policy' must be \"full\", \"sink=S,window=W\", \"h2o=B,recent=W\" "
+                        "or \"snapkv=B,window=W,pool=K\" (tokens)");
             return 0;
         }
     }

@@ -73,6 +73,7 @@ typedef struct mseq {
     int wrote;   /* reserved (or forked) this step: pending writes */
     int nohash;  /* bm_seq_set_nohash: never hashed, evictable */
     int forked;  /* was a fork's parent or child: may share blocks */
+    int compacted; /* compacted after a prefix hit: may keep shared blocks */
     uint32_t released; /* leading blocks given back (release_front) */
     int tainted; /* may hold blocks with pending writes */
     uint32_t len;
@@ -101,6 +102,8 @@ typedef struct rt {
     uint64_t n_enomem; /* reserves failed on purpose for memory (every 5th) */
     int policy;        /* run release_front, nohash and evict ops */
     uint64_t n_drops;  /* DROP / DROP_SWAP ops applied */
+    uint64_t n_private; /* compactions that took private copies */
+    uint64_t n_slot_copies; /* KV_OP_COPY_SLOT ops applied */
 } rt_t;
 
 enum {
@@ -114,6 +117,7 @@ enum {
     OP_RESET,
     OP_RELEASE,
     OP_EVICT,
+    OP_COMPACT,
     OP_COUNT
 };
 
@@ -358,6 +362,7 @@ op_fork(rt_t *r)
     c->tenant = p->tenant;
     c->swapped = 0;
     c->nohash = p->nohash;
+    c->compacted = p->compacted;
     c->released = p->released;
     c->forked = p->forked = 1;
     c->len = p->len;
@@ -493,7 +498,9 @@ op_evict(rt_t *r)
         return;
     }
     if (rc == ST_EINVAL) {
-        REQ(m->forked); /* a later block may be shared with a fork */
+        /* A later block may be shared with a fork, or be a prefix block
+         * a compaction left in place. */
+        REQ(m->forked || m->compacted);
         r->n_eagain[OP_EVICT]++;
         return;
     }
@@ -503,6 +510,59 @@ op_evict(rt_t *r)
     m->len -= n * bs;
     REQ_CMP(bm_seq_len(r->pool, m->id), ==, m->len);
     r->n_ok[OP_EVICT]++;
+}
+
+/* Heavy hitters / SnapKV: keep a random subset of a sequence's tokens
+ * (always its last one, as the policies keep the recent window); the
+ * model keeps the same subset. Shared or cached blocks past the first
+ * moved token must become private copies; EAGAIN only when those find no
+ * room, changing nothing. */
+static void
+op_compact(rt_t *r)
+{
+    mseq_t *m = pick(r, 1);
+    uint32_t keep[MAXLEN], n = 0, need, avail;
+    snap_t sn;
+    int rc;
+
+    if (m == NULL || m->tainted || m->len < 2) {
+        return;
+    }
+    for (uint32_t i = 0; i + 1 < m->len; i++) {
+        if (rnd(r, 3) != 0) {
+            keep[n++] = i;
+        }
+    }
+    keep[n++] = m->len - 1;
+    rc = bm_seq_compact(r->pool, m->id, keep, n);
+    if (m->swapped || m->released > 0) {
+        REQ_CMP(rc, ==, ST_EINVAL);
+        return;
+    }
+    need = bm_seq_compact_needed(r->pool, m->id, keep, n);
+    avail = bm_pool_free_blocks(r->pool);
+    if (rc == ST_EAGAIN) {
+        take_snap(r, m, &sn);
+        REQ_CMP(need, >, avail);
+        REQ_CMP(bm_seq_compact(r->pool, m->id, keep, n), ==, ST_EAGAIN);
+        expect_unchanged(r, m, &sn);
+        r->n_eagain[OP_COMPACT]++;
+        return;
+    }
+    REQ_CMP(rc, ==, ST_OK);
+    /* A shuffled duplicate index is refused. */
+    if (n >= 2) {
+        uint32_t bad[2] = {keep[1], keep[0]};
+        REQ_CMP(bm_seq_compact(r->pool, m->id, bad, 2), ==, ST_EINVAL);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        m->toks[i] = m->toks[keep[i]];
+    }
+    r->n_private += bm_seq_len(r->pool, m->id) == n && n < m->len && m->forked;
+    m->len = n;
+    m->nohash = m->compacted = 1;
+    REQ_CMP(bm_seq_len(r->pool, m->id), ==, n);
+    r->n_ok[OP_COMPACT]++;
 }
 
 /* End of step: ops in queue order, then the forward's writes; then every
@@ -516,6 +576,13 @@ end_step(rt_t *r)
     for (uint32_t i = 0; i < n; i++) {
         if (ops[i].kind == KV_OP_SHIFT) {
             continue; /* re-rotates keys; the tokens stay */
+        }
+        if (ops[i].kind == KV_OP_COPY_SLOT) {
+            REQ(r->dev_tok[ops[i].src] != POISON_TOK); /* never reads dead bytes */
+            r->dev_tok[ops[i].dst] = r->dev_tok[ops[i].src];
+            r->dev_grp[ops[i].dst] = r->dev_grp[ops[i].src];
+            r->n_slot_copies++;
+            continue;
         }
         if (ops[i].kind == KV_OP_DROP || ops[i].kind == KV_OP_DROP_SWAP) {
             /* Its bytes are dead: nobody may read them before a write. */
@@ -652,7 +719,7 @@ run_seed_flags(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefi
     while (op < N_OPS) {
         uint32_t n_step = 1 + rnd(r, 10);
         for (uint32_t k = 0; k < n_step; k++, op++) {
-            uint32_t x = rnd(r, r->policy ? 110 : 100);
+            uint32_t x = rnd(r, r->policy ? 120 : 100);
             if (x < 16) {
                 op_admit(r);
             } else if (x < 52) {
@@ -674,8 +741,10 @@ run_seed_flags(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefi
                 }
             } else if (x < 105) {
                 op_release_front(r);
-            } else {
+            } else if (x < 110) {
                 op_evict(r);
+            } else {
+                op_compact(r);
             }
             bm_pool_check(r->pool);
         }
@@ -742,6 +811,13 @@ run_seed_flags(uint64_t seed, uint32_t bs, uint32_t dev, uint32_t cpu, int prefi
                (unsigned long long)r->n_drops);
         REQ_CMP(r->n_ok[OP_RELEASE], >, 100);
         REQ_CMP(r->n_ok[OP_EVICT], >, 100);
+        printf("  compact %llu (eagain %llu, of forked sequences %llu) slot copies %llu\n",
+               (unsigned long long)r->n_ok[OP_COMPACT],
+               (unsigned long long)r->n_eagain[OP_COMPACT], (unsigned long long)r->n_private,
+               (unsigned long long)r->n_slot_copies);
+        REQ_CMP(r->n_ok[OP_COMPACT], >, 100);
+        REQ_CMP(r->n_private, >, 10);
+        REQ_CMP(r->n_slot_copies, >, 1000);
     }
 
     bm_pool_destroy(r->pool);

@@ -181,7 +181,7 @@ stream_past_context(mdl_kv_dtype_t dtype)
     }
     ck_assert_int_ge(distinct, 3);
     /* Without a policy the same stream stops at the context. */
-    mdl_kv_policy_t full = {0, 0};
+    mdl_kv_policy_t full = {0};
     sched_stream_t *ks2;
 
     ck_assert_int_eq(sched_stream_create(rt, &full, 16, bound, 1, c->vocab_size, &ks2), ST_OK);
@@ -264,7 +264,7 @@ START_TEST(test_stream_text)
                      ST_OK);
     ck_assert_uint_gt(n, 2048);
     for (int d = 0; d < 2; d++) {
-        mdl_kv_policy_t p = {.sink = 16, .window = 160}, full = {0, 0};
+        mdl_kv_policy_t p = {.sink = 16, .window = 160}, full = {0};
         mdl_runtime_config_t rc = {.block_size = 16,
                                    .num_blocks = 24,
                                    .max_num_batched_tokens = 16,

@@ -188,6 +188,7 @@ typedef struct sub {
     float temperature;
     uint64_t seed;
     int has_seed;
+    mdl_kv_policy_t kv_score; /* H2O / SnapKV (kind FULL: the engine's) */
 } sub_t;
 
 static void
@@ -214,6 +215,7 @@ submit(const sub_t *s)
     m->req.ignore_eos = 1;
     m->req.seed = s->seed;
     m->req.has_seed = s->has_seed;
+    m->req.kv_score = s->kv_score;
     chan_send(engine_inbox(eng), &m->hdr);
 }
 
@@ -484,6 +486,88 @@ START_TEST(test_kv_policy_past_context)
     ck_assert_uint_le(st.kv_used_peak, (16 + 160) / 16 + 3);
     finish();
     cfg_kv_dtype = MDL_KV_AUTO;
+}
+END_TEST
+
+/* H2O / SnapKV through the scheduler (issue 18): with a budget above the
+ * sequence nothing is evicted and the greedy tokens equal those without
+ * a policy, per request and as the engine's default; below it the KV
+ * stays within the budget while generation runs on; a policy with n > 1
+ * or a budget past the context is refused. */
+START_TEST(test_kv_score_policies)
+{
+    eng_config_t c = cfg_default();
+    static res_t plain[4];
+    eng_stats_t st;
+    const mdl_kv_policy_t h2o_big = {.kind = MDL_KVP_H2O, .budget = 256, .recent = 16};
+    const mdl_kv_policy_t snap_big = {.kind = MDL_KVP_SNAPKV, .budget = 250, .recent = 16,
+                                      .pool = 7};
+    const mdl_kv_policy_t h2o_small = {.kind = MDL_KVP_H2O, .budget = 64, .recent = 16};
+    const mdl_kv_policy_t snap_small = {.kind = MDL_KVP_SNAPKV, .budget = 48, .recent = 8,
+                                        .pool = 5};
+
+    start(&c);
+    for (int i = 0; i < 4; i++) {
+        submit_simple((uint64_t)i + 1, 0, 40 + 30 * i, (uint32_t)(300 + i), 60);
+    }
+    run_idle();
+    for (int i = 0; i < 4; i++) {
+        plain[i] = res[i + 1][0];
+    }
+    finish();
+
+    start(&c);
+    for (int i = 0; i < 4; i++) {
+        sub_t s = {.id = (uint64_t)i + 1, .n_prompt = 40 + 30 * i, .pseed = (uint32_t)(300 + i),
+                   .max_tokens = 60, .n = 1, .kv_score = i % 2 ? snap_big : h2o_big};
+        submit(&s);
+    }
+    run_idle();
+    for (int i = 0; i < 4; i++) {
+        res_eq(&plain[i], &res[i + 1][0], "budget above the sequence", i);
+    }
+    finish();
+
+    c.kv_score = h2o_big; /* the engine's default */
+    start(&c);
+    for (int i = 0; i < 4; i++) {
+        submit_simple((uint64_t)i + 1, 0, 40 + 30 * i, (uint32_t)(300 + i), 60);
+    }
+    run_idle();
+    for (int i = 0; i < 4; i++) {
+        res_eq(&plain[i], &res[i + 1][0], "default budget above the sequence", i);
+    }
+    finish();
+
+    c.kv_score = (mdl_kv_policy_t){0};
+    start(&c);
+    {
+        sub_t a = {.id = 1, .n_prompt = 120, .pseed = 11, .max_tokens = 120, .n = 1,
+                   .kv_score = h2o_small};
+        sub_t b = {.id = 2, .n_prompt = 120, .pseed = 12, .max_tokens = 120, .n = 1,
+                   .kv_score = snap_small};
+        sub_t bad_n = {.id = 3, .n_prompt = 20, .pseed = 13, .max_tokens = 4, .n = 2,
+                       .kv_score = h2o_small};
+        sub_t bad_budget = {.id = 4, .n_prompt = 20, .pseed = 14, .max_tokens = 4, .n = 1,
+                            .kv_score = {.kind = MDL_KVP_H2O, .budget = 999, .recent = 16}};
+        submit(&a);
+        run_idle();
+        eng__stats(eng, &st);
+        /* the prompt's 8 blocks, then at most 4 while decoding (+1 for a
+         * private copy of a cached prompt block) */
+        ck_assert_uint_le(st.kv_used_peak, 120 / 16 + 1);
+        submit(&b);
+        submit(&bad_n);
+        submit(&bad_budget);
+        run_idle();
+    }
+    ck_assert_int_eq(res[1][0].n, 120);
+    ck_assert(res[1][0].finished);
+    ck_assert_int_eq(res[2][0].n, 120);
+    ck_assert(res[2][0].finished);
+    ck_assert_int_eq(errors[3], ST_EINVAL);
+    ck_assert_int_eq(errors[4], ST_EINVAL);
+    finish();
 }
 END_TEST
 
@@ -883,6 +967,7 @@ scheduler_engine_suite(void)
     tcase_add_test(tc, test_prefix_hit_equals_miss);
     tcase_add_test(tc, test_quantized_kv_consistent);
     tcase_add_test(tc, test_kv_policy_past_context);
+    tcase_add_test(tc, test_kv_score_policies);
     tcase_add_test(tc, test_chunked_equals_unchunked);
     tcase_add_test(tc, test_n2_seeded_reproducible);
     tcase_add_test(tc, test_cancel_mid_generation_frees_blocks);

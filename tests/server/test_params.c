@@ -377,6 +377,34 @@ START_TEST(test_kv_policy_field)
     ck_assert(!parse(SRV_KIND_COMPLETION,
                      "{\"model\":\"austen\",\"prompt\":\"a\",\"kv_policy\":7}", &p, &err));
     ck_assert_int_eq(err.status, 400);
+    /* H2O / SnapKV (issue 18) */
+    ck_assert(parse(SRV_KIND_COMPLETION,
+                    "{\"model\":\"austen\",\"prompt\":\"a\",\"kv_policy\":\"h2o=128,recent=32\"}",
+                    &p, &err));
+    ck_assert_int_eq(p.kv_score.kind, MDL_KVP_H2O);
+    ck_assert_int_eq(p.kv_score.budget, 128);
+    ck_assert_int_eq(p.kv_score.recent, 32);
+    ck_assert_int_eq(p.kv_window, 0);
+    srv_params_free(&p);
+    ck_assert(parse(SRV_KIND_COMPLETION,
+                    "{\"model\":\"austen\",\"prompt\":\"a\","
+                    "\"kv_policy\":\"snapkv=96,window=16,pool=7\"}",
+                    &p, &err));
+    ck_assert_int_eq(p.kv_score.kind, MDL_KVP_SNAPKV);
+    ck_assert_int_eq(p.kv_score.pool, 7);
+    srv_params_free(&p);
+    static const char *const bad[] = {
+        "{\"model\":\"austen\",\"prompt\":\"a\",\"kv_policy\":\"h2o=32,recent=32\"}",
+        "{\"model\":\"austen\",\"prompt\":\"a\",\"kv_policy\":\"h2o=64\"}",
+        "{\"model\":\"austen\",\"prompt\":\"a\",\"kv_policy\":\"snapkv=64,window=8,pool=0\"}",
+        "{\"model\":\"austen\",\"prompt\":\"a\",\"kv_policy\":\"snapkv=64,window=8,x=1\"}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert(!parse(SRV_KIND_COMPLETION, bad[i], &p, &err));
+        ck_assert_int_eq(err.status, 400);
+        ck_assert_str_eq(err.param, "kv_policy");
+        ck_assert_ptr_nonnull(strstr(err.message, "expected"));
+    }
 
     p = with_prompt(SRV_KIND_COMPLETION, 200, 600, 1);
     p.kv_sink = 16;
