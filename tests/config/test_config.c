@@ -243,7 +243,7 @@ START_TEST(test_bad_flags)
         {"--swap-space", "nan", "--swap-space: expected a number"},
         {"--device", "tpu", "--device: expected one of cpu|cuda, got 'tpu'"},
         {"--kv-cache-dtype", "fp4", "--kv-cache-dtype: expected one of auto|"},
-        {"--kv-policy", "sink=4", "--kv-policy: expected full or sink=S,window=W"},
+        {"--kv-policy", "sink=4", "--kv-policy: expected full, sink=S,window=W"},
         {"--kv-policy", "window=x", "--kv-policy: expected"},
         {"--log-level", "loud", "--log-level: expected one of error|warn"},
         {"--gpu-memory-utilization", "1.5", "--gpu-memory-utilization: expected a number"},
