@@ -198,6 +198,24 @@ add_request_id(uint64_t id, struct MHD_Response *resp)
     MHD_add_response_header(resp, "X-Request-Id", buf);
 }
 
+/* The headers every queued response shares (CORS, the console's, a drain's
+ * Connection: close), then queues resp, drops our reference and counts the
+ * status. Returns 1. */
+static int
+queue_finish(srv_t *s, struct MHD_Connection *mc, int ep, int status, struct MHD_Response *resp,
+             enum MHD_Result *ret)
+{
+    srv_cors_add_headers(s, mc, ep, resp);
+    srv_console_add_headers(ep, resp);
+    if (s->draining) {
+        MHD_add_response_header(resp, "Connection", "close");
+    }
+    *ret = MHD_queue_response(mc, (unsigned int)status, resp);
+    MHD_destroy_response(resp);
+    count_status(s, ep, status);
+    return 1;
+}
+
 int
 srv_http_queue(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep, int status, char *body,
                const char *ctype, int retry_after, enum MHD_Result *ret)
@@ -233,15 +251,7 @@ srv_http_queue(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep, int sta
             }
         }
     }
-    srv_cors_add_headers(s, mc, ep, resp);
-    srv_console_add_headers(ep, resp);
-    if (s->draining) {
-        MHD_add_response_header(resp, "Connection", "close");
-    }
-    *ret = MHD_queue_response(mc, (unsigned int)status, resp);
-    MHD_destroy_response(resp);
-    count_status(s, ep, status);
-    return 1;
+    return queue_finish(s, mc, ep, status, resp, ret);
 }
 
 int
@@ -261,15 +271,7 @@ srv_http_queue_static(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep, 
     if (location != NULL) {
         MHD_add_response_header(resp, "Location", location);
     }
-    srv_cors_add_headers(s, mc, ep, resp);
-    srv_console_add_headers(ep, resp);
-    if (s->draining) {
-        MHD_add_response_header(resp, "Connection", "close");
-    }
-    *ret = MHD_queue_response(mc, (unsigned int)status, resp);
-    MHD_destroy_response(resp);
-    count_status(s, ep, status);
-    return 1;
+    return queue_finish(s, mc, ep, status, resp, ret);
 }
 
 int
@@ -286,14 +288,7 @@ srv_http_queue_stream(srv_t *s, struct MHD_Connection *mc, uint64_t id, int ep,
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     add_request_id(id, resp);
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    srv_cors_add_headers(s, mc, ep, resp);
-    if (s->draining) {
-        MHD_add_response_header(resp, "Connection", "close");
-    }
-    *ret = MHD_queue_response(mc, 200, resp);
-    MHD_destroy_response(resp);
-    count_status(s, ep, 200);
-    return 1;
+    return queue_finish(s, mc, ep, 200, resp, ret);
 }
 
 enum MHD_Result
