@@ -13,6 +13,13 @@ for (const pkg of ['playwright-core', 'ajv', 'ajv-formats']) {
     process.exit(77);
   }
 }
+// playwright-core needs node >= 20 (its package.json); Debian 12's own
+// nodejs is 18, so say so and skip rather than fail there.
+const nodeMajor = Number(process.versions.node.split('.')[0]);
+if (nodeMajor < 20) {
+  console.log(`node ${process.versions.node}: playwright-core needs node >= 20, skipping`);
+  process.exit(77);
+}
 const chromium = process.env.KVSERVE_CHROMIUM || '/usr/bin/chromium';
 if (!fs.existsSync(chromium)) {
   console.log(`${chromium} missing: apt-get install chromium (tools/install-deps --test)`);
