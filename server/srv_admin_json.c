@@ -89,8 +89,10 @@ map_tier(srv_buf_t *b, const char *name, const eng_kv_tier_t *t)
         return;
     }
     p = b->data + b->len;
-    memcpy(p, t->state, n);
-    p += n;
+    if (n > 0) { /* an empty tier's arrays may be NULL */
+        memcpy(p, t->state, n);
+        p += n;
+    }
     memcpy(p, "\",\"tenant\":[", 12);
     p += 12;
     for (uint32_t i = 0; i < n; i++) {
