@@ -25,6 +25,7 @@
 #include "common/xmalloc.h"
 #include "kvserve_config.h"
 #include "grammar/grammar.h"
+#include "model/kv_policy.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
 #include "scheduler/spec.h"
@@ -66,6 +67,8 @@ bench_usage(FILE *f)
                "                              (default auto)\n"
                "  --json-schema FILE          constrain every output to this JSON schema\n"
                "  --speculative-config JSON   speculative decoding, as kvserve serve\n"
+               "  --kv-policy P               full (default), h2o=B,recent=W or\n"
+               "                              snapkv=B,window=W,pool=K (f32 KV cache)\n"
                "  --prompt-file FILE          text to take prompts from (with --prompt-kind)\n"
                "  --prompt-kind K             random (token ids), text (a passage of the\n"
                "                              file), grounded (a passage, then its first\n"
@@ -236,6 +239,7 @@ cmd_bench(int argc, char **argv)
         {"kv-cache-dtype", required_argument, NULL, 'd'},
         {"json-schema", required_argument, NULL, 'g'},
         {"speculative-config", required_argument, NULL, 'S'},
+        {"kv-policy", required_argument, NULL, 'v'},
         {"prompt-file", required_argument, NULL, 'P'},
         {"prompt-kind", required_argument, NULL, 'K'},
         {"help", no_argument, NULL, 'h'},
@@ -250,6 +254,7 @@ cmd_bench(int argc, char **argv)
     long bsz = 16, swap = 0, threads = 0, seed = 1;
     int prefix = 0;
     const char *spec_json = NULL, *prompt_file = NULL, *prompt_kind = "random";
+    const char *kv_policy = "full";
     int32_t *text_ids = NULL;
     size_t n_text = 0;
     mdl_kv_dtype_t kv_dtype = MDL_KV_AUTO;
@@ -329,6 +334,9 @@ cmd_bench(int argc, char **argv)
             }
             prompt_kind = optarg;
             break;
+        case 'v':
+            kv_policy = optarg;
+            break;
         case 'd':
             if (mdl_kv_dtype_parse(optarg, &kv_dtype) != ST_OK) {
                 fprintf(stderr, "kvserve bench: bad --kv-cache-dtype '%s'\n", optarg);
@@ -384,6 +392,20 @@ cmd_bench(int argc, char **argv)
     memset(&cfg, 0, sizeof(cfg));
     if (spec_config_parse(spec_json, &cfg.spec, err, sizeof(err)) != ST_OK) {
         fprintf(stderr, "kvserve bench: --speculative-config: %s\n", err);
+        mdl_model_destroy(model);
+        return 2;
+    }
+    /* H2O / SnapKV (model/kv_policy.h) as every request's default, as
+     * kvserve serve --kv-policy; sinks are a serve-side policy only. */
+    if (mdl_kv_policy_parse(kv_policy, (int32_t)bsz, &cfg.kv_score, err, sizeof(err)) != ST_OK ||
+        (cfg.kv_score.kind == MDL_KVP_FULL && cfg.kv_score.window > 0)) {
+        fprintf(stderr, "kvserve bench: --kv-policy: %s\n",
+                err[0] != '\0' ? err : "only full, h2o=... or snapkv=... here");
+        mdl_model_destroy(model);
+        return 2;
+    }
+    if (cfg.kv_score.kind != MDL_KVP_FULL && kv_dtype != MDL_KV_AUTO && kv_dtype != MDL_KV_F32) {
+        fprintf(stderr, "kvserve bench: --kv-policy %s needs an f32 KV cache\n", kv_policy);
         mdl_model_destroy(model);
         return 2;
     }
@@ -571,6 +593,7 @@ cmd_bench(int argc, char **argv)
            mns, cfg.max_num_batched_tokens, cfg.rt.num_blocks, bsz,
            (double)kv_bytes * cfg.rt.num_blocks / (1024.0 * 1024.0), mdl_kv_dtype_name(kv_dtype),
            swap);
+    printf("kv policy              %s\n", kv_policy);
     printf("elapsed                %.3f s\n", secs);
     printf("throughput             %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n",
            (double)n_ok / secs, (double)out_tokens / secs,
