@@ -1,11 +1,16 @@
 /* srv_work.c - a request's preparation on libuv's thread pool
  * (server/srv_work.h).
  *
+ * Test hook: KVSERVE_TEST_PREP_DELAY_MS=N makes each preparation sleep N ms
+ * on its pool thread first, so a test can hang up while one is in flight
+ * whatever the machine's speed.
+ *
  * Thread: loop thread, except on_work (a pool thread).
  */
 #define LOG_MODULE "http"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/xmalloc.h"
@@ -18,6 +23,7 @@ struct srv_work {
     srv_work_fn fn;
     srv_work_done_fn done;
     void *arg;
+    long delay_ms; /* the test hook's sleep, 0 without it */
 };
 
 static void
@@ -25,6 +31,9 @@ on_work(uv_work_t *req)
 {
     srv_work_t *w = req->data;
 
+    if (w->delay_ms > 0) {
+        usleep((useconds_t)w->delay_ms * 1000);
+    }
     w->fn(w->arg);
 }
 
@@ -67,6 +76,8 @@ srv_work_queue(srv_req_t *r, srv_work_fn fn, srv_work_done_fn done, void *arg)
     w->fn = fn;
     w->done = done;
     w->arg = arg;
+    const char *delay = getenv("KVSERVE_TEST_PREP_DELAY_MS");
+    w->delay_ms = delay != NULL && atol(delay) > 0 ? atol(delay) : 0;
     rc = uv_queue_work(&s->loop, &w->req, on_work, on_after_work);
     if (rc != 0) {
         REQ_WARN(srv_req_id(r), "uv_queue_work: %s", uv_strerror(rc));

@@ -149,7 +149,9 @@ function sendAndReset(port, req) {
 }
 
 test('clients gone while their request is prepared off the loop thread leave nothing', async () => {
-  const srv = await startServer([]);
+  // Each preparation sleeps 200 ms first (a test hook), so the resets after
+  // 30 ms land while it is in flight on any machine.
+  const srv = await startServer([], { env: { KVSERVE_TEST_PREP_DELAY_MS: '200' } });
   try {
     const req = bigBody();
     for (let i = 0; i < 3; i++) {
