@@ -62,6 +62,8 @@ bench_usage(FILE *f)
                "  --swap-blocks C             CPU swap tier blocks (default 0: recompute)\n"
                "  --prefix-caching            enable the prefix cache (default off)\n"
                "  --threads T                 CPU threads for the forward (default: all cores)\n"
+               "  --device D                  cpu (default) or cuda (the first GPU; bf16 KV by\n"
+               "                              default, as serve)\n"
                "  --seed X                    prompt RNG seed (default 1)\n"
                "  --kv-cache-dtype D          auto f32 f16 bf16 fp8_e4m3 int8 int4 tq3 tq4\n"
                "                              (default auto)\n"
@@ -235,6 +237,7 @@ cmd_bench(int argc, char **argv)
         {"swap-blocks", required_argument, NULL, 'c'},
         {"prefix-caching", no_argument, NULL, 'p'},
         {"threads", required_argument, NULL, 'j'},
+        {"device", required_argument, NULL, 'D'},
         {"seed", required_argument, NULL, 'x'},
         {"kv-cache-dtype", required_argument, NULL, 'd'},
         {"json-schema", required_argument, NULL, 'g'},
@@ -255,6 +258,7 @@ cmd_bench(int argc, char **argv)
     int prefix = 0;
     const char *spec_json = NULL, *prompt_file = NULL, *prompt_kind = "random";
     const char *kv_policy = "full";
+    const char *device = "cpu";
     int32_t *text_ids = NULL;
     size_t n_text = 0;
     mdl_kv_dtype_t kv_dtype = MDL_KV_AUTO;
@@ -316,6 +320,14 @@ cmd_bench(int argc, char **argv)
             break;
         case 'p':
             prefix = 1;
+            break;
+        case 'D':
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0) {
+                fprintf(stderr, "kvserve bench: --device: expected cpu or cuda, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            device = optarg;
             break;
         case 'g':
             schema_path = optarg;
@@ -419,7 +431,7 @@ cmd_bench(int argc, char **argv)
             return 2;
         }
     }
-    cfg.rt.device = "cpu";
+    cfg.rt.device = device;
     cfg.rt.n_threads = (int32_t)threads;
     cfg.rt.block_size = (int32_t)bsz;
     cfg.rt.swap_blocks = (int32_t)swap;

@@ -38,7 +38,7 @@ gen_usage(FILE *f)
 {
     fprintf(f, "usage: kvserve generate [--model PATH] --prompt TEXT [--max-tokens N]\n"
                "                        [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
-               "                        [--json]\n"
+               "                        [--json] [--device cpu|cuda]\n"
                "\n"
                "  --model PATH       Hugging Face directory or .gguf file\n"
                "                     (default " GEN_DEFAULT_MODEL ")\n"
@@ -51,6 +51,7 @@ gen_usage(FILE *f)
                "  --seed S           RNG seed (default: from the clock)\n"
                "  --json             print one JSON object: prompt_token_ids, token_ids, text,\n"
                "                     finish_reason and per-step top_logprobs (5 ids)\n"
+               "  --device D         cpu (default) or cuda (the first GPU, bf16 KV)\n"
                "  --help             this text\n");
 }
 
@@ -92,6 +93,7 @@ typedef struct gen_opts {
     int32_t top_k;
     uint64_t seed;
     int json;
+    const char *device; /* "cpu" or "cuda" */
 } gen_opts_t;
 
 /* 0 ok, 1 --help printed, 2 usage error (message printed). */
@@ -107,6 +109,7 @@ gen_parse(int argc, char **argv, gen_opts_t *o)
         {"top-k", required_argument, NULL, 'k'},
         {"seed", required_argument, NULL, 's'},
         {"json", no_argument, NULL, 'j'},
+        {"device", required_argument, NULL, 'D'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -168,6 +171,14 @@ gen_parse(int argc, char **argv, gen_opts_t *o)
         }
         case 'j':
             o->json = 1;
+            break;
+        case 'D':
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0) {
+                fprintf(stderr, "kvserve generate: --device: expected cpu or cuda, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            o->device = optarg;
             break;
         case 'h':
             return 1;
@@ -278,7 +289,7 @@ gen_ids_json(const int32_t *ids, int32_t n)
 int
 cmd_generate(int argc, char **argv)
 {
-    gen_opts_t o = {.max_tokens = 128, .temperature = 1.0f, .top_p = 1.0f};
+    gen_opts_t o = {.max_tokens = 128, .temperature = 1.0f, .top_p = 1.0f, .device = "cpu"};
     gen_t g = {0};
     char err[512] = "", defpath[4096];
     const tok_tokenizer_t *tok;
@@ -328,6 +339,7 @@ cmd_generate(int argc, char **argv)
 
     int32_t max_blocks = sched_stream_blocks(GEN_BLOCK, total);
     mdl_runtime_config_t rcfg = {
+        .device = o.device,
         .block_size = GEN_BLOCK,
         .num_blocks = max_blocks + 1,
         .max_num_batched_tokens = chunk,

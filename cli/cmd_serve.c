@@ -109,6 +109,9 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     e->rt.max_num_seqs = cfg->max_num_seqs;
     e->rt.max_blocks_per_seq = (ctx + cfg->block_size - 1) / cfg->block_size;
     e->rt.kv_dtype = kv_dtype_of(cfg->kv_cache_dtype);
+    if (e->rt.kv_dtype == MDL_KV_AUTO && strcmp(cfg->device, "cuda") == 0) {
+        e->rt.kv_dtype = MDL_KV_BF16; /* what the runtime picks (model/runtime.c) */
+    }
     e->rt.gpu_memory_utilization = (float)cfg->gpu_memory_utilization;
     {
         char serr[256];
@@ -146,12 +149,18 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
         /* What --gpu-memory-utilization leaves after the weights and the
          * largest step's activations (model/model.h). */
         mdl_kv_budget_t kb;
-        size_t total;
-        int st = mdl_device_memory("cuda", e->rt.tp_size > 0 ? e->rt.tp_size : 1, &total, err,
-                                   sizeof(err));
+        size_t total, in_use;
+        int st = mdl_device_memory("cuda", e->rt.tp_size > 0 ? e->rt.tp_size : 1, &total, &in_use,
+                                   err, sizeof(err));
 
         if (st == ST_OK) {
-            mdl_runtime_config_t rc = e->rt;
+            mdl_runtime_config_t rc;
+
+            /* The backend checks the pool against what is in use after its
+             * own allocations (model/backend_cuda.c): count the context and
+             * other processes' memory as measured, not a guess. */
+            e->rt.dev_reserve_bytes = in_use + MDL_DEV_HEADROOM_BYTES;
+            rc = e->rt;
 
             rc.tp_size = rc.tp_size > 0 ? rc.tp_size : 1;
             /* The runtime's logits buffers hold 1 + k rows per sequence

@@ -52,6 +52,7 @@ extern const mdl_backend_t mdl_backend_cpu;
 /* model/backend_cuda.c, built with -Dcuda=enabled (KVSERVE_HAVE_CUDA). */
 extern const mdl_backend_t mdl_backend_cuda;
 /* model/backend_cuda.c: mdl_device_memory() for "cuda" (cudaMemGetInfo). */
-int mdl_cuda_device_memory(int32_t n_devices, size_t *total_bytes, char *err, size_t errlen);
+int mdl_cuda_device_memory(int32_t n_devices, size_t *total_bytes, size_t *in_use_bytes,
+                           char *err, size_t errlen);
 
 #endif /* MODEL_BACKEND_H */

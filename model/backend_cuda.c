@@ -539,7 +539,8 @@ cu_forward(void *state, const mdl_batch_t *b, const float **logits)
 }
 
 int
-mdl_cuda_device_memory(int32_t n_devices, size_t *total_bytes, char *err, size_t errlen)
+mdl_cuda_device_memory(int32_t n_devices, size_t *total_bytes, size_t *in_use_bytes, char *err,
+                       size_t errlen)
 {
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
@@ -569,6 +570,11 @@ mdl_cuda_device_memory(int32_t n_devices, size_t *total_bytes, char *err, size_t
         LOG_INFO("device %d: %zu MiB total, %zu MiB free", d, total_b >> 20, free_b >> 20);
         if (d == 0 || total_b < *total_bytes) {
             *total_bytes = total_b;
+        }
+        /* cudaMemGetInfo made this process's context on d: what is in use
+         * now is that context and whatever other processes hold. */
+        if (in_use_bytes != NULL && total_b - free_b > *in_use_bytes) {
+            *in_use_bytes = total_b - free_b;
         }
     }
     if (cudaSetDevice(0) != cudaSuccess) {

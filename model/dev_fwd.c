@@ -1098,7 +1098,8 @@ mdl_kv_blocks_for_budget(const mdl_config_t *c, const mdl_runtime_config_t *rc,
     char why[160];
 
     memset(out, 0, sizeof(*out));
-    out->reserve_bytes = MDL_DEV_RESERVE_BYTES;
+    out->reserve_bytes = rc->dev_reserve_bytes > MDL_DEV_RESERVE_BYTES ? rc->dev_reserve_bytes
+                                                                       : MDL_DEV_RESERVE_BYTES;
     if (!(util > 0.0 && util <= 1.0) || device_bytes == 0 || rc->tp_size <= 0 ||
         rc->block_size <= 0 || rc->max_num_batched_tokens <= 0 || rc->max_num_seqs <= 0 ||
         rc->max_blocks_per_seq <= 0) {

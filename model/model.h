@@ -176,6 +176,11 @@ typedef struct mdl_runtime_config {
     /* cuda: share of each device's memory that weights, activations and the
      * KV pool may use (--gpu-memory-utilization); 0 means 0.9. */
     float gpu_memory_utilization;
+    /* cuda: device bytes kept out of the KV pool besides weights and
+     * activations (the CUDA context, cuBLAS, other processes), as serve
+     * measured them (mdl_device_memory's in_use + MDL_DEV_HEADROOM_BYTES);
+     * the larger of this and MDL_DEV_RESERVE_BYTES is used. */
+    size_t dev_reserve_bytes;
     /* H2O / SnapKV (model/kv_policy.h): keep each cached token's attention
      * mass per layer and KV head (mdl_runtime_kv_mass), and take
      * KV_OP_COPY_SLOT. cpu backend, f32 KV cache only. */
@@ -203,6 +208,10 @@ size_t mdl_kv_residual_bytes(const mdl_config_t *c, int32_t block_size, mdl_kv_d
 /* Fixed share of each device the CUDA backend keeps out of the KV pool:
  * the CUDA context, the cuBLAS workspace (32 MiB), NCCL buffers. */
 #define MDL_DEV_RESERVE_BYTES ((size_t)512 << 20)
+/* What a rank allocates after the memory query besides weights,
+ * activations and the KV pool: the cuBLAS handle and its 32 MiB workspace,
+ * the allocator's own pages. */
+#define MDL_DEV_HEADROOM_BYTES ((size_t)128 << 20)
 /* Device allocations are counted in whole pages of this size. */
 #define MDL_DEV_ALLOC_GRAIN ((size_t)2 << 20)
 
@@ -212,7 +221,7 @@ typedef struct mdl_kv_budget {
     size_t budget_bytes;  /* device_bytes * utilization */
     size_t weight_bytes;  /* 16-bit weight shards of the largest rank (rank 0: LM head) */
     size_t act_bytes;     /* its activations for the largest step */
-    size_t reserve_bytes; /* MDL_DEV_RESERVE_BYTES */
+    size_t reserve_bytes; /* max(MDL_DEV_RESERVE_BYTES, rc->dev_reserve_bytes) */
     size_t block_bytes;   /* one block on one rank: all layers, K and V, its KV heads */
 } mdl_kv_budget_t;
 
@@ -232,11 +241,13 @@ typedef struct mdl_kv_budget {
 int mdl_kv_blocks_for_budget(const mdl_config_t *c, const mdl_runtime_config_t *rc,
                              size_t device_bytes, mdl_kv_budget_t *out, char *err, size_t errlen);
 /* The smallest total memory (cudaMemGetInfo) of devices 0 .. n_devices-1
- * of `device`. ST_ENODEV with the reason in err when the build has no
+ * of `device`, and in *in_use_bytes (may be NULL) the most any of them has
+ * in use once this process's context exists on it (the context itself and
+ * other processes' memory). ST_ENODEV with the reason in err when the build has no
  * such backend, there are fewer devices or the query fails; ST_EINVAL for
  * "cpu". Thread: before the runtime exists (it selects each device). */
-int mdl_device_memory(const char *device, int32_t n_devices, size_t *total_bytes, char *err,
-                      size_t errlen);
+int mdl_device_memory(const char *device, int32_t n_devices, size_t *total_bytes,
+                      size_t *in_use_bytes, char *err, size_t errlen);
 /* "auto", "f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "tq3", "tq4"
  * <-> dtype.
  * parse: ST_EINVAL for anything else. */

@@ -111,17 +111,21 @@ mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_ru
 }
 
 int
-mdl_device_memory(const char *device, int32_t n_devices, size_t *total_bytes, char *err,
-                  size_t errlen)
+mdl_device_memory(const char *device, int32_t n_devices, size_t *total_bytes,
+                  size_t *in_use_bytes, char *err, size_t errlen)
 {
     *total_bytes = 0;
+    if (in_use_bytes != NULL) {
+        *in_use_bytes = 0;
+    }
     if (device == NULL || strcmp(device, "cuda") != 0) {
         snprintf(err, errlen, "device '%s' has no device memory to size",
                  device != NULL ? device : "(null)");
         return ST_EINVAL;
     }
 #if KVSERVE_HAVE_CUDA
-    return mdl_cuda_device_memory(n_devices > 0 ? n_devices : 1, total_bytes, err, errlen);
+    return mdl_cuda_device_memory(n_devices > 0 ? n_devices : 1, total_bytes, in_use_bytes, err,
+                                  errlen);
 #else
     (void)n_devices;
     snprintf(err, errlen, "device 'cuda' is not available in this build");

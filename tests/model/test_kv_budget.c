@@ -94,6 +94,16 @@ START_TEST(tiny_single_rank)
     ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 4 * GIB, &kb, err, sizeof(err)), ST_OK);
     ck_assert_uint_eq(kb.weight_bytes, 56 * MIB);
     ck_assert_int_eq(kb.num_blocks, (2048 - 56 - 22 - 512) * 256);
+
+    /* What serve measured in use (context, other processes) replaces the
+     * fixed reserve when it is larger, never when it is smaller. */
+    rc.dev_reserve_bytes = 700 * MIB;
+    ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 4 * GIB, &kb, err, sizeof(err)), ST_OK);
+    ck_assert_uint_eq(kb.reserve_bytes, 700 * MIB);
+    ck_assert_int_eq(kb.num_blocks, (2048 - 56 - 22 - 700) * 256);
+    rc.dev_reserve_bytes = 100 * MIB;
+    ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 4 * GIB, &kb, err, sizeof(err)), ST_OK);
+    ck_assert_uint_eq(kb.reserve_bytes, 512 * MIB);
 }
 END_TEST
 
@@ -213,9 +223,12 @@ START_TEST(device_memory_query)
 
     /* cpu has no device memory to size; cuda without a build or device is
      * ST_ENODEV with a reason. */
-    ck_assert_int_eq(mdl_device_memory("cpu", 1, &total, err, sizeof(err)), ST_EINVAL);
+    size_t in_use = 1;
+
+    ck_assert_int_eq(mdl_device_memory("cpu", 1, &total, &in_use, err, sizeof(err)), ST_EINVAL);
     ck_assert_uint_eq(total, 0);
-    int st = mdl_device_memory("cuda", 1, &total, err, sizeof(err));
+    ck_assert_uint_eq(in_use, 0);
+    int st = mdl_device_memory("cuda", 1, &total, NULL, err, sizeof(err));
     if (st == ST_OK) {
         ck_assert_uint_gt(total, 0);
     } else {
