@@ -572,6 +572,52 @@ test_end_to_end(const mdl_model_t *m, int n_dev)
     free(lt);
 }
 
+/* What serve does without --num-kv-blocks: size the pool from the memory
+ * in use (mdl_device_memory) and --gpu-memory-utilization, then create the
+ * runtime with that many blocks. The backend's own check must accept it
+ * (an H200 once refused it by 85 blocks: the CUDA context outgrew a fixed
+ * reserve), at 0.9 and at a low utilization. */
+static void
+test_serve_budget(const mdl_model_t *m)
+{
+    const float utils[] = {0.9f, 0.3f};
+
+    for (size_t i = 0; i < sizeof(utils) / sizeof(utils[0]); i++) {
+        mdl_runtime_config_t rc = {.device = "cuda",
+                                   .block_size = 16,
+                                   .max_num_batched_tokens = 2048,
+                                   .max_num_seqs = 64,
+                                   .max_blocks_per_seq = 32,
+                                   .kv_dtype = MDL_KV_BF16,
+                                   .gpu_memory_utilization = utils[i]};
+        mdl_kv_budget_t kb;
+        mdl_runtime_t *rt = NULL;
+        size_t total = 0, in_use = 0;
+        char err[400];
+        int st = mdl_device_memory("cuda", 1, &total, &in_use, err, sizeof(err));
+
+        EXPECT(st == ST_OK, "device memory: %s", err);
+        if (st != ST_OK) {
+            return;
+        }
+        rc.dev_reserve_bytes = in_use + MDL_DEV_HEADROOM_BYTES;
+        st = mdl_kv_blocks_for_budget(mdl_model_config(m), &rc, total, &kb, err, sizeof(err));
+        EXPECT(st == ST_OK, "budget at %.2f: %s", (double)utils[i], err);
+        if (st != ST_OK) {
+            continue;
+        }
+        rc.num_blocks = kb.num_blocks;
+        st = mdl_runtime_create(m, &rc, &rt, err, sizeof(err));
+        EXPECT(st == ST_OK, "runtime with the %d blocks serve sized at %.2f: %s", kb.num_blocks,
+               (double)utils[i], err);
+        printf("serve budget %.2f: %d blocks (%.2f GiB), %zu MiB in use before: %s\n",
+               (double)utils[i], kb.num_blocks,
+               (double)kb.num_blocks * (double)kb.block_bytes / (double)(1u << 30), in_use >> 20,
+               st == ST_OK ? "created" : "refused");
+        mdl_runtime_destroy(rt);
+    }
+}
+
 int
 main(void)
 {
@@ -595,6 +641,7 @@ main(void)
         return 1;
     }
     test_end_to_end(m, n_dev);
+    test_serve_budget(m);
     mdl_model_destroy(m);
     printf("%d failures\n", n_fail);
     return n_fail == 0 ? 0 : 1;
