@@ -258,6 +258,68 @@ cu_op_allreduce(void *ctx, float *buf, size_t n)
     return ST_OK;
 }
 
+/* Graphs: stream capture of the rank's stream. ThreadLocal mode: only
+ * this thread's unsafe calls (a sync, an allocation) break the capture,
+ * other ranks' threads are free. cuBLAS records its GEMMs like kernels
+ * (its workspace is set, so it allocates nothing). */
+static int
+cu_op_graph_begin(void *ctx)
+{
+    cu_rank_t *rk = ctx;
+
+    CU_CHECK(cudaStreamBeginCapture(rk->stream, cudaStreamCaptureModeThreadLocal));
+    return ST_OK;
+}
+
+static int
+cu_op_graph_end(void *ctx, void **graph)
+{
+    cu_rank_t *rk = ctx;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ex = NULL;
+    cudaError_t e;
+
+    *graph = NULL;
+    e = cudaStreamEndCapture(rk->stream, &g);
+    if (e == cudaSuccess) {
+        e = cudaGraphInstantiateWithFlags(&ex, g, 0);
+    }
+    if (g != NULL) {
+        cudaGraphDestroy(g);
+    }
+    if (e == cudaSuccess) {
+        e = cudaGraphUpload(ex, rk->stream); /* the first launch does not pay for it */
+    }
+    if (e != cudaSuccess) {
+        LOG_ERROR("graph capture: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+        if (ex != NULL) {
+            cudaGraphExecDestroy(ex);
+        }
+        (void)cudaGetLastError(); /* a capture error is not sticky: clear it */
+        return ST_ECUDA;
+    }
+    *graph = ex;
+    return ST_OK;
+}
+
+static int
+cu_op_graph_launch(void *ctx, void *graph)
+{
+    cu_rank_t *rk = ctx;
+
+    CU_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, rk->stream));
+    return ST_OK;
+}
+
+static void
+cu_op_graph_free(void *ctx, void *graph)
+{
+    (void)ctx;
+    if (graph != NULL) {
+        cudaGraphExecDestroy((cudaGraphExec_t)graph);
+    }
+}
+
 #define CU_OPS_COMMON                                                                              \
     .alloc = cu_op_alloc, .free = cu_op_free, .alloc_host = cu_op_alloc_host,                      \
     .free_host = cu_op_free_host, .upload = cu_op_upload, .copy = cu_op_copy, .sync = cu_op_sync,  \
@@ -269,7 +331,14 @@ cu_op_allreduce(void *ctx, float *buf, size_t n)
     .kq_attention = cu_op_kq_attention, .kv_rotate = cu_op_kv_rotate,                          \
     .wdequant = cu_op_wdequant, .gemm = cu_op_gemm
 
-static const mdl_dev_ops_t cu_ops_tp1 = {CU_OPS_COMMON, .allreduce = NULL};
+/* Graphs at T = 1 only: NCCL can be captured too, but that is not
+ * checked on a device yet (the dev_fwd.c side is: tests/cuda at T = 2). */
+static const mdl_dev_ops_t cu_ops_tp1 = {CU_OPS_COMMON,
+                                         .allreduce = NULL,
+                                         .graph_begin = cu_op_graph_begin,
+                                         .graph_end = cu_op_graph_end,
+                                         .graph_launch = cu_op_graph_launch,
+                                         .graph_free = cu_op_graph_free};
 static const mdl_dev_ops_t cu_ops_tp = {CU_OPS_COMMON, .allreduce = cu_op_allreduce};
 
 /* ---- backend -------------------------------------------------------------------- */
@@ -285,6 +354,12 @@ cu_rank_free(void *arg, int r)
     }
     if (rk->stream != NULL) {
         cudaStreamSynchronize(rk->stream);
+    }
+    if (rk->fw.ops != NULL && !rk->fw.graphs_off) {
+        LOG_INFO("device %d: %lld decode graphs recorded, %lld steps replayed, %lld run eagerly%s",
+                 rk->dev, (long long)rk->fw.n_graph_captures, (long long)rk->fw.n_graph_steps,
+                 (long long)rk->fw.n_eager_steps,
+                 rk->fw.graph_failed ? " (a recording failed: replays off)" : "");
     }
     mdl_dev_rank_fini(&rk->fw);
     cudaFree(rk->workspace);
@@ -376,6 +451,14 @@ cu_rank_init(void *arg, int r)
              "(%d blocks, %s), %zu MiB in use before it",
              rk->dev, r, s->tp, rk->fw.sh.n_q, rk->fw.sh.n_kv, kv_bytes >> 20, rc->num_blocks,
              mdl_kv_dtype_name(rc->kv_dtype), in_use >> 20);
+    if (!rk->fw.graphs_off) {
+        LOG_INFO("device %d: decode steps of up to %d sequences run as CUDA graphs (%d batch-size "
+                 "buckets, each recorded after its first step)",
+                 rk->dev, rk->fw.graph_rows[rk->fw.n_buckets - 1], rk->fw.n_buckets);
+    } else if (rc->cuda_graphs) {
+        LOG_INFO("device %d: CUDA graphs need a 16-bit KV cache and one device: every step eager",
+                 rk->dev);
+    }
     if (rk->fw.kq.fmt != 0) {
         /* As the CPU backend reports a compressed pool: bytes per token with
          * the scales, and the residual of blocks being filled. */

@@ -360,6 +360,7 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
         return st;
     }
     rk->blk_bytes = sizeof(uint16_t) * lkv * (size_t)rc->block_size;
+    mdl__dev_graph_init(rk);
     rk->plan = xmalloc(sizeof(*rk->plan) * 2 * (size_t)c->n_layers *
                        (size_t)(rc->num_blocks + rc->swap_blocks));
     return ST_OK;
@@ -474,6 +475,7 @@ mdl_dev_rank_fini(mdl_dev_rank_t *rk)
     if (o == NULL) {
         return;
     }
+    mdl__dev_graph_fini(rk);
     if (rk->layers != NULL) {
         for (int32_t l = 0; l < rk->m->cfg.n_layers; l++) {
             mdl_dev_layer_t *L = &rk->layers[l];
@@ -875,65 +877,23 @@ mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
     } else {
         DEV_TRY(dev_ops16(rk, ops, n_ops));
     }
-    return rk->ops->sync(rk->ctx);
+    /* No sync: the host never reads or writes block bytes, and the next
+     * forward's kernels run behind these copies on the same stream. */
+    return ST_OK;
 }
 
 int
-mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
+mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
 {
     const mdl_dev_ops_t *o = rk->ops;
     void *cx = rk->ctx;
     const mdl_config_t *c = &rk->m->cfg;
     const mdl_tp_shard_t *sh = &rk->sh;
-    const int32_t T = b->n_tokens, dim = c->dim, hd = c->head_dim, S = b->n_seqs;
+    const int32_t T = p->T, dim = c->dim, hd = c->head_dim, S = p->S;
     const int32_t lq = sh->n_q * hd, lkv = sh->n_kv * hd, bs = rk->rc.block_size;
     const size_t region = (size_t)rk->rc.num_blocks * rk->blk_bytes;
     const kn_dt_t dt = rk->dt;
-
-    /* Stage the batch: one pinned buffer, one copy. */
-    int32_t *h = rk->stage_host;
-    size_t o_pos = (size_t)T, o_slot = o_pos + T, o_qs = o_slot + T, o_ctx = o_qs + S + 1;
-    size_t o_rows = o_ctx + S, o_bt = o_rows + (size_t)b->n_logits;
-    size_t o_tiles = o_bt + (size_t)S * b->max_blocks, n_int = o_tiles;
-    const int32_t group = c->n_heads / c->n_kv_heads;
-    const int32_t q_tile = kn_attn_prefill_q_tile(group);
-    const int kq = rk->kq.fmt != 0;
-    int32_t n_tiles = 0;
-
-    memcpy(h, b->tokens, sizeof(int32_t) * T);
-    memcpy(h + o_pos, b->positions, sizeof(int32_t) * T);
-    memcpy(h + o_slot, b->slot_mapping, sizeof(int32_t) * T);
-    memcpy(h + o_qs, b->query_start, sizeof(int32_t) * (S + 1));
-    memcpy(h + o_ctx, b->context_len, sizeof(int32_t) * S);
-    if (b->n_logits > 0) {
-        memcpy(h + o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
-    }
-    memcpy(h + o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * b->max_blocks);
-    if (T > S && kq == 0) { /* prefill chunks present: query tiles for the prefill kernel */
-        for (int32_t s = 0; s < S; s++) {
-            for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += q_tile) {
-                h[o_tiles + (size_t)n_tiles++] = t0;
-            }
-        }
-        n_int += (size_t)n_tiles;
-    }
-    /* Quantized KV: residual slot and own-block slot per token, fill jobs. */
-    size_t o_rs = n_int, o_own = o_rs + T, o_jobs = o_own + T;
-    int32_t n_jobs = 0;
-
-    if (kq) {
-        DEV_TRY(dev_kq_prepare(rk, b, h + o_rs, h + o_own, h + o_jobs, &n_jobs));
-        n_int = o_jobs + 3 * (size_t)n_jobs;
-        if (rk->kqt[0].shift_dirty) { /* pending shifts changed since the last step */
-            mdl_dev_kq_tier_t *t0 = &rk->kqt[0];
-
-            memcpy(t0->shift_pin, t0->shift, sizeof(int32_t) * (size_t)t0->n_blocks);
-            DEV_TRY(o->copy(cx, t0->shift_dev, t0->shift_pin,
-                            sizeof(int32_t) * (size_t)t0->n_blocks, KV_OP_SWAP_IN));
-            t0->shift_dirty = 0;
-        }
-    }
-    DEV_TRY(o->copy(cx, rk->stage_dev, h, sizeof(int32_t) * n_int, KV_OP_SWAP_IN));
+    const int kq = p->kq;
     const int32_t *d = rk->stage_dev;
 
     kn_embed_args_t ea = {rk->embd, d, rk->x, dim, dt};
@@ -944,18 +904,18 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
         uint16_t *kc = kq ? NULL : (uint16_t *)(rk->kv + ((size_t)l * 2 + 0) * region);
         uint16_t *vc = kq ? NULL : (uint16_t *)(rk->kv + ((size_t)l * 2 + 1) * region);
         kn_rmsnorm_args_t na = {rk->x, L->attn_norm, rk->h16, dim, dim, c->norm_eps, dt};
-        kn_rope_args_t rq = {rk->q, d + o_pos, rk->inv_freq, sh->n_q, hd, lq};
-        kn_rope_args_t rkk = {rk->k, d + o_pos, rk->inv_freq, sh->n_kv, hd, lkv};
-        kn_kv_write_args_t kw = {kc, vc, rk->k, rk->v, d + o_slot, sh->n_kv, hd, bs, lkv, dt};
+        kn_rope_args_t rq = {rk->q, d + p->o_pos, rk->inv_freq, sh->n_q, hd, lq};
+        kn_rope_args_t rkk = {rk->k, d + p->o_pos, rk->inv_freq, sh->n_kv, hd, lkv};
+        kn_kv_write_args_t kw = {kc, vc, rk->k, rk->v, d + p->o_slot, sh->n_kv, hd, bs, lkv, dt};
         kn_attn_cuda_args_t aa = {
-            rk->h16,  rk->q,
-            kc,       vc,
-            d + o_qs, d + o_ctx,
-            d + o_bt, b->max_blocks,
-            S,        sh->n_q,
-            sh->n_kv, hd,
-            bs,       c->sliding_window,
-            lq,       1.0f / sqrtf((float)hd),
+            rk->h16,       rk->q,
+            kc,            vc,
+            d + p->o_qs,   d + p->o_ctx,
+            d + p->o_bt,   p->max_blocks,
+            S,             sh->n_q,
+            sh->n_kv,      hd,
+            bs,            c->sliding_window,
+            lq,            1.0f / sqrtf((float)hd),
             dt,
         };
         kn_add_args_t ad = {rk->x, rk->part, (int64_t)T * dim};
@@ -981,23 +941,24 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
             /* New rows into the residual slots, then the blocks they fill
              * are quantized, all before attention reads. */
             uint8_t *kb = dev_kq_region(rk, 0, l, 0), *vb = dev_kq_region(rk, 0, l, 1);
-            kn_kq_res_write_args_t rw = {rk->kqt[0].res, rk->k, rk->v, d + o_slot, d + o_rs,
-                                         c->n_layers, l, lkv, rk->kq};
-            kn_kq_quant_args_t qa = {kb, vb, rk->kqt[0].res, d + o_jobs, 0, 0, 0,
+            kn_kq_res_write_args_t rw = {rk->kqt[0].res, rk->k,        rk->v, d + p->o_slot,
+                                         d + p->o_rs,    c->n_layers, l,     lkv,
+                                         rk->kq};
+            kn_kq_quant_args_t qa = {kb, vb, rk->kqt[0].res, d + p->o_jobs, 0, 0, 0,
                                      c->n_layers, l, rk->kq};
-            kn_kq_attn_args_t ka = {aa,          kb, vb,     rk->kqt[0].res,       d + o_own,
+            kn_kq_attn_args_t ka = {aa,          kb, vb,     rk->kqt[0].res,       d + p->o_own,
                                     c->n_layers, l,  rk->kq, rk->kqt[0].shift_dev, rk->inv_freq};
 
             DEV_TRY(o->kq_res_write(cx, &rw, T));
-            if (n_jobs > 0) {
-                DEV_TRY(o->kq_quant(cx, &qa, n_jobs));
+            if (p->n_jobs > 0) {
+                DEV_TRY(o->kq_quant(cx, &qa, p->n_jobs));
             }
             DEV_TRY(o->kq_attention(cx, &ka, T));
-        } else if (n_tiles > 0) {
+        } else if (p->n_tiles > 0) {
             DEV_TRY(o->kv_write(cx, &kw, T)); /* every new K/V lands before attention reads */
-            kn_attn_prefill_args_t pa = {aa, d + o_tiles, q_tile};
+            kn_attn_prefill_args_t pa = {aa, d + p->o_tiles, p->q_tile};
 
-            DEV_TRY(o->attention_prefill(cx, &pa, n_tiles));
+            DEV_TRY(o->attention_prefill(cx, &pa, p->n_tiles));
         } else {
             DEV_TRY(o->kv_write(cx, &kw, T));
             DEV_TRY(o->attention(cx, &aa, T)); /* decodes only */
@@ -1019,19 +980,87 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
         DEV_TRY(o->add(cx, &ad));
     }
 
-    if (rk->rank == 0 && b->n_logits > 0) {
-        kn_gather_args_t ga = {rk->x, d + o_rows, rk->hrows, dim};
+    if (rk->rank == 0 && p->n_logits > 0) {
+        kn_gather_args_t ga = {rk->x, d + p->o_rows, rk->hrows, dim};
         kn_rmsnorm_args_t on = {rk->hrows, rk->out_norm, rk->h16, dim, dim, c->norm_eps, dt};
 
-        DEV_TRY(o->gather(cx, &ga, b->n_logits));
-        DEV_TRY(o->rmsnorm(cx, &on, b->n_logits));
+        DEV_TRY(o->gather(cx, &ga, p->n_logits));
+        DEV_TRY(o->rmsnorm(cx, &on, p->n_logits));
         DEV_TRY(
-            o->gemm(cx, dt, rk->h16, rk->lm_head, rk->logits_dev, b->n_logits, dim, c->vocab_size));
+            o->gemm(cx, dt, rk->h16, rk->lm_head, rk->logits_dev, p->n_logits, dim, c->vocab_size));
+    }
+    return ST_OK;
+}
+
+int
+mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
+{
+    const mdl_dev_ops_t *o = rk->ops;
+    void *cx = rk->ctx;
+    const mdl_config_t *c = &rk->m->cfg;
+    const int32_t T = b->n_tokens, S = b->n_seqs;
+
+    if (mdl__dev_graph_takes(rk, b)) {
+        return mdl__dev_graph_forward(rk, b);
+    }
+    rk->n_eager_steps++;
+
+    /* Stage the batch: one pinned buffer, one copy. */
+    int32_t *h = rk->stage_host;
+    mdl_dev_step_t p = {.T = T, .S = S, .n_logits = b->n_logits, .max_blocks = b->max_blocks};
+
+    p.o_pos = (size_t)T;
+    p.o_slot = p.o_pos + T;
+    p.o_qs = p.o_slot + T;
+    p.o_ctx = p.o_qs + S + 1;
+    p.o_rows = p.o_ctx + S;
+    p.o_bt = p.o_rows + (size_t)b->n_logits;
+    p.o_tiles = p.o_bt + (size_t)S * b->max_blocks;
+    p.q_tile = kn_attn_prefill_q_tile(c->n_heads / c->n_kv_heads);
+    p.kq = rk->kq.fmt != 0;
+    size_t n_int = p.o_tiles;
+
+    memcpy(h, b->tokens, sizeof(int32_t) * T);
+    memcpy(h + p.o_pos, b->positions, sizeof(int32_t) * T);
+    memcpy(h + p.o_slot, b->slot_mapping, sizeof(int32_t) * T);
+    memcpy(h + p.o_qs, b->query_start, sizeof(int32_t) * (S + 1));
+    memcpy(h + p.o_ctx, b->context_len, sizeof(int32_t) * S);
+    if (b->n_logits > 0) {
+        memcpy(h + p.o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
+    }
+    memcpy(h + p.o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * b->max_blocks);
+    if (T > S && !p.kq) { /* prefill chunks present: query tiles for the prefill kernel */
+        for (int32_t s = 0; s < S; s++) {
+            for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += p.q_tile) {
+                h[p.o_tiles + (size_t)p.n_tiles++] = t0;
+            }
+        }
+        n_int += (size_t)p.n_tiles;
+    }
+    /* Quantized KV: residual slot and own-block slot per token, fill jobs. */
+    p.o_rs = n_int;
+    p.o_own = p.o_rs + T;
+    p.o_jobs = p.o_own + T;
+    if (p.kq) {
+        DEV_TRY(dev_kq_prepare(rk, b, h + p.o_rs, h + p.o_own, h + p.o_jobs, &p.n_jobs));
+        n_int = p.o_jobs + 3 * (size_t)p.n_jobs;
+        if (rk->kqt[0].shift_dirty) { /* pending shifts changed since the last step */
+            mdl_dev_kq_tier_t *t0 = &rk->kqt[0];
+
+            memcpy(t0->shift_pin, t0->shift, sizeof(int32_t) * (size_t)t0->n_blocks);
+            DEV_TRY(o->copy(cx, t0->shift_dev, t0->shift_pin,
+                            sizeof(int32_t) * (size_t)t0->n_blocks, KV_OP_SWAP_IN));
+            t0->shift_dirty = 0;
+        }
+    }
+    DEV_TRY(o->copy(cx, rk->stage_dev, h, sizeof(int32_t) * n_int, KV_OP_SWAP_IN));
+    DEV_TRY(mdl__dev_fwd_run(rk, &p));
+    if (rk->rank == 0 && b->n_logits > 0) {
         DEV_TRY(o->copy(cx, rk->logits_host, rk->logits_dev,
                         sizeof(float) * (size_t)b->n_logits * c->vocab_size, KV_OP_SWAP_OUT));
     }
     DEV_TRY(o->sync(cx));
-    if (kq) {
+    if (p.kq) {
         dev_kq_end_step(rk);
     }
     return ST_OK;
