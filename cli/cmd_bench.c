@@ -618,8 +618,8 @@ cmd_bench(int argc, char **argv)
            swap);
     printf("kv policy              %s\n", kv_policy);
     if (strcmp(device, "cuda") == 0) {
-        printf("cuda graphs            %s\n", cuda_graphs ? "decode steps (--no-enforce-eager)"
-                                                          : "off (--enforce-eager)");
+        printf("cuda graphs            %s\n",
+               cuda_graphs ? "decode steps (--no-enforce-eager)" : "off (--enforce-eager)");
     }
     printf("elapsed                %.3f s\n", secs);
     printf("throughput             %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n",

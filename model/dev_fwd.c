@@ -908,14 +908,14 @@ mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
         kn_rope_args_t rkk = {rk->k, d + p->o_pos, rk->inv_freq, sh->n_kv, hd, lkv};
         kn_kv_write_args_t kw = {kc, vc, rk->k, rk->v, d + p->o_slot, sh->n_kv, hd, bs, lkv, dt};
         kn_attn_cuda_args_t aa = {
-            rk->h16,       rk->q,
-            kc,            vc,
-            d + p->o_qs,   d + p->o_ctx,
-            d + p->o_bt,   p->max_blocks,
-            S,             sh->n_q,
-            sh->n_kv,      hd,
-            bs,            c->sliding_window,
-            lq,            1.0f / sqrtf((float)hd),
+            rk->h16,     rk->q,
+            kc,          vc,
+            d + p->o_qs, d + p->o_ctx,
+            d + p->o_bt, p->max_blocks,
+            S,           sh->n_q,
+            sh->n_kv,    hd,
+            bs,          c->sliding_window,
+            lq,          1.0f / sqrtf((float)hd),
             dt,
         };
         kn_add_args_t ad = {rk->x, rk->part, (int64_t)T * dim};
@@ -941,11 +941,10 @@ mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
             /* New rows into the residual slots, then the blocks they fill
              * are quantized, all before attention reads. */
             uint8_t *kb = dev_kq_region(rk, 0, l, 0), *vb = dev_kq_region(rk, 0, l, 1);
-            kn_kq_res_write_args_t rw = {rk->kqt[0].res, rk->k,        rk->v, d + p->o_slot,
-                                         d + p->o_rs,    c->n_layers, l,     lkv,
-                                         rk->kq};
-            kn_kq_quant_args_t qa = {kb, vb, rk->kqt[0].res, d + p->o_jobs, 0, 0, 0,
-                                     c->n_layers, l, rk->kq};
+            kn_kq_res_write_args_t rw = {rk->kqt[0].res, rk->k, rk->v, d + p->o_slot, d + p->o_rs,
+                                         c->n_layers,    l,     lkv,   rk->kq};
+            kn_kq_quant_args_t qa = {kb,          vb, rk->kqt[0].res, d + p->o_jobs, 0, 0, 0,
+                                     c->n_layers, l,  rk->kq};
             kn_kq_attn_args_t ka = {aa,          kb, vb,     rk->kqt[0].res,       d + p->o_own,
                                     c->n_layers, l,  rk->kq, rk->kqt[0].shift_dev, rk->inv_freq};
 

@@ -159,8 +159,8 @@ mdl__dev_graph_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     }
     B = rk->graph_rows[bi];
     n_int = dev_graph_stage(rk, b, B, &p);
-    if ((st = o->copy(cx, rk->stage_dev, rk->stage_host, sizeof(int32_t) * n_int,
-                      KV_OP_SWAP_IN)) != ST_OK) {
+    if ((st = o->copy(cx, rk->stage_dev, rk->stage_host, sizeof(int32_t) * n_int, KV_OP_SWAP_IN)) !=
+        ST_OK) {
         return st;
     }
     if (rk->graph[bi] != NULL) {
@@ -176,8 +176,7 @@ mdl__dev_graph_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     }
     if (st == ST_OK && rk->rank == 0 && b->n_logits > 0) {
         st = o->copy(cx, rk->logits_host, rk->logits_dev,
-                     sizeof(float) * (size_t)b->n_logits * rk->m->cfg.vocab_size,
-                     KV_OP_SWAP_OUT);
+                     sizeof(float) * (size_t)b->n_logits * rk->m->cfg.vocab_size, KV_OP_SWAP_OUT);
     }
     if (st == ST_OK) {
         st = o->sync(cx);

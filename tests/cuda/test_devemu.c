@@ -71,11 +71,11 @@ typedef struct emu_counts {
 typedef struct emu_ctx {
     kn_comm_t *comm;
     int rank;
-    emu_graph_t *rec;  /* recording, or NULL */
-    int replaying;     /* inside graph_launch: replayed ops are not host launches */
-    int fail_record;   /* test hook: graph_end fails */
-    int64_t n_unsafe;  /* alloc / upload / sync attempted while recording */
-    emu_counts_t cnt;  /* host-side calls, eager only */
+    emu_graph_t *rec; /* recording, or NULL */
+    int replaying;    /* inside graph_launch: replayed ops are not host launches */
+    int fail_record;  /* test hook: graph_end fails */
+    int64_t n_unsafe; /* alloc / upload / sync attempted while recording */
+    emu_counts_t cnt; /* host-side calls, eager only */
 } emu_ctx_t;
 
 /* Appends op (fn, args, n) to the recording; ST_OK. */
@@ -238,7 +238,7 @@ ex_kv_rotate(void *ctx, const void *av, int32_t n)
     (void)ctx;
     (void)n;
     return kn_emu_launch(run_kv_rotate, &r->a, r->n_heads, r->n_layers, 32, 0) == 0 ? ST_OK
-                                                                                   : ST_EINVAL;
+                                                                                    : ST_EINVAL;
 }
 
 static int
