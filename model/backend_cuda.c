@@ -233,14 +233,15 @@ cu_op_add(void *ctx, const kn_add_args_t *a)
     return ST_OK;
 }
 
-/* y^T = w x^T in cuBLAS's column-major terms: w is (d_in, d_out) column
- * major, transposed; x is (d_in, n_tok) column major. */
+/* y^T = w x^T (+ y^T with acc: beta 1) in cuBLAS's column-major terms: w
+ * is (d_in, d_out) column major, transposed; x is (d_in, n_tok) column
+ * major. */
 static int
 cu_op_gemm(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y, int32_t n_tok,
-           int32_t d_in, int32_t d_out)
+           int32_t d_in, int32_t d_out, int acc)
 {
     cu_rank_t *rk = ctx;
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
     cudaDataType_t t = dt == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
 
     BLAS_CHECK(cublasGemmEx(rk->blas, CUBLAS_OP_T, CUBLAS_OP_N, d_out, n_tok, d_in, &alpha, w, t,

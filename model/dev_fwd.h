@@ -73,10 +73,10 @@ typedef struct mdl_dev_ops {
     /* Weight upload: n rows of blocks in their file type (device staging)
      * -> 16-bit rows, grid n (kn_wdequant_body). */
     int (*wdequant)(void *ctx, const kn_wdequant_args_t *a, int32_t n);
-    /* y (n_tok, d_out) f32 = x (n_tok, d_in) 16-bit @ w^T, w (d_out, d_in)
-     * 16-bit; row-major device memory, f32 accumulation. */
+    /* y (n_tok, d_out) f32 = x (n_tok, d_in) 16-bit @ w^T (acc: y +=), w
+     * (d_out, d_in) 16-bit; row-major device memory, f32 accumulation. */
     int (*gemm)(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y,
-                int32_t n_tok, int32_t d_in, int32_t d_out);
+                int32_t n_tok, int32_t d_in, int32_t d_out, int acc);
     /* In-place sum over the ranks of (n) f32 device memory; NULL at T = 1. */
     int (*allreduce)(void *ctx, float *buf, size_t n);
     /* Graphs (model/dev_graph.c); NULL: the device has none and every step
@@ -98,11 +98,14 @@ typedef struct mdl_dev_ops {
 
 typedef struct mdl_dev_layer {
     uint16_t *attn_norm, *ffn_norm; /* (dim) */
-    uint16_t *wq;                   /* (n_q * hd, dim) */
-    uint16_t *wk, *wv;              /* (n_kv * hd, dim) */
-    uint16_t *bq, *bk, *bv;         /* (n_q * hd), (n_kv * hd) or NULL */
+    uint16_t *wqkv;                 /* (n_q * hd + 2 * n_kv * hd, dim): wq | wk | wv rows */
+    uint16_t *wq;                   /* (n_q * hd, dim), view into wqkv */
+    uint16_t *wk, *wv;              /* (n_kv * hd, dim), views into wqkv */
+    uint16_t *bqkv;                 /* (n_q * hd + 2 * n_kv * hd): bq | bk | bv, or NULL */
+    uint16_t *bq, *bk, *bv;         /* views into bqkv, or NULL */
     uint16_t *wo;                   /* (dim, n_q * hd): this rank's columns */
-    uint16_t *w_gate, *w_up;        /* (n_f, dim) */
+    uint16_t *w_gu;                 /* (2 * n_f, dim): w_gate | w_up rows */
+    uint16_t *w_gate, *w_up;        /* (n_f, dim), views into w_gu */
     uint16_t *w_down;               /* (dim, n_f): this rank's columns */
 } mdl_dev_layer_t;
 
@@ -149,10 +152,11 @@ typedef struct mdl_dev_rank {
     int32_t *kq_filled; /* (T) host: slots quantized this step, freed after it */
     int32_t kq_n_filled;
     /* Activations, device, T = max_num_batched_tokens rows, S = max_num_seqs. */
-    float *x, *part;     /* (T, dim) residual, row-parallel partial */
-    float *q;            /* (T, n_q * hd) */
-    float *k, *v;        /* (T, n_kv * hd) */
-    float *gate, *up;    /* (T, n_f) */
+    float *x, *part;     /* (T, dim) residual, row-parallel partial (T > 1) */
+    float *qkv;          /* (T, n_q * hd + 2 * n_kv * hd): q | k | v per row */
+    float *q, *k, *v;    /* views into qkv: row stride n_q * hd + 2 * n_kv * hd */
+    float *gu;           /* (T, 2 * n_f): gate | up per row */
+    float *gate, *up;    /* views into gu: row stride 2 * n_f */
     uint16_t *h16;       /* (T, max(dim, n_f, n_q * hd)) GEMM input */
     float *hrows;        /* (S, dim) */
     float *logits_dev;   /* (S, vocab), rank 0 */
