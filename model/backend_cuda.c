@@ -16,7 +16,16 @@
  * CUDA on a device). A step is broadcast by handing the batch (host
  * memory) to every rank; each rank uploads it with one cudaMemcpyAsync
  * from its pinned staging buffer and runs the layer loop of dev_fwd.c on
- * its stream, with ncclAllReduce after the row-parallel projections.
+ * its stream, with ncclAllReduce after the row-parallel projections. At
+ * T = 1 the one rank runs on the calling (engine) thread: kn_ranks_run
+ * calls it directly, no handoff; each call sets the device first.
+ *
+ * Decode graphs (rc.cuda_graphs, serve --no-enforce-eager; T = 1, 16-bit
+ * KV): the graph operations of dev_fwd.h are stream capture
+ * (cudaStreamBeginCapture in ThreadLocal mode, cudaStreamEndCapture,
+ * cudaGraphInstantiateWithFlags, cudaGraphUpload) and cudaGraphLaunch;
+ * model/dev_graph.c decides what is recorded and when. cuBLAS GEMMs are
+ * captured like kernels: the handle's workspace is set at init.
  *
  * KV dtypes: bf16 / f16 blocks, or fp8_e4m3 / int8 / int4 blocks in the
  * KIVI layout of kernels/cpu/kv_quant.h with f32 residual slots for blocks
