@@ -480,104 +480,6 @@ argmax(const float *v, int32_t n, float *margin)
     return best;
 }
 
-static void
-test_end_to_end(const mdl_model_t *m, int n_dev)
-{
-    int32_t vocab = mdl_model_config(m)->vocab_size, n_prompt = 20, tokens[64];
-    float *lc = xmalloc(sizeof(float) * (E2E_STEPS + 1) * vocab);
-    float *lg = xmalloc(sizeof(float) * (E2E_STEPS + 1) * vocab);
-    float *lt = xmalloc(sizeof(float) * (E2E_STEPS + 1) * vocab);
-    mdl_runtime_config_t rc = {.num_blocks = 16, .block_size = 16, .max_blocks_per_seq = 8};
-    mdl_runtime_t *cpu, *gpu;
-    char err[256];
-    float margin;
-
-    tokens[0] = 1;
-    for (int32_t i = 1; i < 64; i++) {
-        tokens[i] = 3 + (i * 37) % (vocab - 3);
-    }
-    /* CPU greedy ids become the forced tokens. */
-    if (mdl_runtime_create(m, &rc, &cpu, err, sizeof(err)) != ST_OK) {
-        fprintf(stderr, "cpu runtime: %s\n", err);
-        exit(1);
-    }
-    for (int32_t s = 0; s < E2E_STEPS; s++) {
-        run_seq(cpu, tokens, n_prompt, vocab, lc); /* recomputes; cheap on this model */
-        tokens[n_prompt + s] = argmax(lc + (size_t)s * vocab, vocab, &margin);
-    }
-    run_seq(cpu, tokens, n_prompt, vocab, lc);
-    mdl_runtime_destroy(cpu);
-
-    rc.device = "cuda";
-    rc.kv_dtype = MDL_KV_F16;
-    if (mdl_runtime_create(m, &rc, &gpu, err, sizeof(err)) != ST_OK) {
-        fprintf(stderr, "cuda runtime: %s\n", err);
-        exit(1);
-    }
-    run_seq(gpu, tokens, n_prompt, vocab, lg);
-    mdl_runtime_destroy(gpu);
-    for (int32_t s = 0; s <= E2E_STEPS; s++) {
-        double e = nmse(lg + (size_t)s * vocab, lc + (size_t)s * vocab, (size_t)vocab);
-        int32_t want = argmax(lc + (size_t)s * vocab, vocab, &margin);
-        float m2;
-        int32_t got = argmax(lg + (size_t)s * vocab, vocab, &m2);
-
-        EXPECT(e < 1e-3, "step %d: logits NMSE %g", s, e);
-        EXPECT(got == want || margin < 0.05f, "step %d: greedy %d, cpu %d (margin %g)", s, got,
-               want, margin);
-    }
-
-    /* Compressed KV: CPU and cuda with the same dtype (bf16 weights on cuda). */
-    static const mdl_kv_dtype_t kq[3] = {MDL_KV_FP8_E4M3, MDL_KV_INT8, MDL_KV_INT4};
-
-    for (int k = 0; k < 3; k++) {
-        mdl_runtime_config_t rq = {.num_blocks = 16, .block_size = 16, .max_blocks_per_seq = 8};
-
-        rq.kv_dtype = kq[k];
-        if (mdl_runtime_create(m, &rq, &cpu, err, sizeof(err)) != ST_OK) {
-            fprintf(stderr, "cpu runtime: %s\n", err);
-            exit(1);
-        }
-        run_seq(cpu, tokens, n_prompt, vocab, lc);
-        mdl_runtime_destroy(cpu);
-        rq.device = "cuda";
-        if (mdl_runtime_create(m, &rq, &gpu, err, sizeof(err)) != ST_OK) {
-            fprintf(stderr, "cuda runtime, %s KV: %s\n", mdl_kv_dtype_name(kq[k]), err);
-            exit(1);
-        }
-        run_seq(gpu, tokens, n_prompt, vocab, lg);
-        mdl_runtime_destroy(gpu);
-        double e = nmse(lg, lc, (size_t)(E2E_STEPS + 1) * vocab);
-
-        printf("%s KV: cuda vs cpu logits NMSE %.3g\n", mdl_kv_dtype_name(kq[k]), e);
-        EXPECT(e < 5e-3, "%s KV: logits NMSE %g", mdl_kv_dtype_name(kq[k]), e);
-    }
-
-    if (n_dev < 2) {
-        printf("tp: one device, TP = 2 not run\n");
-    } else {
-        rc.kv_dtype = MDL_KV_BF16;
-        if (mdl_runtime_create(m, &rc, &gpu, err, sizeof(err)) != ST_OK) {
-            fprintf(stderr, "cuda runtime: %s\n", err);
-            exit(1);
-        }
-        run_seq(gpu, tokens, n_prompt, vocab, lg);
-        mdl_runtime_destroy(gpu);
-        rc.tp_size = 2;
-        if (mdl_runtime_create(m, &rc, &gpu, err, sizeof(err)) != ST_OK) {
-            fprintf(stderr, "cuda runtime, TP 2: %s\n", err);
-            exit(1);
-        }
-        run_seq(gpu, tokens, n_prompt, vocab, lt);
-        mdl_runtime_destroy(gpu);
-        double e = nmse(lt, lg, (size_t)(E2E_STEPS + 1) * vocab);
-        EXPECT(e < 1e-4, "TP 2 vs TP 1 logits NMSE %g", e);
-    }
-    free(lc);
-    free(lg);
-    free(lt);
-}
-
 /* ---- decode graphs against eager steps ------------------------------------------ */
 
 #define GR_SEQS 5
@@ -750,6 +652,104 @@ test_graphs(const mdl_model_t *m)
     free(lg[1]);
 }
 
+static void
+test_end_to_end(const mdl_model_t *m, int n_dev)
+{
+    int32_t vocab = mdl_model_config(m)->vocab_size, n_prompt = 20, tokens[64];
+    float *lc = xmalloc(sizeof(float) * (E2E_STEPS + 1) * vocab);
+    float *lg = xmalloc(sizeof(float) * (E2E_STEPS + 1) * vocab);
+    float *lt = xmalloc(sizeof(float) * (E2E_STEPS + 1) * vocab);
+    mdl_runtime_config_t rc = {.num_blocks = 16, .block_size = 16, .max_blocks_per_seq = 8};
+    mdl_runtime_t *cpu, *gpu;
+    char err[256];
+    float margin;
+
+    tokens[0] = 1;
+    for (int32_t i = 1; i < 64; i++) {
+        tokens[i] = 3 + (i * 37) % (vocab - 3);
+    }
+    /* CPU greedy ids become the forced tokens. */
+    if (mdl_runtime_create(m, &rc, &cpu, err, sizeof(err)) != ST_OK) {
+        fprintf(stderr, "cpu runtime: %s\n", err);
+        exit(1);
+    }
+    for (int32_t s = 0; s < E2E_STEPS; s++) {
+        run_seq(cpu, tokens, n_prompt, vocab, lc); /* recomputes; cheap on this model */
+        tokens[n_prompt + s] = argmax(lc + (size_t)s * vocab, vocab, &margin);
+    }
+    run_seq(cpu, tokens, n_prompt, vocab, lc);
+    mdl_runtime_destroy(cpu);
+
+    rc.device = "cuda";
+    rc.kv_dtype = MDL_KV_F16;
+    if (mdl_runtime_create(m, &rc, &gpu, err, sizeof(err)) != ST_OK) {
+        fprintf(stderr, "cuda runtime: %s\n", err);
+        exit(1);
+    }
+    run_seq(gpu, tokens, n_prompt, vocab, lg);
+    mdl_runtime_destroy(gpu);
+    for (int32_t s = 0; s <= E2E_STEPS; s++) {
+        double e = nmse(lg + (size_t)s * vocab, lc + (size_t)s * vocab, (size_t)vocab);
+        int32_t want = argmax(lc + (size_t)s * vocab, vocab, &margin);
+        float m2;
+        int32_t got = argmax(lg + (size_t)s * vocab, vocab, &m2);
+
+        EXPECT(e < 1e-3, "step %d: logits NMSE %g", s, e);
+        EXPECT(got == want || margin < 0.05f, "step %d: greedy %d, cpu %d (margin %g)", s, got,
+               want, margin);
+    }
+
+    /* Compressed KV: CPU and cuda with the same dtype (bf16 weights on cuda). */
+    static const mdl_kv_dtype_t kq[3] = {MDL_KV_FP8_E4M3, MDL_KV_INT8, MDL_KV_INT4};
+
+    for (int k = 0; k < 3; k++) {
+        mdl_runtime_config_t rq = {.num_blocks = 16, .block_size = 16, .max_blocks_per_seq = 8};
+
+        rq.kv_dtype = kq[k];
+        if (mdl_runtime_create(m, &rq, &cpu, err, sizeof(err)) != ST_OK) {
+            fprintf(stderr, "cpu runtime: %s\n", err);
+            exit(1);
+        }
+        run_seq(cpu, tokens, n_prompt, vocab, lc);
+        mdl_runtime_destroy(cpu);
+        rq.device = "cuda";
+        if (mdl_runtime_create(m, &rq, &gpu, err, sizeof(err)) != ST_OK) {
+            fprintf(stderr, "cuda runtime, %s KV: %s\n", mdl_kv_dtype_name(kq[k]), err);
+            exit(1);
+        }
+        run_seq(gpu, tokens, n_prompt, vocab, lg);
+        mdl_runtime_destroy(gpu);
+        double e = nmse(lg, lc, (size_t)(E2E_STEPS + 1) * vocab);
+
+        printf("%s KV: cuda vs cpu logits NMSE %.3g\n", mdl_kv_dtype_name(kq[k]), e);
+        EXPECT(e < 5e-3, "%s KV: logits NMSE %g", mdl_kv_dtype_name(kq[k]), e);
+    }
+
+    if (n_dev < 2) {
+        printf("tp: one device, TP = 2 not run\n");
+    } else {
+        rc.kv_dtype = MDL_KV_BF16;
+        if (mdl_runtime_create(m, &rc, &gpu, err, sizeof(err)) != ST_OK) {
+            fprintf(stderr, "cuda runtime: %s\n", err);
+            exit(1);
+        }
+        run_seq(gpu, tokens, n_prompt, vocab, lg);
+        mdl_runtime_destroy(gpu);
+        rc.tp_size = 2;
+        if (mdl_runtime_create(m, &rc, &gpu, err, sizeof(err)) != ST_OK) {
+            fprintf(stderr, "cuda runtime, TP 2: %s\n", err);
+            exit(1);
+        }
+        run_seq(gpu, tokens, n_prompt, vocab, lt);
+        mdl_runtime_destroy(gpu);
+        double e = nmse(lt, lg, (size_t)(E2E_STEPS + 1) * vocab);
+        EXPECT(e < 1e-4, "TP 2 vs TP 1 logits NMSE %g", e);
+    }
+    free(lc);
+    free(lg);
+    free(lt);
+}
+
 int
 main(void)
 {
@@ -772,8 +772,8 @@ main(void)
         fprintf(stderr, "model: %s\n", dir == NULL ? "KVSERVE_TEST_MODEL unset" : err);
         return 1;
     }
-    test_end_to_end(m, n_dev);
     test_graphs(m);
+    test_end_to_end(m, n_dev);
     mdl_model_destroy(m);
     printf("%d failures\n", n_fail);
     return n_fail == 0 ? 0 : 1;
