@@ -596,7 +596,10 @@ greedy_run(mdl_runtime_t *rt, int32_t vocab, int32_t tok[GR_SEQS][GR_STEPS + 1],
 /* The default model on cuda (bf16 weights and KV) with --no-enforce-eager
  * against --enforce-eager: the same greedy tokens, logits within NMSE
  * 1e-4 per row (the padded GEMMs may take other cuBLAS kernels), and the
- * decode steps' time of both printed (a figure, not a check). */
+ * decode steps' time of both printed (a figure, not a check). The graphs
+ * run's destroy logs "device 0: 4 decode graphs recorded, 44 steps
+ * replayed, 5 run eagerly" (buckets 8, 4, 2, 1 each run once eagerly,
+ * then recorded; the prefill). */
 static void
 test_graphs(const mdl_model_t *m)
 {
