@@ -494,14 +494,17 @@ now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Free-running greedy decoding of GR_SEQS prompts on rt: one prefill step
- * for all, then GR_STEPS decode steps over changing subsets (5, 4, 3, 2, 1
- * sequences: buckets 8, 4, 4, 2, 1 of max_num_seqs 8, 3 and 5 padded), seq 0 copied to fresh
- * blocks (KV_OP_COPY) halfway. Tokens into tok[s][step], each decode
- * step's logits rows into lg[step][seq] (vocab each), the decode steps'
- * wall time into *secs. */
+/* Greedy decoding of GR_SEQS prompts on rt: one prefill step for all,
+ * then GR_STEPS decode steps over changing subsets (5, 4, 3, 2, 1
+ * sequences: buckets 8, 4, 4, 2, 1 of max_num_seqs 8; 3 and 5 padded),
+ * seq 0 copied to fresh blocks (KV_OP_COPY) halfway. Each step feeds its
+ * argmax back, or with forced the token forced[s][step] (so a near tie
+ * cannot make two runs diverge). The argmax into tok[s][step] and its
+ * top-2 margin into mg[s][step], each decode step's logits rows into
+ * lg[step][seq] (vocab each), the decode steps' wall time into *secs. */
 static void
-greedy_run(mdl_runtime_t *rt, int32_t vocab, int32_t tok[GR_SEQS][GR_STEPS + 1], float *lg,
+greedy_run(mdl_runtime_t *rt, int32_t vocab, int32_t (*forced)[GR_STEPS + 1],
+           int32_t tok[GR_SEQS][GR_STEPS + 1], float mg[GR_SEQS][GR_STEPS + 1], float *lg,
            double *secs)
 {
     int32_t table[GR_SEQS][8], done[GR_SEQS], ids[GR_SEQS][80];
@@ -573,8 +576,12 @@ greedy_run(mdl_runtime_t *rt, int32_t vocab, int32_t tok[GR_SEQS][GR_STEPS + 1],
             ids[s][done[s]] = argmax(out + (size_t)k * vocab, vocab, &margin);
             if (step >= 0) {
                 tok[s][step] = ids[s][done[s]];
+                mg[s][step] = margin;
                 memcpy(lg + ((size_t)step * GR_SEQS + s) * vocab, out + (size_t)k * vocab,
                        sizeof(float) * vocab);
+                if (forced != NULL) {
+                    ids[s][done[s]] = forced[s][step];
+                }
             }
         }
         if (step == GR_STEPS / 2) {
@@ -594,8 +601,10 @@ greedy_run(mdl_runtime_t *rt, int32_t vocab, int32_t tok[GR_SEQS][GR_STEPS + 1],
 }
 
 /* The default model on cuda (bf16 weights and KV) with --no-enforce-eager
- * against --enforce-eager: the same greedy tokens, logits within NMSE
- * 1e-4 per row (the padded GEMMs may take other cuBLAS kernels), and the
+ * against --enforce-eager, the graphs run fed the eager run's greedy
+ * tokens: the same argmax at every step (unless eager's top-2 margin is
+ * under 1e-3), logits within NMSE 1e-4 per row (the padded GEMMs may take
+ * other cuBLAS kernels), and the
  * decode steps' time of both printed (a figure, not a check). The graphs
  * run's destroy logs "device 0: 4 decode graphs recorded, 44 steps
  * replayed, 5 run eagerly" (buckets 8, 4, 2, 1 each run once eagerly,
@@ -605,6 +614,7 @@ test_graphs(const mdl_model_t *m)
 {
     int32_t vocab = mdl_model_config(m)->vocab_size;
     static int32_t tok[2][GR_SEQS][GR_STEPS + 1];
+    static float mg[2][GR_SEQS][GR_STEPS + 1];
     size_t n_lg = (size_t)GR_STEPS * GR_SEQS * vocab;
     float *lg[2] = {xcalloc(n_lg, sizeof(float)), xcalloc(n_lg, sizeof(float))};
     double secs[2], worst = 0.0;
@@ -627,7 +637,7 @@ test_graphs(const mdl_model_t *m)
             fprintf(stderr, "cuda runtime (graphs %d): %s\n", g, err);
             exit(1);
         }
-        greedy_run(rt, vocab, tok[g], lg[g], &secs[g]);
+        greedy_run(rt, vocab, g == 0 ? NULL : tok[0], tok[g], mg[g], lg[g], &secs[g]);
         mdl_runtime_destroy(rt); /* logs the graphs recorded and replayed */
     }
     for (int32_t k = 0; k < GR_STEPS; k++) {
@@ -644,8 +654,9 @@ test_graphs(const mdl_model_t *m)
             total++;
             same += tok[0][s][k] == tok[1][s][k];
             EXPECT(e < 1e-4, "graphs: step %d seq %d: logits NMSE %g against eager", k, s, e);
-            EXPECT(tok[0][s][k] == tok[1][s][k], "graphs: step %d seq %d: greedy %d, eager %d", k,
-                   s, tok[1][s][k], tok[0][s][k]);
+            EXPECT(tok[0][s][k] == tok[1][s][k] || mg[0][s][k] < 1e-3f,
+                   "graphs: step %d seq %d: greedy %d, eager %d (margin %g)", k, s, tok[1][s][k],
+                   tok[0][s][k], (double)mg[0][s][k]);
         }
     }
     printf("graphs: %d of %d greedy tokens equal to eager, worst logits NMSE %.3g; decode steps "
