@@ -64,6 +64,9 @@ bench_usage(FILE *f)
                "  --threads T                 CPU threads for the forward (default: all cores)\n"
                "  --device D                  cpu (default) or cuda (the first GPU; bf16 KV by\n"
                "                              default, as serve)\n"
+               "  --enforce-eager             cuda: every step eagerly, no decode graphs\n"
+               "                              (the default for now)\n"
+               "  --no-enforce-eager          cuda: decode-only steps as CUDA graphs\n"
                "  --seed X                    prompt RNG seed (default 1)\n"
                "  --kv-cache-dtype D          auto f32 f16 bf16 fp8_e4m3 int8 int4 tq3 tq4\n"
                "                              (default auto)\n"
@@ -238,6 +241,8 @@ cmd_bench(int argc, char **argv)
         {"prefix-caching", no_argument, NULL, 'p'},
         {"threads", required_argument, NULL, 'j'},
         {"device", required_argument, NULL, 'D'},
+        {"enforce-eager", no_argument, NULL, 'E'},
+        {"no-enforce-eager", no_argument, NULL, 'G'},
         {"seed", required_argument, NULL, 'x'},
         {"kv-cache-dtype", required_argument, NULL, 'd'},
         {"json-schema", required_argument, NULL, 'g'},
@@ -259,6 +264,7 @@ cmd_bench(int argc, char **argv)
     const char *spec_json = NULL, *prompt_file = NULL, *prompt_kind = "random";
     const char *kv_policy = "full";
     const char *device = "cpu";
+    int cuda_graphs = 0; /* as serve: --enforce-eager until graphs are checked on a GPU */
     int32_t *text_ids = NULL;
     size_t n_text = 0;
     mdl_kv_dtype_t kv_dtype = MDL_KV_AUTO;
@@ -328,6 +334,10 @@ cmd_bench(int argc, char **argv)
                 return 2;
             }
             device = optarg;
+            break;
+        case 'E':
+        case 'G':
+            cuda_graphs = c == 'G';
             break;
         case 'g':
             schema_path = optarg;
@@ -432,6 +442,7 @@ cmd_bench(int argc, char **argv)
         }
     }
     cfg.rt.device = device;
+    cfg.rt.cuda_graphs = cuda_graphs;
     cfg.rt.n_threads = (int32_t)threads;
     cfg.rt.block_size = (int32_t)bsz;
     cfg.rt.swap_blocks = (int32_t)swap;
@@ -606,6 +617,10 @@ cmd_bench(int argc, char **argv)
            (double)kv_bytes * cfg.rt.num_blocks / (1024.0 * 1024.0), mdl_kv_dtype_name(kv_dtype),
            swap);
     printf("kv policy              %s\n", kv_policy);
+    if (strcmp(device, "cuda") == 0) {
+        printf("cuda graphs            %s\n",
+               cuda_graphs ? "decode steps (--no-enforce-eager)" : "off (--enforce-eager)");
+    }
     printf("elapsed                %.3f s\n", secs);
     printf("throughput             %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n",
            (double)n_ok / secs, (double)out_tokens / secs,

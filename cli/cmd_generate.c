@@ -38,7 +38,7 @@ gen_usage(FILE *f)
 {
     fprintf(f, "usage: kvserve generate [--model PATH] --prompt TEXT [--max-tokens N]\n"
                "                        [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
-               "                        [--json] [--device cpu|cuda]\n"
+               "                        [--json] [--device cpu|cuda] [--[no-]enforce-eager]\n"
                "\n"
                "  --model PATH       Hugging Face directory or .gguf file\n"
                "                     (default " GEN_DEFAULT_MODEL ")\n"
@@ -52,6 +52,8 @@ gen_usage(FILE *f)
                "  --json             print one JSON object: prompt_token_ids, token_ids, text,\n"
                "                     finish_reason and per-step top_logprobs (5 ids)\n"
                "  --device D         cpu (default) or cuda (the first GPU, bf16 KV)\n"
+               "  --enforce-eager    cuda: every step eagerly (the default for now);\n"
+               "                     --no-enforce-eager: decode steps as a CUDA graph\n"
                "  --help             this text\n");
 }
 
@@ -94,6 +96,7 @@ typedef struct gen_opts {
     uint64_t seed;
     int json;
     const char *device; /* "cpu" or "cuda" */
+    int cuda_graphs;    /* --no-enforce-eager */
 } gen_opts_t;
 
 /* 0 ok, 1 --help printed, 2 usage error (message printed). */
@@ -110,6 +113,8 @@ gen_parse(int argc, char **argv, gen_opts_t *o)
         {"seed", required_argument, NULL, 's'},
         {"json", no_argument, NULL, 'j'},
         {"device", required_argument, NULL, 'D'},
+        {"enforce-eager", no_argument, NULL, 'E'},
+        {"no-enforce-eager", no_argument, NULL, 'G'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -179,6 +184,10 @@ gen_parse(int argc, char **argv, gen_opts_t *o)
                 return 2;
             }
             o->device = optarg;
+            break;
+        case 'E':
+        case 'G':
+            o->cuda_graphs = c == 'G';
             break;
         case 'h':
             return 1;
@@ -345,6 +354,7 @@ cmd_generate(int argc, char **argv)
         .max_num_batched_tokens = chunk,
         .max_num_seqs = 1,
         .max_blocks_per_seq = max_blocks,
+        .cuda_graphs = o.cuda_graphs,
     };
     rc = mdl_runtime_create(g.m, &rcfg, &g.rt, err, sizeof(err));
     if (rc != ST_OK) {

@@ -113,6 +113,7 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
         e->rt.kv_dtype = MDL_KV_BF16; /* what the runtime picks (model/runtime.c) */
     }
     e->rt.gpu_memory_utilization = (float)cfg->gpu_memory_utilization;
+    e->rt.cuda_graphs = !cfg->enforce_eager;
     {
         char serr[256];
 

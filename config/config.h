@@ -85,6 +85,9 @@ typedef struct cfg {
     char device[8];                    /* --device "cpu" (default) or "cuda" */
     int32_t tensor_parallel_size;      /* --tensor-parallel-size, default 1 */
     double gpu_memory_utilization;     /* --gpu-memory-utilization, default 0.9 */
+    int enforce_eager;                 /* --enforce-eager: cuda runs every step eagerly, no
+                                        * decode graphs; default 1 until graphs are checked
+                                        * on a GPU (--no-enforce-eager turns them on) */
     char dtype[16];                    /* --dtype: weight type, auto f32 bf16 f16 (and aliases) */
     char kv_cache_dtype[16];           /* auto f32 f16 bf16 fp8_e4m3 int8 int4 tq3 tq4 */
     char kv_policy[64];                /* --kv-policy, "full" or "sink=S,window=W" */

@@ -16,7 +16,16 @@
  * CUDA on a device). A step is broadcast by handing the batch (host
  * memory) to every rank; each rank uploads it with one cudaMemcpyAsync
  * from its pinned staging buffer and runs the layer loop of dev_fwd.c on
- * its stream, with ncclAllReduce after the row-parallel projections.
+ * its stream, with ncclAllReduce after the row-parallel projections. At
+ * T = 1 the one rank runs on the calling (engine) thread: kn_ranks_run
+ * calls it directly, no handoff; each call sets the device first.
+ *
+ * Decode graphs (rc.cuda_graphs, serve --no-enforce-eager; T = 1, 16-bit
+ * KV): the graph operations of dev_fwd.h are stream capture
+ * (cudaStreamBeginCapture in ThreadLocal mode, cudaStreamEndCapture,
+ * cudaGraphInstantiateWithFlags, cudaGraphUpload) and cudaGraphLaunch;
+ * model/dev_graph.c decides what is recorded and when. cuBLAS GEMMs are
+ * captured like kernels: the handle's workspace is set at init.
  *
  * KV dtypes: bf16 / f16 blocks, or fp8_e4m3 / int8 / int4 blocks in the
  * KIVI layout of kernels/cpu/kv_quant.h with f32 residual slots for blocks
@@ -233,14 +242,15 @@ cu_op_add(void *ctx, const kn_add_args_t *a)
     return ST_OK;
 }
 
-/* y^T = w x^T in cuBLAS's column-major terms: w is (d_in, d_out) column
- * major, transposed; x is (d_in, n_tok) column major. */
+/* y^T = w x^T (+ y^T with acc: beta 1) in cuBLAS's column-major terms: w
+ * is (d_in, d_out) column major, transposed; x is (d_in, n_tok) column
+ * major. */
 static int
 cu_op_gemm(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y, int32_t n_tok,
-           int32_t d_in, int32_t d_out)
+           int32_t d_in, int32_t d_out, int acc)
 {
     cu_rank_t *rk = ctx;
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
     cudaDataType_t t = dt == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
 
     BLAS_CHECK(cublasGemmEx(rk->blas, CUBLAS_OP_T, CUBLAS_OP_N, d_out, n_tok, d_in, &alpha, w, t,
@@ -258,6 +268,68 @@ cu_op_allreduce(void *ctx, float *buf, size_t n)
     return ST_OK;
 }
 
+/* Graphs: stream capture of the rank's stream. ThreadLocal mode: only
+ * this thread's unsafe calls (a sync, an allocation) break the capture,
+ * other ranks' threads are free. cuBLAS records its GEMMs like kernels
+ * (its workspace is set, so it allocates nothing). */
+static int
+cu_op_graph_begin(void *ctx)
+{
+    cu_rank_t *rk = ctx;
+
+    CU_CHECK(cudaStreamBeginCapture(rk->stream, cudaStreamCaptureModeThreadLocal));
+    return ST_OK;
+}
+
+static int
+cu_op_graph_end(void *ctx, void **graph)
+{
+    cu_rank_t *rk = ctx;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ex = NULL;
+    cudaError_t e;
+
+    *graph = NULL;
+    e = cudaStreamEndCapture(rk->stream, &g);
+    if (e == cudaSuccess) {
+        e = cudaGraphInstantiateWithFlags(&ex, g, 0);
+    }
+    if (g != NULL) {
+        cudaGraphDestroy(g);
+    }
+    if (e == cudaSuccess) {
+        e = cudaGraphUpload(ex, rk->stream); /* the first launch does not pay for it */
+    }
+    if (e != cudaSuccess) {
+        LOG_ERROR("graph capture: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+        if (ex != NULL) {
+            cudaGraphExecDestroy(ex);
+        }
+        (void)cudaGetLastError(); /* a capture error is not sticky: clear it */
+        return ST_ECUDA;
+    }
+    *graph = ex;
+    return ST_OK;
+}
+
+static int
+cu_op_graph_launch(void *ctx, void *graph)
+{
+    cu_rank_t *rk = ctx;
+
+    CU_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, rk->stream));
+    return ST_OK;
+}
+
+static void
+cu_op_graph_free(void *ctx, void *graph)
+{
+    (void)ctx;
+    if (graph != NULL) {
+        cudaGraphExecDestroy((cudaGraphExec_t)graph);
+    }
+}
+
 #define CU_OPS_COMMON                                                                              \
     .alloc = cu_op_alloc, .free = cu_op_free, .alloc_host = cu_op_alloc_host,                      \
     .free_host = cu_op_free_host, .upload = cu_op_upload, .copy = cu_op_copy, .sync = cu_op_sync,  \
@@ -269,7 +341,14 @@ cu_op_allreduce(void *ctx, float *buf, size_t n)
     .kq_attention = cu_op_kq_attention, .kv_rotate = cu_op_kv_rotate,                          \
     .wdequant = cu_op_wdequant, .gemm = cu_op_gemm
 
-static const mdl_dev_ops_t cu_ops_tp1 = {CU_OPS_COMMON, .allreduce = NULL};
+/* Graphs at T = 1 only: NCCL can be captured too, but that is not
+ * checked on a device yet (the dev_fwd.c side is: tests/cuda at T = 2). */
+static const mdl_dev_ops_t cu_ops_tp1 = {CU_OPS_COMMON,
+                                         .allreduce = NULL,
+                                         .graph_begin = cu_op_graph_begin,
+                                         .graph_end = cu_op_graph_end,
+                                         .graph_launch = cu_op_graph_launch,
+                                         .graph_free = cu_op_graph_free};
 static const mdl_dev_ops_t cu_ops_tp = {CU_OPS_COMMON, .allreduce = cu_op_allreduce};
 
 /* ---- backend -------------------------------------------------------------------- */
@@ -285,6 +364,12 @@ cu_rank_free(void *arg, int r)
     }
     if (rk->stream != NULL) {
         cudaStreamSynchronize(rk->stream);
+    }
+    if (rk->fw.ops != NULL && !rk->fw.graphs_off) {
+        LOG_INFO("device %d: %lld decode graphs recorded, %lld steps replayed, %lld run eagerly%s",
+                 rk->dev, (long long)rk->fw.n_graph_captures, (long long)rk->fw.n_graph_steps,
+                 (long long)rk->fw.n_eager_steps,
+                 rk->fw.graph_failed ? " (a recording failed: replays off)" : "");
     }
     mdl_dev_rank_fini(&rk->fw);
     cudaFree(rk->workspace);
@@ -376,6 +461,14 @@ cu_rank_init(void *arg, int r)
              "(%d blocks, %s), %zu MiB in use before it",
              rk->dev, r, s->tp, rk->fw.sh.n_q, rk->fw.sh.n_kv, kv_bytes >> 20, rc->num_blocks,
              mdl_kv_dtype_name(rc->kv_dtype), in_use >> 20);
+    if (!rk->fw.graphs_off) {
+        LOG_INFO("device %d: decode steps of up to %d sequences run as CUDA graphs (%d batch-size "
+                 "buckets, each recorded after its first step)",
+                 rk->dev, rk->fw.graph_rows[rk->fw.n_buckets - 1], rk->fw.n_buckets);
+    } else if (rc->cuda_graphs) {
+        LOG_INFO("device %d: CUDA graphs need a 16-bit KV cache and one device: every step eager",
+                 rk->dev);
+    }
     if (rk->fw.kq.fmt != 0) {
         /* As the CPU backend reports a compressed pool: bytes per token with
          * the scales, and the residual of blocks being filled. */

@@ -8,14 +8,29 @@
  *   x = embed(tokens)                                   (T, dim) f32
  *   per layer:
  *     h16 = rmsnorm(x)
- *     q, k, v = h16 Wq_r^T, h16 Wk_r^T, h16 Wv_r^T      GEMMs, f32 out (+ bias)
- *     rope(q, k); kv_write(k, v -> cache via slot_mapping)
+ *     q|k|v = h16 Wqkv_r^T (+ bias)                     one GEMM, f32 out
+ *     rope(q|k); kv_write(k, v -> cache via slot_mapping)
  *     a16 = paged_attention(q, cache, block_tables)   decode kernel when every
  *           sequence has one new token, else the query-tile (prefill) kernel
- *     p = a16 Wo_r^T; all-reduce(p); x += p
- *     h16 = rmsnorm(x); g16 = silu(h16 Wg_r^T) * h16 Wu_r^T
- *     p = g16 Wd_r^T; all-reduce(p); x += p
- *   rank 0: logits = rmsnorm(x[logits_rows]) lm_head^T -> pinned host
+ *     x += a16 Wo_r^T                                   T = 1: the GEMM adds (beta 1);
+ *                                                       T > 1: p, all-reduce(p), x += p
+ *     h16 = rmsnorm(x); g|u = h16 Wgu_r^T; g16 = silu(g) * u
+ *     x += g16 Wd_r^T                                   as Wo
+ *   rank 0: logits = rmsnorm(x[logits_rows]) lm_head^T -> pinned host (n_logits rows)
+ *   sync (the one host wait of a step)
+ *
+ * Launches per decode step at T = 1 (L layers, no QKV bias): 1 staging
+ * copy, embed, per layer 6 kernels (2 norms, RoPE, KV write, attention,
+ * SiLU x up) and 4 GEMMs (qkv, o, gate|up, down), gather + norm + LM head
+ * GEMM, 1 logits copy, 1 sync: 10 L + 7 calls (a QKV bias adds one kernel
+ * per layer; T > 1 adds 2 all-reduces and 2 adds per layer). With decode
+ * graphs (model/dev_graph.c) the kernels and GEMMs are one graph launch.
+ * kv_ops() enqueues its copies and does not sync.
+ *
+ * The q, k, v rows of a rank's shard are one matrix (wq | wk | wv rows)
+ * and so are gate and up: one GEMM each, its output rows q | k | v (and
+ * gate | up) side by side, read through row strides by RoPE (q and k
+ * heads are adjacent), the KV write, attention and SiLU x up.
  *
  * h16 is one (T, max(dim, n_f, n_q * hd)) buffer reused as the input of
  * every GEMM: each use is complete (stream order) before the next write.
@@ -113,8 +128,8 @@ dev_wstage_release(mdl_dev_rank_t *rk)
 }
 
 /* Uploads rows [r0, r0 + nr) x columns [c0, c0 + nc) of a host weight in
- * its file's type (kernels/cpu/kn_quant.h) as a 16-bit (nr, nc) device
- * matrix, in chunks of rows that fit the staging buffers (wstage_cap, at
+ * its file's type (kernels/cpu/kn_quant.h) into the 16-bit (nr, nc) device
+ * matrix out (row stride nc; it may be rows of a larger one), in chunks of rows that fit the staging buffers (wstage_cap, at
  * least one row):
  *
  *   device path  the rows' bytes -- whole rows, or the whole blocks of a
@@ -130,8 +145,8 @@ dev_wstage_release(mdl_dev_rank_t *rk)
  * Both give the same bits (kn_wdequant_body is kn_dequant_row + kn_st16).
  * No f32 or 16-bit copy of the whole weight is made on the host. */
 static int
-dev_upload(mdl_dev_rank_t *rk, const kn_weight_t *w, int32_t r0, int32_t nr, int32_t c0,
-           int32_t nc, uint16_t **out)
+dev_upload_into(mdl_dev_rank_t *rk, const kn_weight_t *w, int32_t r0, int32_t nr, int32_t c0,
+                int32_t nc, uint16_t *out)
 {
     int32_t be = kn_wtype_block_elems(w->type);
     size_t bb = kn_wtype_block_bytes(w->type);
@@ -139,12 +154,10 @@ dev_upload(mdl_dev_rank_t *rk, const kn_weight_t *w, int32_t r0, int32_t nr, int
     size_t row_bytes = dev ? (size_t)(nc / be) * bb : sizeof(uint16_t) * (size_t)nc;
     size_t cap = rk->wstage_cap != 0 ? rk->wstage_cap : MDL_DEV_WSTAGE, per;
     float *row = NULL;
-    int st;
+    int st = ST_OK;
 
-    if ((st = rk->ops->alloc(rk->ctx, (void **)out, sizeof(uint16_t) * (size_t)nr * nc)) !=
-            ST_OK ||
-        nr <= 0 || nc <= 0) {
-        return st;
+    if (nr <= 0 || nc <= 0) {
+        return ST_OK;
     }
     per = cap / row_bytes;
     per = per < 1 ? 1 : per > (size_t)nr ? (size_t)nr : per;
@@ -157,7 +170,7 @@ dev_upload(mdl_dev_rank_t *rk, const kn_weight_t *w, int32_t r0, int32_t nr, int
     }
     for (int32_t i0 = 0; i0 < nr && st == ST_OK; i0 += (int32_t)per) {
         int32_t n = nr - i0 < (int32_t)per ? nr - i0 : (int32_t)per;
-        uint16_t *dst = *out + (size_t)i0 * nc;
+        uint16_t *dst = out + (size_t)i0 * nc;
 
         for (int32_t i = 0; i < n; i++) {
             const char *src = (const char *)w->data + (size_t)(r0 + i0 + i) * w->row_bytes;
@@ -194,14 +207,33 @@ dev_upload(mdl_dev_rank_t *rk, const kn_weight_t *w, int32_t r0, int32_t nr, int
     return st;
 }
 
-/* Elements [c0, c0 + nc) of an f32 vector of n, as dev_upload(). */
+/* dev_upload_into() a new (nr, nc) device matrix, in *out. */
+static int
+dev_upload(mdl_dev_rank_t *rk, const kn_weight_t *w, int32_t r0, int32_t nr, int32_t c0,
+           int32_t nc, uint16_t **out)
+{
+    int st = rk->ops->alloc(rk->ctx, (void **)out, sizeof(uint16_t) * (size_t)nr * nc);
+
+    return st != ST_OK ? st : dev_upload_into(rk, w, r0, nr, c0, nc, *out);
+}
+
+/* Elements [c0, c0 + nc) of an f32 vector of n, as dev_upload_into(). */
+static int
+dev_upload_vec_into(mdl_dev_rank_t *rk, const float *v, int32_t n, int32_t c0, int32_t nc,
+                    uint16_t *out)
+{
+    kn_weight_t w = mdl_weight_f32(v, 1, n);
+
+    return dev_upload_into(rk, &w, 0, 1, c0, nc, out);
+}
+
 static int
 dev_upload_vec(mdl_dev_rank_t *rk, const float *v, int32_t n, int32_t c0, int32_t nc,
                uint16_t **out)
 {
-    kn_weight_t w = mdl_weight_f32(v, 1, n);
+    int st = rk->ops->alloc(rk->ctx, (void **)out, sizeof(uint16_t) * (size_t)nc);
 
-    return dev_upload(rk, &w, 0, 1, c0, nc, out);
+    return st != ST_OK ? st : dev_upload_vec_into(rk, v, n, c0, nc, *out);
 }
 
 static int
@@ -250,7 +282,7 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
     const mdl_config_t *c = &m->cfg;
     int32_t hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, dim = c->dim;
     size_t T = (size_t)rc->max_num_batched_tokens, S = (size_t)rc->max_num_seqs;
-    size_t lq, lkv, h16_cols;
+    size_t lq, lkv, lqkv, h16_cols;
     char err[160];
     int st;
 
@@ -268,6 +300,7 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
     const mdl_tp_shard_t *sh = &rk->sh;
     lq = (size_t)sh->n_q * hd;
     lkv = (size_t)sh->n_kv * hd;
+    lqkv = lq + 2 * lkv;
 
     /* Weights: column-parallel rows, row-parallel columns (model/tp.h). */
     rk->layers = xcalloc((size_t)c->n_layers, sizeof(*rk->layers));
@@ -276,23 +309,43 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
         mdl_dev_layer_t *D = &rk->layers[l];
         int32_t q0 = sh->q0 * hd, kv0 = sh->kv0 * hd;
 
+        /* q, k, v rows in one matrix and gate, up rows in another: one
+         * GEMM each (dev_fwd_run); wq .. w_up are views into them. */
+        if ((st = dev_alloc(rk, &D->wqkv, sizeof(uint16_t) * lqkv * dim)) != ST_OK ||
+            (st = dev_alloc(rk, &D->w_gu, sizeof(uint16_t) * 2 * (size_t)sh->n_f * dim)) !=
+                ST_OK) {
+            return st;
+        }
+        D->wq = D->wqkv;
+        D->wk = D->wq + lq * dim;
+        D->wv = D->wk + lkv * dim;
+        D->w_gate = D->w_gu;
+        D->w_up = D->w_gu + (size_t)sh->n_f * dim;
         if ((st = dev_upload_vec(rk, L->attn_norm, dim, 0, dim, &D->attn_norm)) != ST_OK ||
             (st = dev_upload_vec(rk, L->ffn_norm, dim, 0, dim, &D->ffn_norm)) != ST_OK ||
-            (st = dev_upload(rk, &L->wq, q0, (int32_t)lq, 0, dim, &D->wq)) != ST_OK ||
-            (st = dev_upload(rk, &L->wk, kv0, (int32_t)lkv, 0, dim, &D->wk)) != ST_OK ||
-            (st = dev_upload(rk, &L->wv, kv0, (int32_t)lkv, 0, dim, &D->wv)) != ST_OK ||
+            (st = dev_upload_into(rk, &L->wq, q0, (int32_t)lq, 0, dim, D->wq)) != ST_OK ||
+            (st = dev_upload_into(rk, &L->wk, kv0, (int32_t)lkv, 0, dim, D->wk)) != ST_OK ||
+            (st = dev_upload_into(rk, &L->wv, kv0, (int32_t)lkv, 0, dim, D->wv)) != ST_OK ||
             (st = dev_upload(rk, &L->wo, 0, dim, q0, (int32_t)lq, &D->wo)) != ST_OK ||
-            (st = dev_upload(rk, &L->w_gate, sh->f0, sh->n_f, 0, dim, &D->w_gate)) != ST_OK ||
-            (st = dev_upload(rk, &L->w_up, sh->f0, sh->n_f, 0, dim, &D->w_up)) != ST_OK ||
+            (st = dev_upload_into(rk, &L->w_gate, sh->f0, sh->n_f, 0, dim, D->w_gate)) !=
+                ST_OK ||
+            (st = dev_upload_into(rk, &L->w_up, sh->f0, sh->n_f, 0, dim, D->w_up)) != ST_OK ||
             (st = dev_upload(rk, &L->w_down, 0, dim, sh->f0, sh->n_f, &D->w_down)) !=
                 ST_OK) {
             return st;
         }
-        if (L->bq != NULL &&
-            ((st = dev_upload_vec(rk, L->bq, qd, q0, (int32_t)lq, &D->bq)) != ST_OK ||
-             (st = dev_upload_vec(rk, L->bk, kvd, kv0, (int32_t)lkv, &D->bk)) != ST_OK ||
-             (st = dev_upload_vec(rk, L->bv, kvd, kv0, (int32_t)lkv, &D->bv)) != ST_OK)) {
-            return st;
+        if (L->bq != NULL) {
+            if ((st = dev_alloc(rk, &D->bqkv, sizeof(uint16_t) * lqkv)) != ST_OK) {
+                return st;
+            }
+            D->bq = D->bqkv;
+            D->bk = D->bq + lq;
+            D->bv = D->bk + lkv;
+            if ((st = dev_upload_vec_into(rk, L->bq, qd, q0, (int32_t)lq, D->bq)) != ST_OK ||
+                (st = dev_upload_vec_into(rk, L->bk, kvd, kv0, (int32_t)lkv, D->bk)) != ST_OK ||
+                (st = dev_upload_vec_into(rk, L->bv, kvd, kv0, (int32_t)lkv, D->bv)) != ST_OK) {
+                return st;
+            }
         }
     }
     if ((st = dev_upload(rk, &m->tok_embd, 0, c->vocab_size, 0, dim, &rk->embd)) != ST_OK ||
@@ -341,11 +394,8 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
     }
     if ((st = dev_alloc(rk, &rk->x, sizeof(float) * T * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->part, sizeof(float) * T * dim)) != ST_OK ||
-        (st = dev_alloc(rk, &rk->q, sizeof(float) * T * lq)) != ST_OK ||
-        (st = dev_alloc(rk, &rk->k, sizeof(float) * T * lkv)) != ST_OK ||
-        (st = dev_alloc(rk, &rk->v, sizeof(float) * T * lkv)) != ST_OK ||
-        (st = dev_alloc(rk, &rk->gate, sizeof(float) * T * (size_t)sh->n_f)) != ST_OK ||
-        (st = dev_alloc(rk, &rk->up, sizeof(float) * T * (size_t)sh->n_f)) != ST_OK ||
+        (st = dev_alloc(rk, &rk->qkv, sizeof(float) * T * lqkv)) != ST_OK ||
+        (st = dev_alloc(rk, &rk->gu, sizeof(float) * T * 2 * (size_t)sh->n_f)) != ST_OK ||
         (st = dev_alloc(rk, &rk->h16, sizeof(uint16_t) * T * h16_cols)) != ST_OK ||
         (st = dev_alloc(rk, &rk->hrows, sizeof(float) * S * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->stage_dev, sizeof(int32_t) * rk->stage_len)) != ST_OK ||
@@ -353,6 +403,11 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
             ST_OK) {
         return st;
     }
+    rk->q = rk->qkv;
+    rk->k = rk->q + lq;
+    rk->v = rk->k + lkv;
+    rk->gate = rk->gu;
+    rk->up = rk->gu + sh->n_f;
     if (rank == 0 &&
         ((st = dev_alloc(rk, &rk->logits_dev, sizeof(float) * S * c->vocab_size)) != ST_OK ||
          (st = ops->alloc_host(ctx, (void **)&rk->logits_host,
@@ -360,6 +415,7 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
         return st;
     }
     rk->blk_bytes = sizeof(uint16_t) * lkv * (size_t)rc->block_size;
+    mdl__dev_graph_init(rk);
     rk->plan = xmalloc(sizeof(*rk->plan) * 2 * (size_t)c->n_layers *
                        (size_t)(rc->num_blocks + rc->swap_blocks));
     return ST_OK;
@@ -474,11 +530,12 @@ mdl_dev_rank_fini(mdl_dev_rank_t *rk)
     if (o == NULL) {
         return;
     }
+    mdl__dev_graph_fini(rk);
     if (rk->layers != NULL) {
         for (int32_t l = 0; l < rk->m->cfg.n_layers; l++) {
             mdl_dev_layer_t *L = &rk->layers[l];
-            void *ps[] = {L->attn_norm, L->ffn_norm, L->wq, L->wk,     L->wv,   L->bq,
-                          L->bk,        L->bv,       L->wo, L->w_gate, L->w_up, L->w_down};
+            void *ps[] = {L->attn_norm, L->ffn_norm, L->wqkv, L->bqkv,
+                          L->wo,        L->w_gu,     L->w_down};
 
             for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) {
                 o->free(rk->ctx, ps[i]);
@@ -487,7 +544,7 @@ mdl_dev_rank_fini(mdl_dev_rank_t *rk)
     }
     free(rk->layers);
     void *dev[] = {rk->embd, rk->out_norm, rk->lm_head,    rk->inv_freq, rk->kv,   rk->x,
-                   rk->part, rk->q,        rk->k,          rk->v,        rk->gate, rk->up,
+                   rk->part, rk->qkv,      rk->gu,
                    rk->h16,  rk->hrows,    rk->logits_dev, rk->stage_dev};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
         o->free(rk->ctx, dev[i]);
@@ -875,65 +932,24 @@ mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
     } else {
         DEV_TRY(dev_ops16(rk, ops, n_ops));
     }
-    return rk->ops->sync(rk->ctx);
+    /* No sync: the host never reads or writes block bytes, and the next
+     * forward's kernels run behind these copies on the same stream. */
+    return ST_OK;
 }
 
 int
-mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
+mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
 {
     const mdl_dev_ops_t *o = rk->ops;
     void *cx = rk->ctx;
     const mdl_config_t *c = &rk->m->cfg;
     const mdl_tp_shard_t *sh = &rk->sh;
-    const int32_t T = b->n_tokens, dim = c->dim, hd = c->head_dim, S = b->n_seqs;
-    const int32_t lq = sh->n_q * hd, lkv = sh->n_kv * hd, bs = rk->rc.block_size;
+    const int32_t T = p->T, dim = c->dim, hd = c->head_dim, S = p->S;
+    const int32_t lq = sh->n_q * hd, lkv = sh->n_kv * hd, lqkv = lq + 2 * lkv;
+    const int32_t bs = rk->rc.block_size;
     const size_t region = (size_t)rk->rc.num_blocks * rk->blk_bytes;
     const kn_dt_t dt = rk->dt;
-
-    /* Stage the batch: one pinned buffer, one copy. */
-    int32_t *h = rk->stage_host;
-    size_t o_pos = (size_t)T, o_slot = o_pos + T, o_qs = o_slot + T, o_ctx = o_qs + S + 1;
-    size_t o_rows = o_ctx + S, o_bt = o_rows + (size_t)b->n_logits;
-    size_t o_tiles = o_bt + (size_t)S * b->max_blocks, n_int = o_tiles;
-    const int32_t group = c->n_heads / c->n_kv_heads;
-    const int32_t q_tile = kn_attn_prefill_q_tile(group);
-    const int kq = rk->kq.fmt != 0;
-    int32_t n_tiles = 0;
-
-    memcpy(h, b->tokens, sizeof(int32_t) * T);
-    memcpy(h + o_pos, b->positions, sizeof(int32_t) * T);
-    memcpy(h + o_slot, b->slot_mapping, sizeof(int32_t) * T);
-    memcpy(h + o_qs, b->query_start, sizeof(int32_t) * (S + 1));
-    memcpy(h + o_ctx, b->context_len, sizeof(int32_t) * S);
-    if (b->n_logits > 0) {
-        memcpy(h + o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
-    }
-    memcpy(h + o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * b->max_blocks);
-    if (T > S && kq == 0) { /* prefill chunks present: query tiles for the prefill kernel */
-        for (int32_t s = 0; s < S; s++) {
-            for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += q_tile) {
-                h[o_tiles + (size_t)n_tiles++] = t0;
-            }
-        }
-        n_int += (size_t)n_tiles;
-    }
-    /* Quantized KV: residual slot and own-block slot per token, fill jobs. */
-    size_t o_rs = n_int, o_own = o_rs + T, o_jobs = o_own + T;
-    int32_t n_jobs = 0;
-
-    if (kq) {
-        DEV_TRY(dev_kq_prepare(rk, b, h + o_rs, h + o_own, h + o_jobs, &n_jobs));
-        n_int = o_jobs + 3 * (size_t)n_jobs;
-        if (rk->kqt[0].shift_dirty) { /* pending shifts changed since the last step */
-            mdl_dev_kq_tier_t *t0 = &rk->kqt[0];
-
-            memcpy(t0->shift_pin, t0->shift, sizeof(int32_t) * (size_t)t0->n_blocks);
-            DEV_TRY(o->copy(cx, t0->shift_dev, t0->shift_pin,
-                            sizeof(int32_t) * (size_t)t0->n_blocks, KV_OP_SWAP_IN));
-            t0->shift_dirty = 0;
-        }
-    }
-    DEV_TRY(o->copy(cx, rk->stage_dev, h, sizeof(int32_t) * n_int, KV_OP_SWAP_IN));
+    const int kq = p->kq;
     const int32_t *d = rk->stage_dev;
 
     kn_embed_args_t ea = {rk->embd, d, rk->x, dim, dt};
@@ -944,94 +960,160 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
         uint16_t *kc = kq ? NULL : (uint16_t *)(rk->kv + ((size_t)l * 2 + 0) * region);
         uint16_t *vc = kq ? NULL : (uint16_t *)(rk->kv + ((size_t)l * 2 + 1) * region);
         kn_rmsnorm_args_t na = {rk->x, L->attn_norm, rk->h16, dim, dim, c->norm_eps, dt};
-        kn_rope_args_t rq = {rk->q, d + o_pos, rk->inv_freq, sh->n_q, hd, lq};
-        kn_rope_args_t rkk = {rk->k, d + o_pos, rk->inv_freq, sh->n_kv, hd, lkv};
-        kn_kv_write_args_t kw = {kc, vc, rk->k, rk->v, d + o_slot, sh->n_kv, hd, bs, lkv, dt};
+        /* q and k heads are adjacent in a qkv row: one rotation for both. */
+        kn_rope_args_t ra = {rk->q, d + p->o_pos, rk->inv_freq, sh->n_q + sh->n_kv, hd, lqkv};
+        kn_kv_write_args_t kw = {kc, vc, rk->k, rk->v, d + p->o_slot, sh->n_kv, hd, bs, lqkv, dt};
         kn_attn_cuda_args_t aa = {
-            rk->h16,  rk->q,
-            kc,       vc,
-            d + o_qs, d + o_ctx,
-            d + o_bt, b->max_blocks,
-            S,        sh->n_q,
-            sh->n_kv, hd,
-            bs,       c->sliding_window,
-            lq,       1.0f / sqrtf((float)hd),
+            rk->h16,     rk->q,
+            kc,          vc,
+            d + p->o_qs, d + p->o_ctx,
+            d + p->o_bt, p->max_blocks,
+            S,           sh->n_q,
+            sh->n_kv,    hd,
+            bs,          c->sliding_window,
+            lqkv,        1.0f / sqrtf((float)hd),
             dt,
         };
         kn_add_args_t ad = {rk->x, rk->part, (int64_t)T * dim};
         kn_rmsnorm_args_t fa = {rk->x, L->ffn_norm, rk->h16, dim, dim, c->norm_eps, dt};
-        kn_silu_mul_args_t sm = {rk->gate, rk->up, rk->h16, sh->n_f, sh->n_f, dt};
+        kn_silu_mul_args_t sm = {rk->gate, rk->up, rk->h16, sh->n_f, 2 * sh->n_f, dt};
 
         DEV_TRY(o->rmsnorm(cx, &na, T));
-        DEV_TRY(o->gemm(cx, dt, rk->h16, L->wq, rk->q, T, dim, lq));
-        DEV_TRY(o->gemm(cx, dt, rk->h16, L->wk, rk->k, T, dim, lkv));
-        DEV_TRY(o->gemm(cx, dt, rk->h16, L->wv, rk->v, T, dim, lkv));
-        if (L->bq != NULL) {
-            kn_bias_args_t bq = {rk->q, L->bq, lq, lq, dt};
-            kn_bias_args_t bk = {rk->k, L->bk, lkv, lkv, dt};
-            kn_bias_args_t bv = {rk->v, L->bv, lkv, lkv, dt};
+        DEV_TRY(o->gemm(cx, dt, rk->h16, L->wqkv, rk->qkv, T, dim, lqkv, 0));
+        if (L->bqkv != NULL) {
+            kn_bias_args_t ba = {rk->qkv, L->bqkv, lqkv, lqkv, dt};
 
-            DEV_TRY(o->bias(cx, &bq, T));
-            DEV_TRY(o->bias(cx, &bk, T));
-            DEV_TRY(o->bias(cx, &bv, T));
+            DEV_TRY(o->bias(cx, &ba, T));
         }
-        DEV_TRY(o->rope(cx, &rq, T));
-        DEV_TRY(o->rope(cx, &rkk, T));
+        DEV_TRY(o->rope(cx, &ra, T));
         if (kq) {
             /* New rows into the residual slots, then the blocks they fill
              * are quantized, all before attention reads. */
             uint8_t *kb = dev_kq_region(rk, 0, l, 0), *vb = dev_kq_region(rk, 0, l, 1);
-            kn_kq_res_write_args_t rw = {rk->kqt[0].res, rk->k, rk->v, d + o_slot, d + o_rs,
-                                         c->n_layers, l, lkv, rk->kq};
-            kn_kq_quant_args_t qa = {kb, vb, rk->kqt[0].res, d + o_jobs, 0, 0, 0,
-                                     c->n_layers, l, rk->kq};
-            kn_kq_attn_args_t ka = {aa,          kb, vb,     rk->kqt[0].res,       d + o_own,
+            kn_kq_res_write_args_t rw = {rk->kqt[0].res, rk->k, rk->v, d + p->o_slot, d + p->o_rs,
+                                         c->n_layers,    l,     lqkv,  rk->kq};
+            kn_kq_quant_args_t qa = {kb,          vb, rk->kqt[0].res, d + p->o_jobs, 0, 0, 0,
+                                     c->n_layers, l,  rk->kq};
+            kn_kq_attn_args_t ka = {aa,          kb, vb,     rk->kqt[0].res,       d + p->o_own,
                                     c->n_layers, l,  rk->kq, rk->kqt[0].shift_dev, rk->inv_freq};
 
             DEV_TRY(o->kq_res_write(cx, &rw, T));
-            if (n_jobs > 0) {
-                DEV_TRY(o->kq_quant(cx, &qa, n_jobs));
+            if (p->n_jobs > 0) {
+                DEV_TRY(o->kq_quant(cx, &qa, p->n_jobs));
             }
             DEV_TRY(o->kq_attention(cx, &ka, T));
-        } else if (n_tiles > 0) {
+        } else if (p->n_tiles > 0) {
             DEV_TRY(o->kv_write(cx, &kw, T)); /* every new K/V lands before attention reads */
-            kn_attn_prefill_args_t pa = {aa, d + o_tiles, q_tile};
+            kn_attn_prefill_args_t pa = {aa, d + p->o_tiles, p->q_tile};
 
-            DEV_TRY(o->attention_prefill(cx, &pa, n_tiles));
+            DEV_TRY(o->attention_prefill(cx, &pa, p->n_tiles));
         } else {
             DEV_TRY(o->kv_write(cx, &kw, T));
             DEV_TRY(o->attention(cx, &aa, T)); /* decodes only */
         }
-        DEV_TRY(o->gemm(cx, dt, rk->h16, L->wo, rk->part, T, lq, dim));
-        if (o->allreduce != NULL) {
+        /* Row-parallel projections: at T = 1 the GEMM adds into x itself;
+         * at T > 1 the partial is all-reduced first. */
+        if (o->allreduce == NULL) {
+            DEV_TRY(o->gemm(cx, dt, rk->h16, L->wo, rk->x, T, lq, dim, 1));
+        } else {
+            DEV_TRY(o->gemm(cx, dt, rk->h16, L->wo, rk->part, T, lq, dim, 0));
             DEV_TRY(o->allreduce(cx, rk->part, (size_t)T * dim));
+            DEV_TRY(o->add(cx, &ad));
         }
-        DEV_TRY(o->add(cx, &ad));
 
         DEV_TRY(o->rmsnorm(cx, &fa, T));
-        DEV_TRY(o->gemm(cx, dt, rk->h16, L->w_gate, rk->gate, T, dim, sh->n_f));
-        DEV_TRY(o->gemm(cx, dt, rk->h16, L->w_up, rk->up, T, dim, sh->n_f));
+        DEV_TRY(o->gemm(cx, dt, rk->h16, L->w_gu, rk->gu, T, dim, 2 * sh->n_f, 0));
         DEV_TRY(o->silu_mul(cx, &sm, T));
-        DEV_TRY(o->gemm(cx, dt, rk->h16, L->w_down, rk->part, T, sh->n_f, dim));
-        if (o->allreduce != NULL) {
+        if (o->allreduce == NULL) {
+            DEV_TRY(o->gemm(cx, dt, rk->h16, L->w_down, rk->x, T, sh->n_f, dim, 1));
+        } else {
+            DEV_TRY(o->gemm(cx, dt, rk->h16, L->w_down, rk->part, T, sh->n_f, dim, 0));
             DEV_TRY(o->allreduce(cx, rk->part, (size_t)T * dim));
+            DEV_TRY(o->add(cx, &ad));
         }
-        DEV_TRY(o->add(cx, &ad));
     }
 
-    if (rk->rank == 0 && b->n_logits > 0) {
-        kn_gather_args_t ga = {rk->x, d + o_rows, rk->hrows, dim};
+    if (rk->rank == 0 && p->n_logits > 0) {
+        kn_gather_args_t ga = {rk->x, d + p->o_rows, rk->hrows, dim};
         kn_rmsnorm_args_t on = {rk->hrows, rk->out_norm, rk->h16, dim, dim, c->norm_eps, dt};
 
-        DEV_TRY(o->gather(cx, &ga, b->n_logits));
-        DEV_TRY(o->rmsnorm(cx, &on, b->n_logits));
-        DEV_TRY(
-            o->gemm(cx, dt, rk->h16, rk->lm_head, rk->logits_dev, b->n_logits, dim, c->vocab_size));
+        DEV_TRY(o->gather(cx, &ga, p->n_logits));
+        DEV_TRY(o->rmsnorm(cx, &on, p->n_logits));
+        DEV_TRY(o->gemm(cx, dt, rk->h16, rk->lm_head, rk->logits_dev, p->n_logits, dim,
+                        c->vocab_size, 0));
+    }
+    return ST_OK;
+}
+
+int
+mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
+{
+    const mdl_dev_ops_t *o = rk->ops;
+    void *cx = rk->ctx;
+    const mdl_config_t *c = &rk->m->cfg;
+    const int32_t T = b->n_tokens, S = b->n_seqs;
+
+    if (mdl__dev_graph_takes(rk, b)) {
+        return mdl__dev_graph_forward(rk, b);
+    }
+    rk->n_eager_steps++;
+
+    /* Stage the batch: one pinned buffer, one copy. */
+    int32_t *h = rk->stage_host;
+    mdl_dev_step_t p = {.T = T, .S = S, .n_logits = b->n_logits, .max_blocks = b->max_blocks};
+
+    p.o_pos = (size_t)T;
+    p.o_slot = p.o_pos + T;
+    p.o_qs = p.o_slot + T;
+    p.o_ctx = p.o_qs + S + 1;
+    p.o_rows = p.o_ctx + S;
+    p.o_bt = p.o_rows + (size_t)b->n_logits;
+    p.o_tiles = p.o_bt + (size_t)S * b->max_blocks;
+    p.q_tile = kn_attn_prefill_q_tile(c->n_heads / c->n_kv_heads);
+    p.kq = rk->kq.fmt != 0;
+    size_t n_int = p.o_tiles;
+
+    memcpy(h, b->tokens, sizeof(int32_t) * T);
+    memcpy(h + p.o_pos, b->positions, sizeof(int32_t) * T);
+    memcpy(h + p.o_slot, b->slot_mapping, sizeof(int32_t) * T);
+    memcpy(h + p.o_qs, b->query_start, sizeof(int32_t) * (S + 1));
+    memcpy(h + p.o_ctx, b->context_len, sizeof(int32_t) * S);
+    if (b->n_logits > 0) {
+        memcpy(h + p.o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
+    }
+    memcpy(h + p.o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * b->max_blocks);
+    if (T > S && !p.kq) { /* prefill chunks present: query tiles for the prefill kernel */
+        for (int32_t s = 0; s < S; s++) {
+            for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += p.q_tile) {
+                h[p.o_tiles + (size_t)p.n_tiles++] = t0;
+            }
+        }
+        n_int += (size_t)p.n_tiles;
+    }
+    /* Quantized KV: residual slot and own-block slot per token, fill jobs. */
+    p.o_rs = n_int;
+    p.o_own = p.o_rs + T;
+    p.o_jobs = p.o_own + T;
+    if (p.kq) {
+        DEV_TRY(dev_kq_prepare(rk, b, h + p.o_rs, h + p.o_own, h + p.o_jobs, &p.n_jobs));
+        n_int = p.o_jobs + 3 * (size_t)p.n_jobs;
+        if (rk->kqt[0].shift_dirty) { /* pending shifts changed since the last step */
+            mdl_dev_kq_tier_t *t0 = &rk->kqt[0];
+
+            memcpy(t0->shift_pin, t0->shift, sizeof(int32_t) * (size_t)t0->n_blocks);
+            DEV_TRY(o->copy(cx, t0->shift_dev, t0->shift_pin,
+                            sizeof(int32_t) * (size_t)t0->n_blocks, KV_OP_SWAP_IN));
+            t0->shift_dirty = 0;
+        }
+    }
+    DEV_TRY(o->copy(cx, rk->stage_dev, h, sizeof(int32_t) * n_int, KV_OP_SWAP_IN));
+    DEV_TRY(mdl__dev_fwd_run(rk, &p));
+    if (rk->rank == 0 && b->n_logits > 0) {
         DEV_TRY(o->copy(cx, rk->logits_host, rk->logits_dev,
                         sizeof(float) * (size_t)b->n_logits * c->vocab_size, KV_OP_SWAP_OUT));
     }
     DEV_TRY(o->sync(cx));
-    if (kq) {
+    if (p.kq) {
         dev_kq_end_step(rk);
     }
     return ST_OK;
@@ -1058,10 +1140,11 @@ dev_rank_bytes(const mdl_config_t *c, const mdl_runtime_config_t *rc, const mdl_
     const size_t T = (size_t)rc->max_num_batched_tokens, S = (size_t)rc->max_num_seqs;
     size_t layer, h16_cols = dim, stage_len, res = 0;
 
-    layer = 2 * dev_grain(e * dim) + dev_grain(e * lq * dim) + 2 * dev_grain(e * lkv * dim) +
-            dev_grain(e * dim * lq) + 3 * dev_grain(e * nf * dim);
+    /* norms, wqkv, wo, w_gate|w_up, w_down (+ bq|bk|bv) */
+    layer = 2 * dev_grain(e * dim) + dev_grain(e * (lq + 2 * lkv) * dim) + dev_grain(e * dim * lq) +
+            dev_grain(e * 2 * nf * dim) + dev_grain(e * dim * nf);
     if (c->qkv_bias) {
-        layer += dev_grain(e * lq) + 2 * dev_grain(e * lkv);
+        layer += dev_grain(e * (lq + 2 * lkv));
     }
     *w = layer * (size_t)c->n_layers + dev_grain(e * vocab * dim) + dev_grain(e * dim) +
          dev_grain(f * (hd / 2)) + (rank == 0 ? dev_grain(e * vocab * dim) : 0);
@@ -1081,8 +1164,9 @@ dev_rank_bytes(const mdl_config_t *c, const mdl_runtime_config_t *rc, const mdl_
         res = dev_grain((size_t)dev_kq_slots(c, rc, nb) *
                         dev_kq_slot_bytes(c, rc->block_size, sh->n_kv));
     }
-    *a = res + 2 * dev_grain(f * T * dim) + dev_grain(f * T * lq) + 2 * dev_grain(f * T * lkv) +
-         2 * dev_grain(f * T * nf) + dev_grain(e * T * h16_cols) + dev_grain(f * S * dim) +
+    /* x, part, qkv, gate|up, h16, hrows, staging, logits */
+    *a = res + 2 * dev_grain(f * T * dim) + dev_grain(f * T * (lq + 2 * lkv)) +
+         dev_grain(f * T * 2 * nf) + dev_grain(e * T * h16_cols) + dev_grain(f * S * dim) +
          dev_grain(sizeof(int32_t) * stage_len) + (rank == 0 ? dev_grain(f * S * vocab) : 0);
 }
 

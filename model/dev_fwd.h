@@ -73,21 +73,39 @@ typedef struct mdl_dev_ops {
     /* Weight upload: n rows of blocks in their file type (device staging)
      * -> 16-bit rows, grid n (kn_wdequant_body). */
     int (*wdequant)(void *ctx, const kn_wdequant_args_t *a, int32_t n);
-    /* y (n_tok, d_out) f32 = x (n_tok, d_in) 16-bit @ w^T, w (d_out, d_in)
-     * 16-bit; row-major device memory, f32 accumulation. */
+    /* y (n_tok, d_out) f32 = x (n_tok, d_in) 16-bit @ w^T (acc: y +=), w
+     * (d_out, d_in) 16-bit; row-major device memory, f32 accumulation. */
     int (*gemm)(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y,
-                int32_t n_tok, int32_t d_in, int32_t d_out);
+                int32_t n_tok, int32_t d_in, int32_t d_out, int acc);
     /* In-place sum over the ranks of (n) f32 device memory; NULL at T = 1. */
     int (*allreduce)(void *ctx, float *buf, size_t n);
+    /* Graphs (model/dev_graph.c); NULL: the device has none and every step
+     * runs eagerly. Between graph_begin and graph_end the operations above
+     * are recorded with their arguments, by value, and not run (CUDA:
+     * stream capture); alloc, upload and sync are not allowed there.
+     * graph_end always ends the recording and on ST_OK stores a replayable
+     * graph in *graph; graph_launch enqueues it on the stream. graph_free
+     * takes NULL. */
+    int (*graph_begin)(void *ctx);
+    int (*graph_end)(void *ctx, void **graph);
+    int (*graph_launch)(void *ctx, void *graph);
+    void (*graph_free)(void *ctx, void *graph);
 } mdl_dev_ops_t;
+
+/* Batch-size buckets of the decode graphs: 1, 2, 4, ..., 2^30 and the
+ * largest step's own size at most. */
+#define MDL_DEV_MAX_BUCKETS 33
 
 typedef struct mdl_dev_layer {
     uint16_t *attn_norm, *ffn_norm; /* (dim) */
-    uint16_t *wq;                   /* (n_q * hd, dim) */
-    uint16_t *wk, *wv;              /* (n_kv * hd, dim) */
-    uint16_t *bq, *bk, *bv;         /* (n_q * hd), (n_kv * hd) or NULL */
+    uint16_t *wqkv;                 /* (n_q * hd + 2 * n_kv * hd, dim): wq | wk | wv rows */
+    uint16_t *wq;                   /* (n_q * hd, dim), view into wqkv */
+    uint16_t *wk, *wv;              /* (n_kv * hd, dim), views into wqkv */
+    uint16_t *bqkv;                 /* (n_q * hd + 2 * n_kv * hd): bq | bk | bv, or NULL */
+    uint16_t *bq, *bk, *bv;         /* views into bqkv, or NULL */
     uint16_t *wo;                   /* (dim, n_q * hd): this rank's columns */
-    uint16_t *w_gate, *w_up;        /* (n_f, dim) */
+    uint16_t *w_gu;                 /* (2 * n_f, dim): w_gate | w_up rows */
+    uint16_t *w_gate, *w_up;        /* (n_f, dim), views into w_gu */
     uint16_t *w_down;               /* (dim, n_f): this rank's columns */
 } mdl_dev_layer_t;
 
@@ -134,10 +152,11 @@ typedef struct mdl_dev_rank {
     int32_t *kq_filled; /* (T) host: slots quantized this step, freed after it */
     int32_t kq_n_filled;
     /* Activations, device, T = max_num_batched_tokens rows, S = max_num_seqs. */
-    float *x, *part;     /* (T, dim) residual, row-parallel partial */
-    float *q;            /* (T, n_q * hd) */
-    float *k, *v;        /* (T, n_kv * hd) */
-    float *gate, *up;    /* (T, n_f) */
+    float *x, *part;     /* (T, dim) residual, row-parallel partial (T > 1) */
+    float *qkv;          /* (T, n_q * hd + 2 * n_kv * hd): q | k | v per row */
+    float *q, *k, *v;    /* views into qkv: row stride n_q * hd + 2 * n_kv * hd */
+    float *gu;           /* (T, 2 * n_f): gate | up per row */
+    float *gate, *up;    /* views into gu: row stride 2 * n_f */
     uint16_t *h16;       /* (T, max(dim, n_f, n_q * hd)) GEMM input */
     float *hrows;        /* (S, dim) */
     float *logits_dev;   /* (S, vocab), rank 0 */
@@ -145,6 +164,18 @@ typedef struct mdl_dev_rank {
     int32_t *stage_host; /* pinned batch staging */
     int32_t *stage_dev;
     size_t stage_len; /* int32 entries */
+    /* Decode graphs (model/dev_graph.c), one per batch-size bucket:
+     * graph_rows[i] sequences (1, 2, 4, ... and the largest step), the
+     * graph or NULL until its second use. graphs_off: rc.cuda_graphs is
+     * 0, the device has no graph ops, or the KV is quantized (every step
+     * eager, unpadded); graph_failed: a recording failed (decode steps
+     * still padded to their bucket, run eagerly). Counters for the tests
+     * and the log: graphs recorded, steps replayed, steps run eagerly. */
+    int32_t n_buckets;
+    int32_t graph_rows[MDL_DEV_MAX_BUCKETS];
+    void *graph[MDL_DEV_MAX_BUCKETS];
+    int graphs_off, graph_failed;
+    int64_t n_graph_captures, n_graph_steps, n_eager_steps;
     /* Weight upload (mdl_dev_rank_init). In, set by the caller or left 0:
      * wstage_cap bounds each staging buffer (bytes; 0: MDL_DEV_WSTAGE),
      * upload_host forces the host path (tests). Out: wstage_bytes, the
@@ -179,7 +210,8 @@ int mdl_dev_rank_alloc_kv(mdl_dev_rank_t *rk);
 /* Frees everything; safe on a partly initialized rank. */
 void mdl_dev_rank_fini(mdl_dev_rank_t *rk);
 
-/* Validated ops, in order, then sync. KV_OP_SHIFT (dst >= 0, else
+/* Validated ops, enqueued in order on the stream (the next forward runs
+ * behind them; its sync, or fini, waits for them). KV_OP_SHIFT (dst >= 0, else
  * ST_EINVAL) re-rotates the keys of a 16-bit block, or of a quantized
  * block's residual slot, in place; a quantized block without a slot keeps
  * its codes and records the shift for attention (kernels/cpu/kv_quant.h's
@@ -187,7 +219,40 @@ void mdl_dev_rank_fini(mdl_dev_rank_t *rk);
 int mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops);
 /* One step (b validated by the runtime) then sync. Rank 0 leaves
  * [b->n_logits][vocab] f32 in rk->logits_host. Every rank must run it:
- * the all-reduces pair the ranks up. */
+ * the all-reduces pair the ranks up. A decode-only step goes through
+ * mdl__dev_graph_forward() when graphs are on. */
 int mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b);
+
+/* ---- internal: shared by dev_fwd.c and dev_graph.c ------------------------- */
+
+/* One step's shape and where its inputs sit in stage_dev (int32 offsets):
+ *   tokens [0, T) | positions o_pos | slots o_slot | query_start o_qs
+ *   (S + 1) | context_len o_ctx (S) | logits_rows o_rows (n_logits) |
+ *   block_tables o_bt (S x max_blocks) | query tiles o_tiles (n_tiles) |
+ *   quantized KV: residual slot o_rs (T), own slot o_own (T), fill jobs
+ *   o_jobs (3 x n_jobs)
+ * Everything mdl__dev_fwd_run() enqueues depends on this struct, the
+ * rank's fixed buffers and the device data in stage_dev alone. */
+typedef struct mdl_dev_step {
+    int32_t T, S, n_logits, max_blocks;
+    size_t o_pos, o_slot, o_qs, o_ctx, o_rows, o_bt, o_tiles, o_rs, o_own, o_jobs;
+    int32_t n_tiles, q_tile, n_jobs;
+    int kq;
+} mdl_dev_step_t;
+
+/* Enqueues the step from stage_dev: embedding, the layers, and on rank 0
+ * with n_logits > 0 the final norm and LM head into logits_dev (not the
+ * copy to the host, not a sync). */
+int mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p);
+/* Sets up the buckets (init); no device call. */
+void mdl__dev_graph_init(mdl_dev_rank_t *rk);
+/* Whether b is a step the graphs take (decode only, a bucket fits it). */
+int mdl__dev_graph_takes(const mdl_dev_rank_t *rk, const mdl_batch_t *b);
+/* The step b (mdl__dev_graph_takes() true) padded to its bucket: staged,
+ * uploaded, run (the bucket's first step eagerly, then recorded; later
+ * ones by launching its graph), the n_logits logits rows copied, sync. */
+int mdl__dev_graph_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b);
+/* Frees the graphs (fini). */
+void mdl__dev_graph_fini(mdl_dev_rank_t *rk);
 
 #endif /* MODEL_DEV_FWD_H */

@@ -185,6 +185,10 @@ typedef struct mdl_runtime_config {
      * mass per layer and KV head (mdl_runtime_kv_mass), and take
      * KV_OP_COPY_SLOT. cpu backend, f32 KV cache only. */
     int kv_mass;
+    /* cuda: nonzero runs decode-only steps (one new token per sequence,
+     * 16-bit KV, tp_size 1) as CUDA graphs captured per batch-size bucket
+     * (model/dev_graph.h); 0 runs every step eagerly (--enforce-eager). */
+    int cuda_graphs;
 } mdl_runtime_config_t;
 
 typedef struct mdl_runtime mdl_runtime_t;

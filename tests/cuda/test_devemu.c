@@ -24,6 +24,7 @@
  */
 #include <check.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,15 +41,85 @@
 
 /* ---- emulated device operations ------------------------------------------------ */
 
+/* The emulated device counts what a step asks of it (host-side launches,
+ * copies, syncs) and, between graph_begin and graph_end, records every
+ * operation with a copy of its arguments instead of running it -- what
+ * CUDA stream capture does -- so graph_launch replays exactly the
+ * recorded arguments: a replayed step sees new inputs only through the
+ * device memory the recorded pointers name. alloc, upload and sync while
+ * recording fail, as they break a CUDA capture. */
+typedef int (*emu_exec_fn)(void *ctx, const void *args, int32_t n);
+
+typedef struct emu_rec_op {
+    emu_exec_fn fn;
+    int32_t n;
+    union {
+        max_align_t align_;
+        unsigned char b[sizeof(kn_kq_attn_args_t) + 64];
+    } args;
+} emu_rec_op_t;
+
+typedef struct emu_graph {
+    emu_rec_op_t *ops;
+    size_t n, cap;
+} emu_graph_t;
+
+typedef struct emu_counts {
+    int64_t kernels, gemms, copies, syncs, allreduces, graph_launches;
+} emu_counts_t;
+
 typedef struct emu_ctx {
     kn_comm_t *comm;
     int rank;
+    emu_graph_t *rec; /* recording, or NULL */
+    int replaying;    /* inside graph_launch: replayed ops are not host launches */
+    int fail_record;  /* test hook: graph_end fails */
+    int64_t n_unsafe; /* alloc / upload / sync attempted while recording */
+    emu_counts_t cnt; /* host-side calls, eager only */
 } emu_ctx_t;
+
+/* Appends op (fn, args, n) to the recording; ST_OK. */
+static int
+emu_rec_push(emu_ctx_t *c, emu_exec_fn fn, const void *args, size_t size, int32_t n)
+{
+    emu_graph_t *g = c->rec;
+
+    ck_assert_uint_le(size, sizeof(((emu_rec_op_t *)0)->args.b));
+    if (g->n == g->cap) {
+        g->cap = g->cap == 0 ? 64 : 2 * g->cap;
+        g->ops = xrealloc(g->ops, sizeof(*g->ops) * g->cap);
+    }
+    g->ops[g->n].fn = fn;
+    g->ops[g->n].n = n;
+    memcpy(g->ops[g->n].args.b, args, size);
+    g->n++;
+    return ST_OK;
+}
+
+/* Runs op now, or records it; *counter counts eager host-side calls. */
+static int
+emu_op(void *ctx, emu_exec_fn fn, const void *args, size_t size, int32_t n, int64_t *counter)
+{
+    emu_ctx_t *c = ctx;
+
+    if (c->rec != NULL) {
+        return emu_rec_push(c, fn, args, size, n);
+    }
+    if (!c->replaying) {
+        (*counter)++;
+    }
+    return fn(ctx, args, n);
+}
 
 static int
 eo_alloc(void *ctx, void **p, size_t bytes)
 {
-    (void)ctx;
+    emu_ctx_t *c = ctx;
+
+    if (c != NULL && c->rec != NULL) {
+        c->n_unsafe++;
+        return ST_EINVAL;
+    }
     *p = xcalloc(1, bytes);
     return ST_OK;
 }
@@ -63,24 +134,53 @@ eo_free(void *ctx, void *p)
 static int
 eo_upload(void *ctx, void *dst, const void *src, size_t bytes)
 {
-    (void)ctx;
+    emu_ctx_t *c = ctx;
+
+    if (c != NULL && c->rec != NULL) {
+        c->n_unsafe++;
+        return ST_EINVAL;
+    }
     memcpy(dst, src, bytes);
+    return ST_OK;
+}
+
+typedef struct eo_copy_args {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} eo_copy_args_t;
+
+static int
+ex_copy(void *ctx, const void *av, int32_t n)
+{
+    const eo_copy_args_t *a = av;
+
+    (void)ctx;
+    (void)n;
+    memcpy(a->dst, a->src, a->bytes); /* the plan never overlaps a range with itself */
     return ST_OK;
 }
 
 static int
 eo_copy(void *ctx, void *dst, const void *src, size_t bytes, kv_op_kind_t kind)
 {
-    (void)ctx;
+    eo_copy_args_t a = {dst, src, bytes};
+    emu_ctx_t *c = ctx;
+
     (void)kind;
-    memcpy(dst, src, bytes); /* the plan never overlaps a range with itself */
-    return ST_OK;
+    return emu_op(ctx, ex_copy, &a, sizeof(a), 0, &c->cnt.copies);
 }
 
 static int
 eo_sync(void *ctx)
 {
-    (void)ctx;
+    emu_ctx_t *c = ctx;
+
+    if (c->rec != NULL) {
+        c->n_unsafe++;
+        return ST_EINVAL;
+    }
+    c->cnt.syncs++;
     return ST_OK;
 }
 
@@ -89,10 +189,16 @@ eo_sync(void *ctx)
     {                                                                                              \
         kn_##name##_body(t, sm, a);                                                                \
     }                                                                                              \
-    static int eo_##name(void *ctx, const args_t *a, int32_t n)                                    \
+    static int ex_##name(void *ctx, const void *av, int32_t n)                                     \
     {                                                                                              \
+        const args_t *a = av;                                                                      \
         (void)ctx;                                                                                 \
         return kn_emu_launch(run_##name, a, (gx), (gy), (nthr), (smem)) == 0 ? ST_OK : ST_EINVAL;  \
+    }                                                                                              \
+    static int eo_##name(void *ctx, const args_t *a, int32_t n)                                    \
+    {                                                                                              \
+        emu_ctx_t *c = ctx;                                                                        \
+        return emu_op(ctx, ex_##name, a, sizeof(*a), n, &c->cnt.kernels);                          \
     }
 
 EO_KERNEL(embed, kn_embed_args_t, n, 1, 32, 0)
@@ -119,11 +225,29 @@ run_kv_rotate(const kn_thr_t *t, float *sm, const void *a)
     kn_kv_rotate_body(t, sm, a);
 }
 
+typedef struct eo_rotate_args {
+    kn_kv_rotate_args_t a;
+    int32_t n_heads, n_layers;
+} eo_rotate_args_t;
+
+static int
+ex_kv_rotate(void *ctx, const void *av, int32_t n)
+{
+    const eo_rotate_args_t *r = av;
+
+    (void)ctx;
+    (void)n;
+    return kn_emu_launch(run_kv_rotate, &r->a, r->n_heads, r->n_layers, 32, 0) == 0 ? ST_OK
+                                                                                    : ST_EINVAL;
+}
+
 static int
 eo_kv_rotate(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers)
 {
-    (void)ctx;
-    return kn_emu_launch(run_kv_rotate, a, n_heads, n_layers, 32, 0) == 0 ? ST_OK : ST_EINVAL;
+    eo_rotate_args_t r = {*a, n_heads, n_layers};
+    emu_ctx_t *c = ctx;
+
+    return emu_op(ctx, ex_kv_rotate, &r, sizeof(r), 0, &c->cnt.kernels);
 }
 
 static void
@@ -133,30 +257,50 @@ run_add(const kn_thr_t *t, float *sm, const void *a)
 }
 
 static int
-eo_add(void *ctx, const kn_add_args_t *a)
+ex_add(void *ctx, const void *av, int32_t n)
 {
+    const kn_add_args_t *a = av;
+
     (void)ctx;
+    (void)n;
     return kn_emu_launch(run_add, a, (int)((a->n + 127) / 128), 1, 32, 0) == 0 ? ST_OK : ST_EINVAL;
 }
 
 static int
-eo_gemm(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y, int32_t n_tok,
-        int32_t d_in, int32_t d_out)
+eo_add(void *ctx, const kn_add_args_t *a)
 {
-    float *xf = xmalloc(sizeof(float) * (size_t)d_in);
+    emu_ctx_t *c = ctx;
+
+    return emu_op(ctx, ex_add, a, sizeof(*a), 0, &c->cnt.kernels);
+}
+
+typedef struct eo_gemm_args {
+    kn_dt_t dt;
+    const uint16_t *x, *w;
+    float *y;
+    int32_t n_tok, d_in, d_out, acc;
+} eo_gemm_args_t;
+
+static int
+ex_gemm(void *ctx, const void *av, int32_t n)
+{
+    const eo_gemm_args_t *a = av;
+    float *xf = xmalloc(sizeof(float) * (size_t)a->d_in);
 
     (void)ctx;
-    for (int32_t t = 0; t < n_tok; t++) {
-        for (int32_t i = 0; i < d_in; i++) {
-            xf[i] = kn_ld16(x, (size_t)t * d_in + i, dt);
+    (void)n;
+    for (int32_t t = 0; t < a->n_tok; t++) {
+        for (int32_t i = 0; i < a->d_in; i++) {
+            xf[i] = kn_ld16(a->x, (size_t)t * a->d_in + i, a->dt);
         }
-        for (int32_t o = 0; o < d_out; o++) {
+        for (int32_t o = 0; o < a->d_out; o++) {
             float acc = 0.0f;
 
-            for (int32_t i = 0; i < d_in; i++) {
-                acc += xf[i] * kn_ld16(w, (size_t)o * d_in + i, dt);
+            for (int32_t i = 0; i < a->d_in; i++) {
+                acc += xf[i] * kn_ld16(a->w, (size_t)o * a->d_in + i, a->dt);
             }
-            y[(size_t)t * d_out + o] = acc;
+            /* acc: the sum first, then y added, as the add kernel did */
+            a->y[(size_t)t * a->d_out + o] = a->acc ? a->y[(size_t)t * a->d_out + o] + acc : acc;
         }
     }
     free(xf);
@@ -164,12 +308,92 @@ eo_gemm(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y, i
 }
 
 static int
+eo_gemm(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y, int32_t n_tok,
+        int32_t d_in, int32_t d_out, int acc)
+{
+    eo_gemm_args_t a = {dt, x, w, y, n_tok, d_in, d_out, acc};
+    emu_ctx_t *c = ctx;
+
+    return emu_op(ctx, ex_gemm, &a, sizeof(a), 0, &c->cnt.gemms);
+}
+
+typedef struct eo_allreduce_args {
+    float *buf;
+    size_t n;
+} eo_allreduce_args_t;
+
+static int
+ex_allreduce(void *ctx, const void *av, int32_t n)
+{
+    const eo_allreduce_args_t *a = av;
+    emu_ctx_t *c = ctx;
+
+    (void)n;
+    kn_comm_allreduce_sum(c->comm, c->rank, a->buf, a->n);
+    return ST_OK;
+}
+
+static int
 eo_allreduce(void *ctx, float *buf, size_t n)
+{
+    eo_allreduce_args_t a = {buf, n};
+    emu_ctx_t *c = ctx;
+
+    return emu_op(ctx, ex_allreduce, &a, sizeof(a), 0, &c->cnt.allreduces);
+}
+
+static int
+eo_graph_begin(void *ctx)
 {
     emu_ctx_t *c = ctx;
 
-    kn_comm_allreduce_sum(c->comm, c->rank, buf, n);
+    ck_assert_ptr_null(c->rec);
+    c->rec = xcalloc(1, sizeof(*c->rec));
     return ST_OK;
+}
+
+static void
+eo_graph_free(void *ctx, void *graph)
+{
+    emu_graph_t *g = graph;
+
+    (void)ctx;
+    if (g != NULL) {
+        free(g->ops);
+        free(g);
+    }
+}
+
+static int
+eo_graph_end(void *ctx, void **graph)
+{
+    emu_ctx_t *c = ctx;
+    emu_graph_t *g = c->rec;
+
+    c->rec = NULL;
+    *graph = NULL;
+    if (c->fail_record) {
+        eo_graph_free(ctx, g);
+        return ST_EINVAL;
+    }
+    *graph = g;
+    return ST_OK;
+}
+
+static int
+eo_graph_launch(void *ctx, void *graph)
+{
+    emu_ctx_t *c = ctx;
+    emu_graph_t *g = graph;
+    int st = ST_OK;
+
+    c->cnt.graph_launches++;
+    c->replaying = 1;
+    for (size_t i = 0; i < g->n && st == ST_OK; i++) {
+        st = g->ops[i].fn(ctx, g->ops[i].args.b, g->ops[i].n);
+    }
+    c->replaying = 0;
+    return st;
 }
 
 static const mdl_dev_ops_t emu_ops = {
@@ -198,6 +422,10 @@ static const mdl_dev_ops_t emu_ops = {
     .wdequant = eo_wdequant,
     .gemm = eo_gemm,
     .allreduce = eo_allreduce,
+    .graph_begin = eo_graph_begin,
+    .graph_end = eo_graph_end,
+    .graph_launch = eo_graph_launch,
+    .graph_free = eo_graph_free,
 };
 
 /* ---- an emulated device "runtime": T ranks on rank threads ---------------------- */
@@ -1428,6 +1656,348 @@ START_TEST(test_devemu_native_weights)
 }
 END_TEST
 
+/* ---- decode graphs (model/dev_graph.c) ----------------------------------------------- */
+
+#define GNS 6 /* sequences; max_num_seqs: buckets 1, 2, 4, 6 */
+
+typedef struct gseq {
+    int32_t ids[MAXB * BS];
+    int32_t done;
+    int32_t table[MAXB];
+} gseq_t;
+
+/* Whether the KV pools of two emulated T = 1 ranks hold the same bytes. */
+static int
+same_kv(const emu_dev_t *a, const emu_dev_t *b)
+{
+    const mdl_dev_rank_t *x = &a->fw[0], *y = &b->fw[0];
+    size_t bytes = 2 * (size_t)x->m->cfg.n_layers * (size_t)x->rc.num_blocks * x->blk_bytes;
+
+    return memcmp(x->kv, y->kv, bytes) == 0;
+}
+
+/* One step: sequences order[0..n_order) in that order, n_new[k] new tokens
+ * for order[k]; logits of ref and got compared; with kv_ref set, got's KV
+ * pool must equal kv_ref's after the step (a padded row writes nothing). */
+static void
+gstep(side_t *ref, side_t *got, cmp_t *c, gseq_t *seqs, const int32_t *order, int32_t n_order,
+      const int32_t *n_new, emu_dev_t *kv_ref)
+{
+    int32_t tok[64], pos[64], slot[64], qs[GNS + 1], ctx[GNS], bt[GNS * MAXB], rows[GNS];
+    int32_t n = 0;
+
+    qs[0] = 0;
+    for (int32_t k = 0; k < n_order; k++) {
+        gseq_t *q = &seqs[order[k]];
+
+        for (int32_t i = 0; i < n_new[k]; i++) {
+            int32_t ix = q->done + i;
+
+            tok[n] = q->ids[ix];
+            pos[n] = ix;
+            slot[n] = q->table[ix / BS] * BS + ix % BS;
+            n++;
+        }
+        q->done += n_new[k];
+        ctx[k] = q->done;
+        memcpy(bt + k * MAXB, q->table, sizeof(q->table));
+        rows[k] = n - 1;
+        qs[k + 1] = n;
+    }
+    mdl_batch_t b = {
+        .n_tokens = n,
+        .tokens = tok,
+        .positions = pos,
+        .slot_mapping = slot,
+        .n_seqs = n_order,
+        .query_start = qs,
+        .context_len = ctx,
+        .block_tables = bt,
+        .max_blocks = MAXB,
+        .logits_rows = rows,
+        .n_logits = n_order,
+    };
+    float *lr = xmalloc(sizeof(float) * (size_t)n_order * c->vocab);
+
+    memcpy(lr, side_forward(ref, &b), sizeof(float) * (size_t)n_order * c->vocab);
+    compare(c, lr, side_forward(got, &b), n_order);
+    free(lr);
+    if (kv_ref != NULL) {
+        ck_assert_msg(same_kv(kv_ref, got->dev), "KV pools differ after a %d-sequence step",
+                      n_order);
+    }
+}
+
+/* Decode steps of 1 to 6 sequences in changing orders (buckets 1, 2, 4, 6;
+ * 3 and 5 sequences padded), each bucket used again with other tokens,
+ * positions, lengths and tables, also after copy / swap ops moved two
+ * sequences to other blocks and the old blocks were overwritten; a mixed
+ * step (prefill chunk + decode) in between runs eagerly. Returns the
+ * decode steps run. */
+static int32_t
+graph_script(side_t *ref, side_t *got, cmp_t *c, emu_dev_t *kv_ref)
+{
+    gseq_t seqs[GNS];
+    static const int32_t pre[GNS] = {5, 3, 9, 1, 7, 2};
+    static const int32_t ones[GNS] = {1, 1, 1, 1, 1, 1};
+    int32_t all[GNS] = {0, 1, 2, 3, 4, 5}, next_blk = 1 + 6 * GNS, n_dec = 0;
+    kv_op_t ops[4 * MAXB];
+    int32_t n_ops = 0;
+
+    rs = 0x6a09e667ULL;
+    for (int32_t s = 0; s < GNS; s++) {
+        memset(&seqs[s], 0, sizeof(seqs[s]));
+        for (int32_t i = 0; i < MAXB * BS; i++) {
+            seqs[s].ids[i] = 3 + (int32_t)(rnd() % (uint32_t)(c->vocab - 3));
+        }
+        for (int32_t b = 0; b < 6; b++) {
+            seqs[s].table[b] = 1 + b * GNS + s;
+        }
+    }
+    gstep(ref, got, c, seqs, all, GNS, pre, kv_ref); /* prefill: eager */
+
+    static const int32_t dec[][GNS + 1] = {
+        /* n, then the sequences in batch order */
+        {1, 0}, {1, 1}, {2, 0, 2}, {3, 3, 4, 5}, {2, 1, 2}, {5, 0, 1, 2, 3, 4},
+        {6, 5, 4, 3, 2, 1, 0}, {3, 5, 0, 3}, {1, 4}, {2, 3, 1},
+    };
+    for (size_t i = 0; i < sizeof(dec) / sizeof(dec[0]); i++) {
+        gstep(ref, got, c, seqs, dec[i] + 1, dec[i][0], ones, kv_ref);
+        n_dec++;
+    }
+
+    /* Sequence 0 copied to fresh blocks, 1 swapped out, its old blocks
+     * overwritten with 2's first block, and swapped back to fresh blocks. */
+    for (int32_t b = 0; b * BS < seqs[0].done; b++) {
+        ops[n_ops++] = (kv_op_t){KV_OP_COPY, seqs[0].table[b], next_blk};
+        seqs[0].table[b] = next_blk++;
+    }
+    both_kv(ref, got, ops, n_ops);
+    n_ops = 0;
+    for (int32_t b = 0; b * BS < seqs[1].done; b++) {
+        ops[n_ops++] = (kv_op_t){KV_OP_SWAP_OUT, seqs[1].table[b], b};
+    }
+    both_kv(ref, got, ops, n_ops);
+    n_ops = 0;
+    for (int32_t b = 0; b * BS < seqs[1].done; b++) {
+        ops[n_ops++] = (kv_op_t){KV_OP_COPY, seqs[2].table[0], seqs[1].table[b]};
+    }
+    both_kv(ref, got, ops, n_ops);
+    n_ops = 0;
+    for (int32_t b = 0; b * BS < seqs[1].done; b++) {
+        ops[n_ops++] = (kv_op_t){KV_OP_SWAP_IN, b, next_blk};
+        seqs[1].table[b] = next_blk++;
+    }
+    both_kv(ref, got, ops, n_ops);
+    if (kv_ref != NULL) {
+        ck_assert(same_kv(kv_ref, got->dev));
+    }
+
+    static const int32_t after[][GNS + 1] = {
+        {2, 0, 1}, {4, 1, 0, 2, 3}, {1, 1}, {6, 0, 1, 2, 3, 4, 5}, {3, 4, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof(after) / sizeof(after[0]); i++) {
+        gstep(ref, got, c, seqs, after[i] + 1, after[i][0], ones, kv_ref);
+        n_dec++;
+        if (i == 1) { /* a mixed step: a chunk of 3 for sequence 2 and a decode for 0 */
+            int32_t o[2] = {2, 0}, nn[2] = {3, 1};
+
+            gstep(ref, got, c, seqs, o, 2, nn, kv_ref);
+        }
+    }
+    return n_dec;
+}
+
+static mdl_runtime_config_t
+graph_config(int32_t tp, int graphs)
+{
+    mdl_runtime_config_t rc = script_config(tp);
+
+    rc.max_num_seqs = GNS;
+    rc.cuda_graphs = graphs;
+    return rc;
+}
+
+/* Graphs on (emulated, T = tp) against eager (emulated, T = 1): with tp 1
+ * the logits and KV pools are the same bits; each bucket recorded once
+ * after its first step, every later decode step replayed (no kernel or
+ * GEMM launched from the host: one graph launch, the staging upload, the
+ * logits copy, one sync). fail_record: every recording fails, decode
+ * steps still padded and correct, none replayed. */
+static void
+graphs_vs_eager(const mdl_model_t *m, int32_t tp, int fail_record, const char *what)
+{
+    mdl_runtime_config_t r_eager = graph_config(1, 0), r_graph = graph_config(tp, 1);
+    side_t ref = {0}, got = {0};
+    cmp_t c = {.nmse_bound = tp == 1 ? 1e-30 : 1e-5, .vocab = m->cfg.vocab_size};
+    int32_t n_dec;
+
+    ref.dev = emu_dev_create(m, &r_eager, KN_DT_F16);
+    got.dev = emu_dev_create(m, &r_graph, KN_DT_F16);
+    for (int32_t r = 0; r < tp; r++) {
+        got.dev->ctx[r].fail_record = fail_record;
+    }
+    ck_assert(ref.dev->fw[0].graphs_off);
+    ck_assert(!got.dev->fw[0].graphs_off);
+    ck_assert_int_eq(got.dev->fw[0].n_buckets, 4);
+    ck_assert_int_eq(got.dev->fw[0].graph_rows[2], 4);
+    ck_assert_int_eq(got.dev->fw[0].graph_rows[3], GNS);
+    n_dec = graph_script(&ref, &got, &c, tp == 1 ? ref.dev : NULL);
+    if (tp == 1) {
+        ck_assert(c.worst == 0.0);
+    }
+    for (int32_t r = 0; r < tp; r++) {
+        const mdl_dev_rank_t *rk = &got.dev->fw[r];
+        const emu_ctx_t *x = &got.dev->ctx[r];
+
+        ck_assert_int_eq(x->n_unsafe, 0);
+        ck_assert_int_eq(rk->graph_failed, fail_record);
+        ck_assert_int_eq(rk->n_graph_captures, fail_record ? 0 : 4);
+        ck_assert_int_eq(rk->n_graph_steps, fail_record ? 0 : n_dec - 4);
+        ck_assert_int_eq(x->cnt.graph_launches, rk->n_graph_steps);
+        /* prefill, mixed step, and the decode steps not replayed */
+        ck_assert_int_eq(rk->n_eager_steps, 2 + n_dec - rk->n_graph_steps);
+    }
+    printf("%s, graphs on%s, T=%d vs eager T=1: %d decode steps, %lld replayed, worst NMSE %.3g\n",
+           what, fail_record ? " (recording fails)" : "", tp, n_dec,
+           (long long)got.dev->fw[0].n_graph_steps, c.worst);
+    emu_dev_destroy(ref.dev);
+    emu_dev_destroy(got.dev);
+}
+
+/* Host-side work per decode step of one sequence, eager and replayed:
+ * what each path asks of the device, counted by the emulator. */
+static void
+graph_counts(const mdl_model_t *m)
+{
+    mdl_runtime_config_t rc = graph_config(1, 1);
+    emu_dev_t *e = emu_dev_create(m, &rc, KN_DT_F16);
+    side_t s = {.dev = e};
+    gseq_t seq;
+    const int32_t L = m->cfg.n_layers;
+    const int bias = m->layers[0].bq != NULL;
+    emu_counts_t d[3];
+
+    memset(&seq, 0, sizeof(seq));
+    for (int32_t i = 0; i < MAXB * BS; i++) {
+        seq.ids[i] = 3 + i % (m->cfg.vocab_size - 3);
+    }
+    for (int32_t b = 0; b < MAXB; b++) {
+        seq.table[b] = 1 + b;
+    }
+    for (int k = 0; k < 3; k++) { /* eager (then recorded), replayed, replayed */
+        emu_counts_t before = e->ctx[0].cnt;
+        int32_t pos = k, slot = 1 * BS + k, qs[2] = {0, 1}, ctx = k + 1, row = 0;
+        int32_t tok = seq.ids[k];
+        mdl_batch_t b = {.n_tokens = 1,
+                         .tokens = &tok,
+                         .positions = &pos,
+                         .slot_mapping = &slot,
+                         .n_seqs = 1,
+                         .query_start = qs,
+                         .context_len = &ctx,
+                         .block_tables = seq.table,
+                         .max_blocks = MAXB,
+                         .logits_rows = &row,
+                         .n_logits = 1};
+
+        side_forward(&s, &b);
+        d[k].kernels = e->ctx[0].cnt.kernels - before.kernels;
+        d[k].gemms = e->ctx[0].cnt.gemms - before.gemms;
+        d[k].copies = e->ctx[0].cnt.copies - before.copies;
+        d[k].syncs = e->ctx[0].cnt.syncs - before.syncs;
+        d[k].graph_launches = e->ctx[0].cnt.graph_launches - before.graph_launches;
+    }
+    /* Eager: embed, per layer 6 kernels (2 norms, RoPE, KV write,
+     * attention, SiLU x up; + the bias) and 4 GEMMs (qkv, o with the
+     * residual, gate|up, down with the residual), gather + final norm, the
+     * LM head; the staging upload and the logits copy. */
+    ck_assert_int_eq(d[0].kernels, 1 + L * (6 + bias) + 2);
+    ck_assert_int_eq(d[0].gemms, 4 * L + 1);
+    ck_assert_int_eq(d[0].copies, 2);
+    ck_assert_int_eq(d[0].syncs, 1);
+    for (int k = 1; k < 3; k++) {
+        ck_assert_int_eq(d[k].kernels, 0);
+        ck_assert_int_eq(d[k].gemms, 0);
+        ck_assert_int_eq(d[k].copies, 2);
+        ck_assert_int_eq(d[k].syncs, 1);
+        ck_assert_int_eq(d[k].graph_launches, 1);
+    }
+    printf("decode step of 1 sequence, %d layers%s: eager %lld kernels + %lld GEMMs + %lld "
+           "copies + %lld sync; replayed 1 graph launch + %lld copies + %lld sync\n",
+           L, bias ? " (QKV bias)" : "", (long long)d[0].kernels, (long long)d[0].gemms,
+           (long long)d[0].copies, (long long)d[0].syncs, (long long)d[1].copies,
+           (long long)d[1].syncs);
+    emu_dev_destroy(e);
+}
+
+START_TEST(test_devemu_graphs)
+{
+    const char *dir = getenv("KVSERVE_TEST_MODEL");
+    const char *scale = getenv("KVSERVE_TEST_SCALE");
+    synth_t s;
+
+    synth_init(&s, 4, 1, 1);
+    graphs_vs_eager(&s.m, 1, 0, "synthetic 4/1 heads + bias");
+    graphs_vs_eager(&s.m, 1, 1, "synthetic 4/1 heads + bias");
+    graph_counts(&s.m);
+    free(s.m.layers);
+    free(s.buf);
+    synth_init(&s, 8, 2, 0);
+    graphs_vs_eager(&s.m, 1, 0, "synthetic 8/2 heads");
+    graphs_vs_eager(&s.m, 2, 0, "synthetic 8/2 heads");
+    graph_counts(&s.m);
+    {
+        /* Quantized KV keeps every step eager. */
+        mdl_runtime_config_t rc = graph_config(1, 1);
+        emu_dev_t *e;
+
+        rc.kv_dtype = MDL_KV_INT8;
+        e = emu_dev_create(&s.m, &rc, KN_DT_F16);
+        ck_assert(e->fw[0].graphs_off);
+        emu_dev_destroy(e);
+    }
+    free(s.m.layers);
+    free(s.buf);
+    if (scale != NULL && atof(scale) < 1.0) {
+        printf("default model skipped at KVSERVE_TEST_SCALE=%s\n", scale);
+        return;
+    }
+    mdl_model_t *m;
+    char err[256];
+
+    ck_assert_msg(dir != NULL, "KVSERVE_TEST_MODEL is not set");
+    ck_assert_msg(mdl_model_load(dir, &m, err, sizeof(err)) == ST_OK, "%s", err);
+    graphs_vs_eager(m, 1, 0, "default model");
+    graph_counts(m);
+    mdl_model_destroy(m);
+}
+END_TEST
+
+/* Graphs on, emulated, against the CPU backend through the same script. */
+START_TEST(test_devemu_graphs_vs_cpu)
+{
+    mdl_runtime_config_t rc = graph_config(1, 1);
+    side_t ref = {0}, got = {0};
+    char err[256];
+    synth_t s;
+
+    synth_init(&s, 8, 2, 1);
+    cmp_t c = {.nmse_bound = 2e-6, .vocab = s.m.cfg.vocab_size};
+
+    ck_assert_msg(mdl_runtime_create(&s.m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
+    got.dev = emu_dev_create(&s.m, &rc, KN_DT_F16);
+    int32_t n_dec = graph_script(&ref, &got, &c, NULL);
+
+    ck_assert_int_eq(got.dev->fw[0].n_graph_steps, n_dec - 4);
+    printf("synthetic 8/2 heads + bias, graphs on vs cpu: worst NMSE %.3g\n", c.worst);
+    mdl_runtime_destroy(ref.cpu);
+    emu_dev_destroy(got.dev);
+    free(s.m.layers);
+    free(s.buf);
+}
+END_TEST
+
 Suite *
 cuda_devemu_suite(void)
 {
@@ -1450,5 +2020,11 @@ cuda_devemu_suite(void)
     tcase_set_timeout(tp, 240);
     tcase_add_loop_test(tp, test_devemu_kv_policy, 0, 5);
     suite_add_tcase(s, tp);
+    TCase *tg = tcase_create("graphs");
+
+    tcase_set_timeout(tg, 300);
+    tcase_add_test(tg, test_devemu_graphs);
+    tcase_add_test(tg, test_devemu_graphs_vs_cpu);
+    suite_add_tcase(s, tg);
     return s;
 }
