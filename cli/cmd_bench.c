@@ -65,8 +65,7 @@ bench_usage(FILE *f)
                "  --device D                  cpu (default) or cuda (the first GPU; bf16 KV by\n"
                "                              default, as serve)\n"
                "  --enforce-eager             cuda: every step eagerly, no decode graphs\n"
-               "                              (the default for now)\n"
-               "  --no-enforce-eager          cuda: decode-only steps as CUDA graphs\n"
+               "  --no-enforce-eager          cuda: decode-only steps as CUDA graphs (default)\n"
                "  --seed X                    prompt RNG seed (default 1)\n"
                "  --kv-cache-dtype D          auto f32 f16 bf16 fp8_e4m3 int8 int4 tq3 tq4\n"
                "                              (default auto)\n"
@@ -264,7 +263,7 @@ cmd_bench(int argc, char **argv)
     const char *spec_json = NULL, *prompt_file = NULL, *prompt_kind = "random";
     const char *kv_policy = "full";
     const char *device = "cpu";
-    int cuda_graphs = 0; /* as serve: --enforce-eager until graphs are checked on a GPU */
+    int cuda_graphs = 1; /* as serve: decode graphs unless --enforce-eager */
     int32_t *text_ids = NULL;
     size_t n_text = 0;
     mdl_kv_dtype_t kv_dtype = MDL_KV_AUTO;

@@ -52,8 +52,8 @@ gen_usage(FILE *f)
                "  --json             print one JSON object: prompt_token_ids, token_ids, text,\n"
                "                     finish_reason and per-step top_logprobs (5 ids)\n"
                "  --device D         cpu (default) or cuda (the first GPU, bf16 KV)\n"
-               "  --enforce-eager    cuda: every step eagerly (the default for now);\n"
-               "                     --no-enforce-eager: decode steps as a CUDA graph\n"
+               "  --enforce-eager    cuda: every step eagerly; --no-enforce-eager (the\n"
+               "                     default): decode steps as a CUDA graph\n"
                "  --help             this text\n");
 }
 
@@ -298,7 +298,8 @@ gen_ids_json(const int32_t *ids, int32_t n)
 int
 cmd_generate(int argc, char **argv)
 {
-    gen_opts_t o = {.max_tokens = 128, .temperature = 1.0f, .top_p = 1.0f, .device = "cpu"};
+    gen_opts_t o = {
+        .max_tokens = 128, .temperature = 1.0f, .top_p = 1.0f, .device = "cpu", .cuda_graphs = 1};
     gen_t g = {0};
     char err[512] = "", defpath[4096];
     const tok_tokenizer_t *tok;

@@ -103,7 +103,7 @@ static const opt_t opts[] = {
     {"gpu-memory-utilization", OT_DBL, F(gpu_memory_utilization), 0.01, 1, NULL, "F",
      "fraction of GPU memory kvserve may use"},
     {"enforce-eager", OT_BOOL, F(enforce_eager), 0, 0, NULL, NULL,
-     "cuda: run every step eagerly (no CUDA graphs for decode steps; default on for now)"},
+     "cuda: run every step eagerly (no CUDA graphs for decode steps; default off)"},
     {"dtype", OT_ENUM, F(dtype), 0, 0, "auto|f32|float32|bf16|bfloat16|f16|float16|half", "T",
      "weight type (auto: the file's; others convert at load)"},
     {"kv-cache-dtype", OT_ENUM, F(kv_cache_dtype), 0, 0,
@@ -619,7 +619,7 @@ cfg_defaults(cfg_t *c)
     strcpy(c->device, "cpu");
     c->tensor_parallel_size = 1;
     c->gpu_memory_utilization = 0.9;
-    c->enforce_eager = 1; /* decode graphs off until checked on a GPU */
+    c->enforce_eager = 0; /* decode graphs: checked on an H200 against eager steps */
     strcpy(c->kv_cache_dtype, "auto");
     strcpy(c->tool_call_parser, "auto");
     strcpy(c->reasoning_parser, "none");

@@ -776,6 +776,7 @@ test_serve_budget(const mdl_model_t *m)
 
     for (size_t i = 0; i < sizeof(utils) / sizeof(utils[0]); i++) {
         mdl_runtime_config_t rc = {.device = "cuda",
+                                   .tp_size = 1,
                                    .block_size = 16,
                                    .max_num_batched_tokens = 2048,
                                    .max_num_seqs = 64,
