@@ -3,7 +3,8 @@
  * Runs the engine thread without HTTP, as vLLM's offline throughput
  * benchmark does: N requests of random prompt token ids (input length I)
  * are all submitted at once, each generating exactly O tokens (EOS
- * ignored), greedy. The main thread reads the outbox and timestamps every
+ * ignored), greedy (or --temperature / --top-p, seeded per request, no
+ * logprobs, as a server request). The main thread reads the outbox and timestamps every
  * token. Prints requests/s, output and total tokens/s, time to first token
  * and per-token latency percentiles, peak KV usage and preemptions.
  * --json-schema FILE constrains every request to the schema (structured
@@ -66,7 +67,10 @@ bench_usage(FILE *f)
                "                              default, as serve)\n"
                "  --enforce-eager             cuda: every step eagerly, no decode graphs\n"
                "  --no-enforce-eager          cuda: decode-only steps as CUDA graphs (default)\n"
-               "  --seed X                    prompt RNG seed (default 1)\n"
+               "  --seed X                    prompt RNG seed (default 1; request r samples\n"
+               "                              with seed X + r)\n"
+               "  --temperature T             sampling temperature (default 0: greedy)\n"
+               "  --top-p P                   nucleus sampling (default 1: off)\n"
                "  --kv-cache-dtype D          auto f32 f16 bf16 fp8_e4m3 int8 int4 tq3 tq4\n"
                "                              (default auto)\n"
                "  --json-schema FILE          constrain every output to this JSON schema\n"
@@ -243,6 +247,8 @@ cmd_bench(int argc, char **argv)
         {"enforce-eager", no_argument, NULL, 'E'},
         {"no-enforce-eager", no_argument, NULL, 'G'},
         {"seed", required_argument, NULL, 'x'},
+        {"temperature", required_argument, NULL, 'T'},
+        {"top-p", required_argument, NULL, 'q'},
         {"kv-cache-dtype", required_argument, NULL, 'd'},
         {"json-schema", required_argument, NULL, 'g'},
         {"speculative-config", required_argument, NULL, 'S'},
@@ -259,6 +265,7 @@ cmd_bench(int argc, char **argv)
     gr_vocab_t *vocab = NULL;
     long n_prompts = 200, in_len = 32, out_len = 64, mns = 64, mnbt = 2048, blocks = 0;
     long bsz = 16, swap = 0, threads = 0, seed = 1;
+    double temperature = 0.0, top_p = 1.0;
     int prefix = 0;
     const char *spec_json = NULL, *prompt_file = NULL, *prompt_kind = "random";
     const char *kv_policy = "full";
@@ -347,6 +354,18 @@ cmd_bench(int argc, char **argv)
         case 'P':
             prompt_file = optarg;
             break;
+        case 'T':
+        case 'q': {
+            char *end;
+            double d = strtod(optarg, &end);
+            if (*optarg == '\0' || *end != '\0' || !(d >= 0.0) ||
+                (c == 'T' ? d > 100.0 : (d <= 0.0 || d > 1.0))) {
+                fprintf(stderr, "kvserve bench: bad value '%s'\n", optarg);
+                return 2;
+            }
+            *(c == 'T' ? &temperature : &top_p) = d;
+            break;
+        }
         case 'K':
             if (strcmp(optarg, "random") != 0 && strcmp(optarg, "text") != 0 &&
                 strcmp(optarg, "grounded") != 0) {
@@ -508,8 +527,12 @@ cmd_bench(int argc, char **argv)
             m->req.prompt[0] = mc->bos_id;
         }
         m->req.n_prompt = (int32_t)in_len;
-        m->req.sampling.top_p = 1.0f;
+        m->req.sampling.temperature = (float)temperature;
+        m->req.sampling.top_p = (float)top_p;
         m->req.sampling.repetition_penalty = 1.0f;
+        m->req.sampling.no_logprob = 1; /* as a server request without logprobs */
+        m->req.seed = (uint64_t)seed + (uint64_t)r;
+        m->req.has_seed = 1;
         m->req.n = 1;
         m->req.max_tokens = (int32_t)out_len;
         m->req.ignore_eos = 1;
@@ -620,6 +643,11 @@ cmd_bench(int argc, char **argv)
         printf("cuda graphs            %s\n",
                cuda_graphs ? "decode steps (--no-enforce-eager)" : "off (--enforce-eager)");
     }
+    if (temperature > 0.0) {
+        printf("sampling               temperature %g, top_p %g, seeded\n", temperature, top_p);
+    } else {
+        printf("sampling               greedy\n");
+    }
     printf("elapsed                %.3f s\n", secs);
     printf("throughput             %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n",
            (double)n_ok / secs, (double)out_tokens / secs,
@@ -645,6 +673,9 @@ cmd_bench(int argc, char **argv)
                    100.0 * (double)st.ns_plan / busy, 100.0 * (double)st.ns_forward / busy,
                    100.0 * (double)st.ns_sample / busy, 100.0 * (double)st.ns_commit / busy,
                    busy * 1e-9);
+            printf("sample time            %.1f us per generated token\n",
+                   st.generation_tokens > 0 ? (double)st.ns_sample * 1e-3 / st.generation_tokens
+                                            : 0.0);
         }
         printf("preemptions            %llu swap, %llu recompute\n",
                (unsigned long long)st.preempt_swap, (unsigned long long)st.preempt_recompute);

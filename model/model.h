@@ -274,7 +274,8 @@ int32_t mdl_runtime_kv_mass_heads(const mdl_runtime_t *rt);
 
 /* Forward pass. On ST_OK *logits points at [b->n_logits][vocab] f32 host
  * rows in the order of b->logits_rows, owned by the runtime and valid
- * until the next call. Per layer, every new token's K/V is written through
+ * until the next call; the caller may overwrite them (the engine samples
+ * in place), the runtime never reads them back. Per layer, every new token's K/V is written through
  * slot_mapping before any attention reads through block_tables. */
 int mdl_forward(mdl_runtime_t *rt, const mdl_batch_t *b, const float **logits);
 /* After an ST_OK mdl_forward whose batch had n_hidden > 0: its hidden rows

@@ -2,21 +2,31 @@
  * random sampling, logprobs.
  *
  * DESIGN. Everything vocabulary-sized lives in the smp_ctx_t and is
- * allocated once; smp_sample() allocates nothing. One call is a few linear
- * passes over the row:
+ * allocated once; smp_sample() allocates nothing and works on the caller's
+ * row in place (the engine hands it the runtime's logits row, no copy).
+ * One call is a few linear passes over the row, each only when needed:
  *
  *   1. bias and penalties, in place on logits[] (penalty bookkeeping walks
  *      the history, never the vocabulary: a count array is incremented over
  *      the output tokens and decremented back afterwards);
- *   2. passes for the max, the log-sum-exp (exp in 4-lane vector code) and,
- *      if asked, the top-n logprobs (a small sorted array);
- *   3. greedy: argmax (ties -> lowest id). Random: weights
- *      exp((l - max) / T) for the whole row (vector exp, the best token has
- *      weight exactly 1); top-k and top-p build a log-scale histogram of the
- *      weights (count, mass), find the bucket the cut falls in, keep every
- *      bucket above it and run a quickselect only inside that bucket; so
- *      nothing is ever fully sorted. min-p is a threshold (the best weight
- *      is 1). The draw sums 64-weight blocks, then scans one block.
+ *   2. greedy: one fused max / argmax pass (ties -> lowest id), and nothing
+ *      else unless a logprob is wanted. Random: one max pass;
+ *   3. the log-sum-exp pass (exp in vector code) only when the caller reads
+ *      a logprob (smp_params_t.no_logprob) or at T = 1, where its terms are
+ *      the sampling weights; the top-n logprobs scan skips, a vector at a
+ *      time, everything not above the n-th best so far;
+ *   4. random: weights exp((l - max) / T) for the whole row (the best token
+ *      has weight exactly 1); top-k and top-p build a log-scale histogram
+ *      of the weights (count, mass), find the bucket the cut falls in, keep
+ *      every bucket above it and run a quickselect only inside that bucket;
+ *      so nothing is ever fully sorted. The split and min-p (a threshold:
+ *      the best weight is 1) are vector scans for the few weights above a
+ *      threshold. The draw sums 64-weight blocks (8 blocks at a time, each
+ *      in its own serial order), then scans one block.
+ *
+ * The row kernels (smp_simd.c) run at the widest vector width the CPU has;
+ * every width gives the same bits. smp_ref.c is the scalar reference the
+ * tests hold every fast path to: same token, same random stream.
  *
  * The candidates that survive truncation are not sorted; the draw scans
  * them in the deterministic order the selection left them in, so the same
@@ -29,34 +39,31 @@
 
 #include "common/status.h"
 #include "sampler/sampler.h"
+#include "sampler/sampler_int.h"
 
 /* Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS). */
 #define SMP_TEMP_EPS 1e-5f
 /* Segments this small are finished by insertion sort. */
 #define SMP_SMALL_SEG 16
-/* Weight histogram: float bits >> 19 (exponent and 4 mantissa bits); a
- * weight <= 1.0f (0x3f800000) has a key below 2048. */
-#define SMP_KEY_SHIFT 19
-#define SMP_NBUCKETS 2048
-/* Block size of the two-level draw. */
+/* Weight histogram (sampler_int.h). */
+#define SMP_KEY_SHIFT SMP_KEY_SHIFT_K
+#define SMP_NBUCKETS SMP_NBUCKETS_K
+/* Block size of the two-level draw, and blocks summed side by side. */
 #define SMP_BLOCK 64
-
-/* 4 floats: GCC / Clang vector extensions, one SSE2 / NEON register (the
- * x86-64 and aarch64 baselines, so no target flags are needed). */
-typedef float smp_v4f __attribute__((vector_size(16)));
-typedef int32_t smp_v4i __attribute__((vector_size(16)));
+#define SMP_BLOCK_ILP 8
 
 struct smp_ctx {
     int32_t vocab;
+    const smp_kern_t *k; /* row kernels at the widest width (smp_simd.c) */
     /* Candidates of the random path, structure of arrays so the exp pass
-     * vectorizes: cand_v[vocab] holds logits, then weights
-     * exp((logit - max) / T); cand_id[vocab] the token ids. */
+     * vectorizes: cand_v[vocab] holds weights exp((logit - max) / T);
+     * cand_id[vocab] the token ids. */
     float *cand_v;
     int32_t *cand_id;
     float *cand2_v;    /* [vocab] the bucket a truncation cuts through */
     int32_t *cand2_id; /* [vocab] */
-    uint32_t *hist_n;  /* [SMP_NBUCKETS] candidates per weight bucket */
-    double *hist_m;    /* [SMP_NBUCKETS] their mass */
+    uint32_t *hist_n;  /* [2][SMP_NBUCKETS] candidates per weight bucket */
+    double *hist_m;    /* [2][SMP_NBUCKETS] their mass (two halves, see top-p) */
     double *blk;       /* [vocab / SMP_BLOCK + 1] block sums of the draw */
     int32_t *counts;   /* [vocab] output-token counts; all zero between calls */
     uint8_t *seen;     /* [vocab] repetition-penalty marks; all zero between calls */
@@ -127,12 +134,13 @@ smp_ctx_create(int32_t vocab, smp_ctx_t **out)
         return ST_ENOMEM;
     }
     c->vocab = vocab;
+    c->k = smp__kern_best();
     c->cand_v = malloc((size_t)vocab * sizeof(*c->cand_v));
     c->cand_id = malloc((size_t)vocab * sizeof(*c->cand_id));
     c->cand2_v = malloc((size_t)vocab * sizeof(*c->cand2_v));
     c->cand2_id = malloc((size_t)vocab * sizeof(*c->cand2_id));
-    c->hist_n = malloc(SMP_NBUCKETS * sizeof(*c->hist_n));
-    c->hist_m = malloc(SMP_NBUCKETS * sizeof(*c->hist_m));
+    c->hist_n = malloc(2 * SMP_NBUCKETS * sizeof(*c->hist_n));
+    c->hist_m = malloc(2 * SMP_NBUCKETS * sizeof(*c->hist_m));
     c->blk = malloc(((size_t)vocab / SMP_BLOCK + 1) * sizeof(*c->blk));
     c->counts = calloc((size_t)vocab, sizeof(*c->counts));
     c->seen = calloc((size_t)vocab, sizeof(*c->seen));
@@ -164,11 +172,29 @@ smp_ctx_destroy(smp_ctx_t *c)
     free(c);
 }
 
+int
+smp__ctx_set_isa(smp_ctx_t *c, smp_isa_t isa)
+{
+    const smp_kern_t *k = smp__kern(isa);
+
+    if (k == NULL) {
+        return ST_EUNSUPPORTED;
+    }
+    c->k = k;
+    return ST_OK;
+}
+
+int32_t
+smp__ctx_vocab(const smp_ctx_t *c)
+{
+    return c->vocab;
+}
+
 /* ---- validation, bias and penalties --------------------------------------- */
 
-static int
-smp_check_params(const smp_ctx_t *c, const smp_params_t *p, const int32_t *history, int32_t n_hist,
-                 int32_t n_prompt)
+int
+smp__check_params(const smp_ctx_t *c, const smp_params_t *p, const int32_t *history,
+                  int32_t n_hist, int32_t n_prompt)
 {
     if (!(p->temperature >= 0.0f) || !(p->top_p > 0.0f && p->top_p <= 1.0f) ||
         !(p->min_p >= 0.0f && p->min_p <= 1.0f) || !(p->repetition_penalty > 0.0f) ||
@@ -198,10 +224,14 @@ smp_check_params(const smp_ctx_t *c, const smp_params_t *p, const int32_t *histo
     return ST_OK;
 }
 
-static void
-smp_apply_penalties(smp_ctx_t *c, const smp_params_t *p, float *logits, const int32_t *history,
-                    int32_t n_hist, int32_t n_prompt)
+void
+smp__apply_bias_penalties(smp_ctx_t *c, const smp_params_t *p, float *logits,
+                          const int32_t *history, int32_t n_hist, int32_t n_prompt)
 {
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        logits[p->bias[i].id] += p->bias[i].bias;
+    }
+
     /* Repetition penalty (HF / vLLM): once per distinct token of prompt and
      * output; positive logits are divided, negative ones multiplied. */
     if (p->repetition_penalty != 1.0f) {
@@ -240,106 +270,6 @@ smp_apply_penalties(smp_ctx_t *c, const smp_params_t *p, float *logits, const in
     }
 }
 
-/* ---- vectorized exp ------------------------------------------------------ */
-
-/* exp(x) for x <= 0, 4 lanes (Cephes expf: Cody-Waite reduction and a
- * degree-6 polynomial, about 1 ulp). Lanes below -87 (exp underflows), -inf
- * and NaN give exactly 0, so masked or NaN logits get no weight. */
-static inline void
-smp_exp4(smp_v4f *px)
-{
-    smp_v4f x = *px;
-    smp_v4i keep = x >= -87.0f;
-    smp_v4f t, nf, r, y;
-    smp_v4i n;
-
-    x = (smp_v4f)((smp_v4i)x & keep); /* dropped lanes compute exp(0) */
-    t = x * 1.44269504088896341f - 0.5f;
-    n = __builtin_convertvector(t, smp_v4i); /* truncation: round(x log2 e) */
-    nf = __builtin_convertvector(n, smp_v4f);
-    r = x - nf * 0.693359375f;
-    r = r - nf * -2.12194440e-4f;
-    y = 1.9875691500e-4f * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
-    y = y * (smp_v4f)((n + 127) << 23); /* n >= -126: a normal power of two */
-    *px = (smp_v4f)((smp_v4i)y & keep);
-}
-
-/* Returns sum exp((x[i] - max) * inv_t) over x[0..n) and, when out is not
- * NULL, stores each term in out[i] (out may equal x). The sum is kept in
- * float lanes and flushed to a double every 1024 elements. */
-static double
-smp_exp_sum(const float *x, float *out, int32_t n, float max, float inv_t)
-{
-    double total = 0.0;
-    smp_v4f acc = {0};
-    int32_t i = 0, blocks = 0;
-
-    for (; i + 4 <= n; i += 4) {
-        smp_v4f v, e;
-
-        memcpy(&v, x + i, sizeof(v));
-        e = (v - max) * inv_t;
-        smp_exp4(&e);
-        if (out != NULL) {
-            memcpy(out + i, &e, sizeof(e));
-        }
-        acc += e;
-        if (++blocks == 256) {
-            for (int k = 0; k < 4; k++) {
-                total += acc[k];
-            }
-            acc = (smp_v4f){0};
-            blocks = 0;
-        }
-    }
-    if (i < n) {
-        smp_v4f v = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        smp_v4f e;
-
-        memcpy(&v, x + i, (size_t)(n - i) * sizeof(float));
-        e = (v - max) * inv_t;
-        smp_exp4(&e);
-        if (out != NULL) {
-            memcpy(out + i, &e, (size_t)(n - i) * sizeof(float));
-        }
-        acc += e;
-    }
-    for (int k = 0; k < 4; k++) {
-        total += acc[k];
-    }
-    return total;
-}
-
-/* Max over x[0..n), NaN ignored; -inf when nothing is finite or larger. */
-static float
-smp_max(const float *x, int32_t n)
-{
-    smp_v4f m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    float best = -INFINITY;
-    int32_t i = 0;
-
-    for (; i + 4 <= n; i += 4) {
-        smp_v4f v;
-        smp_v4i gt;
-
-        memcpy(&v, x + i, sizeof(v));
-        gt = v > m; /* false for NaN */
-        m = (smp_v4f)(((smp_v4i)v & gt) | ((smp_v4i)m & ~gt));
-    }
-    for (int k = 0; k < 4; k++) {
-        best = m[k] > best ? m[k] : best;
-    }
-    for (; i < n; i++) {
-        best = x[i] > best ? x[i] : best;
-    }
-    return best;
-}
-
 /* ---- top-n logprobs ------------------------------------------------------ */
 
 /* Keeps (tv, ti)[0..*n) sorted by value descending, equal values by id
@@ -360,6 +290,32 @@ smp_top_insert(float *tv, int32_t *ti, int32_t *n, int32_t cap, float v, int32_t
     if (*n < cap) {
         (*n)++;
     }
+}
+
+/* The cap largest of x[0..n) (NaN skipped; equal values: lowest id first)
+ * into (tv, ti), sorted; returns how many. After the first cap entries
+ * only values above the current cap-th can enter, so the scan jumps with
+ * find_ge from one such value to the next. */
+static int32_t
+smp_top_n(const smp_kern_t *k, const float *x, int32_t n, int32_t cap, float *tv, int32_t *ti)
+{
+    int32_t n_top = 0, i = 0;
+
+    if (cap <= 0) {
+        return 0;
+    }
+    for (; i < n && n_top < cap; i++) {
+        if (x[i] >= -INFINITY) {
+            smp_top_insert(tv, ti, &n_top, cap, x[i], i);
+        }
+    }
+    /* x > v is x >= the next float above v (v is never +inf: +inf logits
+     * are refused before). */
+    while ((i = k->find_ge(x, i, n, nextafterf(tv[n_top - 1], INFINITY))) < n) {
+        smp_top_insert(tv, ti, &n_top, cap, x[i], i);
+        i++;
+    }
+    return n_top;
 }
 
 /* ---- selection over (v, id) arrays ---------------------------------------- */
@@ -425,10 +381,9 @@ smp_partition3(float *v, int32_t *id, int32_t lo, int32_t hi, float pivot, int32
     *eq_end = gt;
 }
 
-/* Moves the k largest of (v, id)[0..n) to [0..k) (unordered). 0 < k < n.
- * Expected linear (quickselect, median-of-3 pivots). */
-static void
-smp_select_top_k(float *v, int32_t *id, int32_t n, int32_t k)
+/* Expected linear (quickselect, median-of-3 pivots). */
+void
+smp__select_top_k(float *v, int32_t *id, int32_t n, int32_t k)
 {
     int32_t lo = 0, hi = n;
 
@@ -448,13 +403,11 @@ smp_select_top_k(float *v, int32_t *id, int32_t n, int32_t k)
     smp_sort_small(v, id, lo, hi);
 }
 
-/* Top-p on weights: reorders (v, id)[0..n) and returns the length of the
- * shortest prefix holding the largest weights whose mass reaches `need`
- * (the token that crosses the threshold is kept, as in HF and vLLM). The
+/* The token that crosses the threshold is kept, as in HF and vLLM. The
  * prefix is unordered. Expected linear: each round partitions around a
  * pivot and keeps the heavy side or banks it and goes on in the light one. */
-static int32_t
-smp_select_mass(float *v, int32_t *id, int32_t n, double need)
+int32_t
+smp__select_mass(float *v, int32_t *id, int32_t n, double need)
 {
     int32_t lo = 0, hi = n;
 
@@ -505,27 +458,49 @@ smp_wkey(float w)
     return bits >> SMP_KEY_SHIFT;
 }
 
+/* The smallest weight with key b: weights are >= 0 and not NaN, so
+ * key(w) >= b exactly when w >= smp_key_floor(b). */
+static inline float
+smp_key_floor(uint32_t b)
+{
+    uint32_t bits = b << SMP_KEY_SHIFT;
+    float w;
+
+    memcpy(&w, &bits, sizeof(w));
+    return w;
+}
+
 /* Splits (v, id)[0..n) by bucket: keys above `b` are compacted in place to
- * the front (returned count), keys equal to `b` go to (v2, id2) (*n_eq).
+ * the front (returned count), keys equal to `b` go to (v2, id2) (*n_eq),
+ * both in index order; the rest is dropped. 64 weights at a time, a
+ * bitmask of those with key >= b (few, usually) says which to look at.
  * With ident set, id[] is not read: the ids are the indices. */
 static int32_t
 smp_split(smp_ctx_t *c, int ident, int32_t n, uint32_t b, int32_t *n_eq)
 {
     float *v = c->cand_v, *v2 = c->cand2_v;
     int32_t *id = c->cand_id, *id2 = c->cand2_id;
+    float lo = smp_key_floor(b), hi = smp_key_floor(b + 1);
     int32_t na = 0, ne = 0;
 
-    for (int32_t i = 0; i < n; i++) {
-        float w = v[i];
-        int32_t t = ident ? i : id[i];
-        uint32_t k = smp_wkey(w);
+    for (int32_t base = 0; base < n; base += 64) {
+        uint64_t m = c->k->mask_ge(v + base, n - base < 64 ? n - base : 64, lo);
 
-        v[na] = w;
-        id[na] = t;
-        na += k > b;
-        v2[ne] = w;
-        id2[ne] = t;
-        ne += k == b;
+        for (; m != 0; m &= m - 1) {
+            int32_t i = base + __builtin_ctzll(m);
+            float w = v[i];
+            int32_t t = ident ? i : id[i];
+
+            if (w >= hi) {
+                v[na] = w; /* na <= i: nothing still to be read is overwritten */
+                id[na] = t;
+                na++;
+            } else {
+                v2[ne] = w;
+                id2[ne] = t;
+                ne++;
+            }
+        }
     }
     *n_eq = ne;
     return na;
@@ -539,17 +514,23 @@ smp_split(smp_ctx_t *c, int ident, int32_t n, uint32_t b, int32_t *n_eq)
 static int32_t
 smp_trunc_top_k(smp_ctx_t *c, int ident, int32_t n, int32_t k)
 {
-    uint32_t *hn = c->hist_n;
+    uint32_t *hn = c->hist_n, *hn1 = c->hist_n + SMP_NBUCKETS;
     float *v2 = c->cand2_v;
     int32_t *id2 = c->cand2_id;
-    int32_t above = 0, n_eq, na, r;
+    int32_t above = 0, n_eq, na, r, i;
     uint32_t b;
 
-    memset(hn, 0, SMP_NBUCKETS * sizeof(*hn));
-    for (int32_t i = 0; i < n; i++) {
+    /* Two half histograms, as in smp_trunc_top_p. */
+    memset(hn, 0, 2 * SMP_NBUCKETS * sizeof(*hn));
+    for (i = 0; i + 2 <= n; i += 2) {
+        hn[smp_wkey(c->cand_v[i])]++;
+        hn1[smp_wkey(c->cand_v[i + 1])]++;
+    }
+    if (i < n) {
         hn[smp_wkey(c->cand_v[i])]++;
     }
     for (b = SMP_NBUCKETS - 1; b > 0; b--) {
+        hn[b] += hn1[b];
         if (above + (int32_t)hn[b] >= k) {
             break;
         }
@@ -560,19 +541,13 @@ smp_trunc_top_k(smp_ctx_t *c, int ident, int32_t n, int32_t k)
     if (r < n_eq) {
         float kth = INFINITY;
 
-        smp_select_top_k(v2, id2, n_eq, r);
-        for (int32_t i = 0; i < r; i++) {
+        smp__select_top_k(v2, id2, n_eq, r);
+        for (i = 0; i < r; i++) {
             kth = v2[i] < kth ? v2[i] : kth;
         }
-        for (int32_t i = r; i < n_eq; i++) {
+        for (i = r; i < n_eq; i++) {
             if (v2[i] == kth) {
-                float tv = v2[r];
-                int32_t ti = id2[r];
-
-                v2[r] = v2[i];
-                id2[r] = id2[i];
-                v2[i] = tv;
-                id2[i] = ti;
+                smp_swap(v2, id2, r, i);
                 r++;
             }
         }
@@ -585,34 +560,44 @@ smp_trunc_top_k(smp_ctx_t *c, int ident, int32_t n, int32_t k)
 /* Top-p: keeps the shortest set of largest weights whose mass reaches
  * `need`. A mass histogram finds the bucket where the running mass crosses
  * `need`; buckets above are in, and the mass quickselect runs inside that
- * bucket only. Returns the new count. */
+ * bucket only. Returns the new count.
+ *
+ * A bucket's mass is exact whatever the order of its terms: its weights
+ * share one binade, so each is a multiple of that binade's ulp and fewer
+ * than 2^29 of them sum without rounding in a double. */
 static int32_t
 smp_trunc_top_p(smp_ctx_t *c, int ident, int32_t n, double need)
 {
-    uint32_t *hn = c->hist_n;
-    double *hm = c->hist_m, mass_above = 0.0;
-    int32_t na, n_eq, r;
+    double *hm = c->hist_m, *hm1 = c->hist_m + SMP_NBUCKETS, mass_above = 0.0;
+    const float *v = c->cand_v;
+    int32_t na, n_eq, r, i;
     uint32_t b;
 
-    memset(hn, 0, SMP_NBUCKETS * sizeof(*hn));
-    memset(hm, 0, SMP_NBUCKETS * sizeof(*hm));
-    for (int32_t i = 0; i < n; i++) {
-        uint32_t k = smp_wkey(c->cand_v[i]);
-
-        hn[k]++;
-        hm[k] += c->cand_v[i];
+    /* Two half histograms (even and odd index) so that neighbours landing
+     * in one bucket do not wait on each other's store; merged exactly. */
+    memset(hm, 0, 2 * SMP_NBUCKETS * sizeof(*hm));
+    for (i = 0; i + 2 <= n; i += 2) {
+        hm[smp_wkey(v[i])] += v[i];
+        hm1[smp_wkey(v[i + 1])] += v[i + 1];
     }
+    if (i < n) {
+        hm[smp_wkey(v[i])] += v[i];
+    }
+    /* Above bucket 0 every weight is > 0: a bucket is empty exactly when
+     * its mass is 0. */
     for (b = SMP_NBUCKETS - 1; b > 0; b--) {
-        if (hn[b] > 0 && mass_above + hm[b] >= need) {
+        hm[b] += hm1[b];
+        if (hm[b] > 0.0 && mass_above + hm[b] >= need) {
             break;
         }
         mass_above += hm[b];
     }
+    hm[0] += hm1[0];
     if (b == 0 && mass_above + hm[0] < need) {
         return n; /* rounding: everything is kept */
     }
     na = smp_split(c, ident, n, b, &n_eq);
-    r = smp_select_mass(c->cand2_v, c->cand2_id, n_eq, need - mass_above);
+    r = smp__select_mass(c->cand2_v, c->cand2_id, n_eq, need - mass_above);
     memcpy(c->cand_v + na, c->cand2_v, (size_t)r * sizeof(float));
     memcpy(c->cand_id + na, c->cand2_id, (size_t)r * sizeof(int32_t));
     return na + r;
@@ -620,15 +605,45 @@ smp_trunc_top_p(smp_ctx_t *c, int ident, int32_t n, double need)
 
 /* Draws index i of v[0..n) with probability v[i] / sum(v), u in [0, 1).
  * Two levels (sums of 64-weight blocks, then one block) so the serial
- * running sum covers n / 64 + 64 terms. Never returns a weight-0 entry
- * unless every weight is 0. */
+ * running sum covers n / 64 + 64 terms. Each block sum is a serial float
+ * sum in index order; SMP_BLOCK_ILP blocks are summed side by side so
+ * their adds overlap. Never returns a weight-0 entry unless every weight
+ * is 0. */
 static int32_t
 smp_pick(smp_ctx_t *c, const float *v, int32_t n, double u)
 {
-    int32_t nb = (n + SMP_BLOCK - 1) / SMP_BLOCK, b, end;
+    int32_t nb = (n + SMP_BLOCK - 1) / SMP_BLOCK, nfull = n / SMP_BLOCK, b = 0, end;
     double total = 0.0, acc = 0.0;
 
-    for (b = 0; b < nb; b++) {
+    for (; b + SMP_BLOCK_ILP <= nfull; b += SMP_BLOCK_ILP) {
+        const float *x = v + (size_t)b * SMP_BLOCK;
+        /* Eight chains in registers: s_j is block b + j's serial sum. */
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f,
+              s7 = 0.0f;
+
+        for (int32_t i = 0; i < SMP_BLOCK; i++) {
+            s0 += x[i];
+            s1 += x[SMP_BLOCK + i];
+            s2 += x[2 * SMP_BLOCK + i];
+            s3 += x[3 * SMP_BLOCK + i];
+            s4 += x[4 * SMP_BLOCK + i];
+            s5 += x[5 * SMP_BLOCK + i];
+            s6 += x[6 * SMP_BLOCK + i];
+            s7 += x[7 * SMP_BLOCK + i];
+        }
+        c->blk[b] = s0;
+        c->blk[b + 1] = s1;
+        c->blk[b + 2] = s2;
+        c->blk[b + 3] = s3;
+        c->blk[b + 4] = s4;
+        c->blk[b + 5] = s5;
+        c->blk[b + 6] = s6;
+        c->blk[b + 7] = s7;
+        for (int j = 0; j < SMP_BLOCK_ILP; j++) {
+            total += c->blk[b + j];
+        }
+    }
+    for (; b < nb; b++) {
         int32_t lo = b * SMP_BLOCK, hi = lo + SMP_BLOCK < n ? lo + SMP_BLOCK : n;
         float s = 0.0f;
 
@@ -662,14 +677,23 @@ smp_pick(smp_ctx_t *c, const float *v, int32_t n, double u)
 
 /* ---- sampling ------------------------------------------------------------ */
 
+/* Whether top-p runs first, on the whole row: then it needs the sum of all
+ * weights (top-k, when it cuts, sums its survivors itself). */
+static bool
+smp_needs_total(const smp_params_t *p, int32_t vocab)
+{
+    return p->top_p < 1.0f && !(p->top_k > 0 && p->top_k < vocab);
+}
+
 /* The random path's candidates: weights exp((l - max) / T) in cand_v,
  * truncated by top-k, top-p and min-p. Returns their count; *ident says
  * the ids are the indices (cand_id not materialized). logits[] has had
- * bias and penalties applied; max is its finite maximum; total the sum of
- * the weights when already in cand_v (T = 1), else < 0. */
+ * bias and penalties applied; max is its finite maximum. With `ready` the
+ * weights are already in cand_v (T = 1) and, when smp_needs_total(), total
+ * is their sum. */
 static int32_t
-smp_truncate(smp_ctx_t *c, const smp_params_t *p, const float *logits, float max, double total,
-             int *ident_out)
+smp_truncate(smp_ctx_t *c, const smp_params_t *p, const float *logits, float max, bool ready,
+             double total, int *ident_out)
 {
     float *v = c->cand_v;
     int32_t *id = c->cand_id;
@@ -677,10 +701,10 @@ smp_truncate(smp_ctx_t *c, const smp_params_t *p, const float *logits, float max
     int ident = 1; /* id[i] == i, not materialized yet */
 
     /* Weights exp((l - max) / T) in (0, 1]; the best token has weight 1
-     * and survives every truncation; -inf and NaN logits get 0. At T = 1
-     * the log-sum-exp pass has already written them (total >= 0). */
-    if (total < 0.0) {
-        total = smp_exp_sum(logits, v, n, max, 1.0f / p->temperature);
+     * and survives every truncation; -inf and NaN logits get 0. */
+    if (!ready) {
+        total = c->k->exp_pass(logits, v, n, max, 1.0f / p->temperature,
+                               smp_needs_total(p, c->vocab), NULL);
     }
     if (p->top_k > 0 && p->top_k < n) {
         n = smp_trunc_top_k(c, ident, n, p->top_k);
@@ -696,17 +720,19 @@ smp_truncate(smp_ctx_t *c, const smp_params_t *p, const float *logits, float max
     }
     if (p->min_p > 0.0f) {
         /* Relative to the most likely token, whose weight is 1. */
-        int32_t k = 0;
+        int32_t kept = 0;
 
-        for (i = 0; i < n; i++) {
-            float w = v[i];
-            int32_t t = ident ? i : id[i];
+        for (int32_t base = 0; base < n; base += 64) {
+            uint64_t m = c->k->mask_ge(v + base, n - base < 64 ? n - base : 64, p->min_p);
 
-            v[k] = w;
-            id[k] = t;
-            k += w >= p->min_p;
+            for (; m != 0; m &= m - 1) {
+                i = base + __builtin_ctzll(m);
+                v[kept] = v[i]; /* kept <= i */
+                id[kept] = ident ? i : id[i];
+                kept++;
+            }
         }
-        n = k;
+        n = kept;
         ident = 0;
     }
     *ident_out = ident;
@@ -716,10 +742,10 @@ smp_truncate(smp_ctx_t *c, const smp_params_t *p, const float *logits, float max
 /* The random path: weights, truncation and one draw. */
 static int32_t
 smp_draw(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, const float *logits, float max,
-         double total)
+         bool ready, double total)
 {
     int ident;
-    int32_t n = smp_truncate(c, p, logits, max, total, &ident);
+    int32_t n = smp_truncate(c, p, logits, max, ready, total, &ident);
     int32_t i = smp_pick(c, c->cand_v, n, smp_rng_uniform(rng));
 
     return ident ? i : c->cand_id[i];
@@ -729,58 +755,49 @@ int
 smp_sample(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, float *logits,
            const int32_t *history, int32_t n_hist, int32_t n_prompt, smp_result_t *out)
 {
-    int32_t vocab, argmax = 0, n_top = 0, token;
+    int32_t vocab, argmax = 0, n_top, token;
     float max, top_v[SMP_MAX_LOGPROBS];
     int32_t top_i[SMP_MAX_LOGPROBS];
-    double lse, sum;
-    bool random;
+    double lse = 0.0, sum = 0.0;
+    bool random, want_lp, ready;
     int rc;
 
     if (c == NULL || p == NULL || logits == NULL || out == NULL) {
         return ST_EINVAL;
     }
-    rc = smp_check_params(c, p, history, n_hist, n_prompt);
+    rc = smp__check_params(c, p, history, n_hist, n_prompt);
     if (rc != ST_OK) {
         return rc;
     }
-    if (p->temperature >= SMP_TEMP_EPS && rng == NULL) {
+    random = p->temperature >= SMP_TEMP_EPS;
+    if (random && rng == NULL) {
         return ST_EINVAL;
     }
     vocab = c->vocab;
+    want_lp = !p->no_logprob || p->n_logprobs > 0;
 
-    for (int32_t i = 0; i < p->n_bias; i++) {
-        logits[p->bias[i].id] += p->bias[i].bias;
-    }
-    smp_apply_penalties(c, p, logits, history, n_hist, n_prompt);
+    smp__apply_bias_penalties(c, p, logits, history, n_hist, n_prompt);
 
-    max = smp_max(logits, vocab);
+    /* Greedy needs the argmax (the lowest id wins ties); random only the max. */
+    max = random ? c->k->max(logits, vocab) : c->k->argmax(logits, vocab, &argmax);
     if (!isfinite(max)) {
         return ST_EINVAL; /* no token left with a finite logit */
-    }
-    while (logits[argmax] != max) { /* the lowest id wins ties */
-        argmax++;
     }
 
     /* Log-softmax after bias and penalties, before temperature; at T = 1
      * its terms are the sampling weights, kept in cand_v for smp_draw. */
-    random = p->temperature >= SMP_TEMP_EPS;
-    sum =
-        smp_exp_sum(logits, random && p->temperature == 1.0f ? c->cand_v : NULL, vocab, max, 1.0f);
-    lse = (double)max + log(sum);
-    if (p->n_logprobs > 0) {
-        for (int32_t i = 0; i < vocab; i++) {
-            float x = logits[i];
-
-            if (n_top < p->n_logprobs ? x >= -INFINITY : x > top_v[n_top - 1]) {
-                smp_top_insert(top_v, top_i, &n_top, p->n_logprobs, x, i);
-            }
-        }
+    ready = random && p->temperature == 1.0f;
+    if (want_lp || ready) {
+        sum = c->k->exp_pass(logits, ready ? c->cand_v : NULL, vocab, max, 1.0f,
+                             want_lp || smp_needs_total(p, vocab), NULL);
+        lse = (double)max + log(sum);
     }
+    n_top = smp_top_n(c->k, logits, vocab, p->n_logprobs, top_v, top_i);
 
-    token = random ? smp_draw(c, p, rng, logits, max, p->temperature == 1.0f ? sum : -1.0) : argmax;
+    token = random ? smp_draw(c, p, rng, logits, max, ready, sum) : argmax;
 
     out->token = token;
-    out->logprob = (float)((double)logits[token] - lse);
+    out->logprob = want_lp ? (float)((double)logits[token] - lse) : NAN;
     out->n_top = n_top;
     for (int32_t i = 0; i < n_top; i++) {
         out->top_ids[i] = top_i[i];
@@ -803,28 +820,22 @@ smp_probs(smp_ctx_t *c, const smp_params_t *p, float *logits, const int32_t *his
     if (c == NULL || p == NULL || logits == NULL || probs == NULL) {
         return ST_EINVAL;
     }
-    rc = smp_check_params(c, p, history, n_hist, n_prompt);
+    rc = smp__check_params(c, p, history, n_hist, n_prompt);
     if (rc != ST_OK) {
         return rc;
     }
     vocab = c->vocab;
-    for (int32_t i = 0; i < p->n_bias; i++) {
-        logits[p->bias[i].id] += p->bias[i].bias;
-    }
-    smp_apply_penalties(c, p, logits, history, n_hist, n_prompt);
-    max = smp_max(logits, vocab);
+    smp__apply_bias_penalties(c, p, logits, history, n_hist, n_prompt);
+    max = c->k->argmax(logits, vocab, &argmax);
     if (!isfinite(max)) {
         return ST_EINVAL;
     }
     memset(probs, 0, (size_t)vocab * sizeof(float));
     if (p->temperature < SMP_TEMP_EPS) {
-        while (logits[argmax] != max) { /* the lowest id wins ties, as smp_sample */
-            argmax++;
-        }
-        probs[argmax] = 1.0f;
+        probs[argmax] = 1.0f; /* the lowest id wins ties, as smp_sample */
         return ST_OK;
     }
-    n = smp_truncate(c, p, logits, max, -1.0, &ident);
+    n = smp_truncate(c, p, logits, max, false, 0.0, &ident);
     for (int32_t i = 0; i < n; i++) {
         sum += c->cand_v[i];
     }
@@ -838,17 +849,11 @@ void
 smp_result_of(smp_ctx_t *c, const smp_params_t *p, const float *logits, int32_t token,
               smp_result_t *out)
 {
-    int32_t n_top = 0, top_i[SMP_MAX_LOGPROBS];
-    float top_v[SMP_MAX_LOGPROBS], max = smp_max(logits, c->vocab);
-    double lse = (double)max + log(smp_exp_sum(logits, NULL, c->vocab, max, 1.0f));
+    int32_t n_top, top_i[SMP_MAX_LOGPROBS];
+    float top_v[SMP_MAX_LOGPROBS], max = c->k->max(logits, c->vocab);
+    double lse = (double)max + log(c->k->exp_pass(logits, NULL, c->vocab, max, 1.0f, 1, NULL));
 
-    for (int32_t i = 0; p->n_logprobs > 0 && i < c->vocab; i++) {
-        float x = logits[i];
-
-        if (n_top < p->n_logprobs ? x >= -INFINITY : x > top_v[n_top - 1]) {
-            smp_top_insert(top_v, top_i, &n_top, p->n_logprobs, x, i);
-        }
-    }
+    n_top = smp_top_n(c->k, logits, c->vocab, p->n_logprobs, top_v, top_i);
     out->token = token;
     out->logprob = (float)((double)logits[token] - lse);
     out->n_top = n_top;

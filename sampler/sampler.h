@@ -5,7 +5,9 @@
  * from the request's own seeded RNG (same seed, same output). Reports the
  * sampled token's logprob and the top-n logprobs, computed from the
  * distribution after bias and penalties and before temperature and
- * truncation (as vLLM does by default).
+ * truncation (as vLLM does by default). A caller that reads no logprob
+ * says so (no_logprob) and saves the log-softmax pass: greedy is then one
+ * max / argmax pass over the row.
  *
  * Thread: a smp_ctx_t belongs to one thread (the engine's).
  */
@@ -32,6 +34,8 @@ typedef struct smp_params {
     const smp_bias_t *bias;   /* borrowed; n_bias entries */
     int32_t n_bias;
     int32_t n_logprobs;       /* top logprobs to report, 0..SMP_MAX_LOGPROBS */
+    int32_t no_logprob;       /* 1: the caller does not read smp_result_t.logprob
+                               * (it is NaN then, unless n_logprobs > 0) */
 } smp_params_t;
 
 /* Per-stream random state (xoshiro256** seeded with splitmix64). */
@@ -57,8 +61,11 @@ typedef struct smp_ctx smp_ctx_t;
 int smp_ctx_create(int32_t vocab, smp_ctx_t **out);
 void smp_ctx_destroy(smp_ctx_t *c);
 
-/* Samples from logits[vocab] (modified in place). history[0..n_hist) is
- * the sequence so far, of which the first n_prompt are the prompt. */
+/* Samples from logits[vocab] (modified in place: bias and penalties; the
+ * caller may hand its own row, nothing is copied). history[0..n_hist) is
+ * the sequence so far, of which the first n_prompt are the prompt. The
+ * result depends only on the inputs and the RNG state, never on the CPU's
+ * vector width. */
 int smp_sample(smp_ctx_t *c, const smp_params_t *p, smp_rng_t *rng, float *logits,
                const int32_t *history, int32_t n_hist, int32_t n_prompt, smp_result_t *out);
 

@@ -62,7 +62,9 @@ struct engine {
     int failed; /* status of the failure, 0 while healthy */
     int shutdown;
     int stalled;           /* the last plan ran nothing while work is queued */
-    float *row;            /* [vocab] logits scratch for one sample */
+    float *row;            /* [vocab] logits copy for a row that another sample reads too */
+    int32_t *row_last;     /* [n_row_last] the last sample that reads each logits row */
+    int32_t n_row_last;    /* max_num_seqs * (1 + spec k); rows past it are copied */
     smp_result_t *results; /* [max_num_seqs * (1 + spec k)] */
     uint32_t kv_used_peak;
     uint64_t requests_finished;
@@ -549,6 +551,13 @@ engine_step(engine_t *e)
     }
     t2 = now_ns();
     e->ns_forward += t2 - t1;
+    for (int32_t i = 0; i < plan.n_samples; i++) { /* rows read by sample i: row .. + n_draft */
+        for (int32_t j = 0; j <= plan.samples[i].n_draft; j++) {
+            if (plan.samples[i].row + j < e->n_row_last) {
+                e->row_last[plan.samples[i].row + j] = i;
+            }
+        }
+    }
     for (int32_t i = 0; i < plan.n_samples; i++) {
         sched_sample_view_t v;
         if (plan.samples[i].n_draft > 0) {
@@ -562,11 +571,17 @@ engine_step(engine_t *e)
             }
             continue;
         }
-        memcpy(e->row, logits + (size_t)plan.samples[i].row * (size_t)e->vocab,
-               (size_t)e->vocab * sizeof(float));
+        /* In place on the runtime's row (mdl_forward lets the caller
+         * overwrite its rows) unless a later sample reads it too: the
+         * n > 1 choices' first samples share their prompt's row. */
+        float *row = (float *)logits + (size_t)plan.samples[i].row * (size_t)e->vocab;
+        if (plan.samples[i].row >= e->n_row_last || e->row_last[plan.samples[i].row] != i) {
+            memcpy(e->row, row, (size_t)e->vocab * sizeof(float));
+            row = e->row;
+        }
         sched_sample_view(e->sched, &plan, i, &v);
-        sched_sample_mask(e->sched, &plan, i, e->row);
-        rc = smp_sample(e->smp, v.params, v.rng, e->row, v.history, v.n_hist, v.n_prompt,
+        sched_sample_mask(e->sched, &plan, i, row);
+        rc = smp_sample(e->smp, v.params, v.rng, row, v.history, v.n_hist, v.n_prompt,
                         &e->results[plan.samples[i].res]);
         if (rc != ST_OK) {
             engine_fail(e, rc, "sampling");
@@ -826,6 +841,8 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     e->row = xmalloc((size_t)mc->vocab_size * sizeof(float));
     e->emb = eng__embed_create(c->max_num_batched_tokens, mc->dim, mdl_runtime_has_hidden(e->rt));
     e->results = xcalloc((size_t)c->max_num_seqs * (size_t)(1 + c->spec.k), sizeof(*e->results));
+    e->n_row_last = c->max_num_seqs * (1 + c->spec.k);
+    e->row_last = xcalloc((size_t)e->n_row_last, sizeof(*e->row_last));
     e->log_t0 = now_ns();
     atomic_store(&e->alive, 1);
     LOG_INFO("engine: %d KV blocks of %d tokens, %d swap blocks, max_num_seqs %d, "
@@ -918,6 +935,7 @@ engine_destroy(engine_t *e)
     smp_ctx_destroy(e->smp);
     eng__embed_destroy(e->emb);
     free(e->row);
+    free(e->row_last);
     free(e->results);
     chan_fini(&e->inbox);
     free(e);

@@ -707,6 +707,7 @@ srv_params_parse(int kind, const char *body, size_t len, const srv_limits_t *lim
         goto done;
     }
     p->sampling.n_logprobs = p->logprobs ? p->top_logprobs : 0;
+    p->sampling.no_logprob = !p->logprobs; /* the sampler skips its log-softmax then */
     ok = 1;
 done:
     cJSON_Delete(root);

@@ -1,11 +1,14 @@
 /* bench_sampler.c - prints sampler throughput (samples/s), not a test.
  *
- * Vocabularies 1024 and 128256 (Llama 3), logits ~ N(0, 2), with the
- * parameter sets a server sees: greedy, plain temperature, top_p = 0.9,
- * top_k = 50 + top_p = 0.9, min_p = 0.05, and top_p with penalties and 20
- * logprobs. Each call gets a fresh copy of the logits (the copy is timed too,
- * as in the engine where the forward writes a new row each step). Times are
- * thread CPU time.
+ * Vocabularies 1024, 32000 (Llama 2) and 128256 (Llama 3), logits
+ * ~ N(0, 2), with the parameter sets a server sees: greedy, plain
+ * temperature, top_p = 0.9, top_k = 50 + top_p = 0.9, min_p = 0.05, and
+ * top_p with penalties and 20 logprobs; "no lp" rows are requests that ask
+ * for no logprob (what the server and `kvserve bench` send). Each call gets
+ * a fresh copy of the logits (the copy is timed too, as in the engine where
+ * the forward writes a new row each step). Times are thread CPU time. Every
+ * row is timed with each vector width this CPU has (smp_simd.c), widest
+ * first; the sampler uses the widest.
  */
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +18,7 @@
 
 #include "common/status.h"
 #include "sampler/sampler.h"
+#include "sampler/sampler_int.h"
 
 static double
 now_s(void)
@@ -27,9 +31,9 @@ now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void
-bench(int32_t vocab, const char *name, const smp_params_t *p, const float *logits, float *work,
-      const int32_t *hist, int32_t n_hist)
+static double
+bench1(int32_t vocab, smp_isa_t isa, const smp_params_t *p, const float *logits, float *work,
+       const int32_t *hist, int32_t n_hist)
 {
     smp_ctx_t *c;
     smp_rng_t rng;
@@ -41,6 +45,10 @@ bench(int32_t vocab, const char *name, const smp_params_t *p, const float *logit
     if (smp_ctx_create(vocab, &c) != ST_OK) {
         fprintf(stderr, "smp_ctx_create failed\n");
         exit(1);
+    }
+    if (smp__ctx_set_isa(c, isa) != ST_OK) {
+        smp_ctx_destroy(c);
+        return -1.0;
     }
     smp_rng_seed(&rng, 1);
     t0 = now_s();
@@ -54,23 +62,38 @@ bench(int32_t vocab, const char *name, const smp_params_t *p, const float *logit
             sink += res.token;
         }
         dt = now_s() - t0;
-    } while (dt < 0.5);
-    printf("vocab %6d  %-34s %10.0f samples/s  (%.1f us/sample)\n", vocab, name, n / dt,
-           dt / n * 1e6);
+    } while (dt < 0.3);
     smp_ctx_destroy(c);
     (void)sink;
+    return dt / n * 1e6;
+}
+
+static void
+bench(int32_t vocab, const char *name, const smp_params_t *p, const float *logits, float *work,
+      const int32_t *hist, int32_t n_hist)
+{
+    printf("vocab %6d  %-36s", vocab, name);
+    for (int isa = SMP_ISA_COUNT - 1; isa >= 0; isa--) {
+        double us = bench1(vocab, (smp_isa_t)isa, p, logits, work, hist, n_hist);
+
+        if (us >= 0.0) {
+            printf("  %s %7.1f us", smp__kern((smp_isa_t)isa)->name, us);
+        }
+    }
+    printf("\n");
+    fflush(stdout);
 }
 
 int
 main(void)
 {
-    const int32_t vocabs[2] = {1024, 128256};
+    const int32_t vocabs[3] = {1024, 32000, 128256};
     int32_t hist[256];
 
     for (int i = 0; i < 256; i++) {
         hist[i] = (i * 7919) % 1024;
     }
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 3; v++) {
         int32_t n = vocabs[v];
         float *l = malloc((size_t)n * sizeof(float));
         float *w = malloc((size_t)n * sizeof(float));
@@ -86,13 +109,21 @@ main(void)
         p = base;
         p.temperature = 0.0f;
         bench(n, "greedy", &p, l, w, NULL, 0);
+        p.no_logprob = 1;
+        bench(n, "greedy, no lp", &p, l, w, NULL, 0);
         p = base;
         bench(n, "temperature 1", &p, l, w, NULL, 0);
+        p.no_logprob = 1;
+        bench(n, "temperature 1, no lp", &p, l, w, NULL, 0);
+        p.temperature = 0.7f;
+        bench(n, "temperature 0.7, no lp", &p, l, w, NULL, 0);
         p = base;
         p.top_p = 0.9f;
         bench(n, "top_p 0.9", &p, l, w, NULL, 0);
         p.temperature = 0.7f;
         bench(n, "temperature 0.7 top_p 0.9", &p, l, w, NULL, 0);
+        p.no_logprob = 1;
+        bench(n, "temperature 0.7 top_p 0.9, no lp", &p, l, w, NULL, 0);
         p = base;
         p.top_k = 50;
         p.top_p = 0.9f;

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 Suite *sampler_sampler_suite(void);
+Suite *sampler_fast_suite(void);
 
 int
 main(void)
@@ -10,6 +11,7 @@ main(void)
     SRunner *sr = srunner_create(sampler_sampler_suite());
     int failed;
 
+    srunner_add_suite(sr, sampler_fast_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
