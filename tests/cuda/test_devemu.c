@@ -2036,6 +2036,10 @@ START_TEST(test_devemu_graphs_vs_cpu)
     int32_t n_dec = graph_script(&ref, &got, &c, NULL);
 
     ck_assert_int_eq(got.dev->fw[0].n_graph_steps, n_dec - 4);
+    /* 2 KV heads and at most GNS decodes: every decode step's attention
+     * is split-K (32 splits, mostly empty at these contexts), replayed
+     * ones included, n_layers per step. */
+    ck_assert_int_ge(got.dev->ctx[0].n_split_attn, (int64_t)n_dec * s.m.cfg.n_layers);
     printf("synthetic 8/2 heads + bias, graphs on vs cpu: worst NMSE %.3g\n", c.worst);
     mdl_runtime_destroy(ref.cpu);
     emu_dev_destroy(got.dev);
