@@ -25,6 +25,9 @@
  * GEMM, 1 logits copy, 1 sync: 10 L + 7 calls (a QKV bias adds one kernel
  * per layer; T > 1 adds 2 all-reduces and 2 adds per layer). With decode
  * graphs (model/dev_graph.c) the kernels and GEMMs are one graph launch.
+ * Decode attention with few tokens is split-K (kn_attention_split_body:
+ * kn_attn_n_splits() of T rounded up to a power of two, partials in
+ * attn_part, one op that launches the split kernel and its combine).
  * kv_ops() enqueues its copies and does not sync.
  *
  * The q, k, v rows of a rank's shard are one matrix (wq | wk | wv rows)
@@ -282,7 +285,7 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
     const mdl_config_t *c = &m->cfg;
     int32_t hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, dim = c->dim;
     size_t T = (size_t)rc->max_num_batched_tokens, S = (size_t)rc->max_num_seqs;
-    size_t lq, lkv, lqkv, h16_cols;
+    size_t lq, lkv, lqkv, h16_cols, n_part;
     char err[160];
     int st;
 
@@ -383,6 +386,7 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
         h16_cols = lq;
     }
     rk->stage_len = 5 * T + 3 * S + 1 + S * (size_t)rc->max_blocks_per_seq;
+    n_part = kn_attn_split_floats(sh->n_q, sh->n_kv, hd, rc->max_num_batched_tokens);
     if (dev_kq_fmt(rc->kv_dtype) != 0) {
         if (kn_kq_geom_init(&rk->kq, dev_kq_fmt(rc->kv_dtype), sh->n_kv, rc->block_size, hd) != 0) {
             LOG_ERROR("--kv-cache-dtype %s cannot group head_dim %d (int4 needs a multiple of 8)",
@@ -397,6 +401,7 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
         (st = dev_alloc(rk, &rk->qkv, sizeof(float) * T * lqkv)) != ST_OK ||
         (st = dev_alloc(rk, &rk->gu, sizeof(float) * T * 2 * (size_t)sh->n_f)) != ST_OK ||
         (st = dev_alloc(rk, &rk->h16, sizeof(uint16_t) * T * h16_cols)) != ST_OK ||
+        (n_part > 0 && (st = dev_alloc(rk, &rk->attn_part, sizeof(float) * n_part)) != ST_OK) ||
         (st = dev_alloc(rk, &rk->hrows, sizeof(float) * S * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->stage_dev, sizeof(int32_t) * rk->stage_len)) != ST_OK ||
         (st = ops->alloc_host(ctx, (void **)&rk->stage_host, sizeof(int32_t) * rk->stage_len)) !=
@@ -545,7 +550,7 @@ mdl_dev_rank_fini(mdl_dev_rank_t *rk)
     free(rk->layers);
     void *dev[] = {rk->embd, rk->out_norm, rk->lm_head,    rk->inv_freq, rk->kv,   rk->x,
                    rk->part, rk->qkv,      rk->gu,
-                   rk->h16,  rk->hrows,    rk->logits_dev, rk->stage_dev};
+                   rk->h16,  rk->hrows,    rk->logits_dev, rk->stage_dev, rk->attn_part};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
         o->free(rk->ctx, dev[i]);
     }
@@ -951,6 +956,18 @@ mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
     const kn_dt_t dt = rk->dt;
     const int kq = p->kq;
     const int32_t *d = rk->stage_dev;
+    /* Split-K decode attention: the count follows T rounded up to a power
+     * of two, never the contexts, so a graph records one and a step padded
+     * to its bucket splits as it does eagerly (same bits). Never more
+     * partials than T * kn_attn_n_splits(n_kv, T), what attn_part holds. */
+    int32_t t2 = 1;
+
+    while (t2 < T && t2 < KN_ATTN_SPLIT_BLOCKS) {
+        t2 *= 2;
+    }
+    const int32_t n_splits = rk->attn_part != NULL && T <= rk->rc.max_num_batched_tokens
+                                 ? kn_attn_n_splits(sh->n_kv, t2)
+                                 : 1;
 
     kn_embed_args_t ea = {rk->embd, d, rk->x, dim, dt};
     DEV_TRY(o->embed(cx, &ea, T));
@@ -972,7 +989,8 @@ mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
             sh->n_kv,    hd,
             bs,          c->sliding_window,
             lqkv,        1.0f / sqrtf((float)hd),
-            dt,
+            dt,          rk->attn_part,
+            n_splits,
         };
         kn_add_args_t ad = {rk->x, rk->part, (int64_t)T * dim};
         kn_rmsnorm_args_t fa = {rk->x, L->ffn_norm, rk->h16, dim, dim, c->norm_eps, dt};
@@ -1164,8 +1182,9 @@ dev_rank_bytes(const mdl_config_t *c, const mdl_runtime_config_t *rc, const mdl_
         res = dev_grain((size_t)dev_kq_slots(c, rc, nb) *
                         dev_kq_slot_bytes(c, rc->block_size, sh->n_kv));
     }
-    /* x, part, qkv, gate|up, h16, hrows, staging, logits */
-    *a = res + 2 * dev_grain(f * T * dim) + dev_grain(f * T * (lq + 2 * lkv)) +
+    /* x, part, qkv, gate|up, h16, split-K partials, hrows, staging, logits */
+    *a = res + dev_grain(f * kn_attn_split_floats(sh->n_q, sh->n_kv, c->head_dim, (int32_t)T)) +
+         2 * dev_grain(f * T * dim) + dev_grain(f * T * (lq + 2 * lkv)) +
          dev_grain(f * T * 2 * nf) + dev_grain(e * T * h16_cols) + dev_grain(f * S * dim) +
          dev_grain(sizeof(int32_t) * stage_len) + (rank == 0 ? dev_grain(f * S * vocab) : 0);
 }

@@ -158,6 +158,10 @@ typedef struct mdl_dev_rank {
     float *gu;           /* (T, 2 * n_f): gate | up per row */
     float *gate, *up;    /* views into gu: row stride 2 * n_f */
     uint16_t *h16;       /* (T, max(dim, n_f, n_q * hd)) GEMM input */
+    /* Split-K decode attention partials (kn_attention_split_body):
+     * kn_attn_split_floats(n_q, n_kv, hd, T) f32, NULL when no step of
+     * up to T tokens splits (then attention always runs in one pass). */
+    float *attn_part;
     float *hrows;        /* (S, dim) */
     float *logits_dev;   /* (S, vocab), rank 0 */
     float *logits_host;  /* (S, vocab) pinned, rank 0 */

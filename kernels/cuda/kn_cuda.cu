@@ -6,8 +6,10 @@
  * shared memory; the args struct travels by value in the kernel
  * parameters. Block sizes: 256 threads for row kernels (rmsnorm reduces
  * over the row with them), 128 for attention (4 warps share a (token, KV
- * head) block), 256 elsewhere; 128 for the quantized-KV block quantizer
- * (a thread per key channel pair or value row).
+ * head) block, also per split of split-K decode attention), 64 for the
+ * split-K combine (a thread per head_dim element), 256 elsewhere; 128 for
+ * the quantized-KV block quantizer (a thread per key channel pair or
+ * value row).
  */
 #include <cuda_runtime.h>
 
@@ -15,6 +17,7 @@
 
 #define KN_ROW_THREADS 256
 #define KN_ATTN_THREADS 128
+#define KN_COMBINE_THREADS 64
 
 static __device__ __forceinline__ kn_thr_t
 kn_thr_here(void)
@@ -48,6 +51,8 @@ KN_KERNEL(silu_mul, kn_silu_mul_args_t)
 KN_KERNEL(add, kn_add_args_t)
 KN_KERNEL(gather, kn_gather_args_t)
 KN_KERNEL(attention, kn_attn_cuda_args_t)
+KN_KERNEL(attention_split, kn_attn_cuda_args_t)
+KN_KERNEL(attention_combine, kn_attn_cuda_args_t)
 KN_KERNEL(attention_prefill, kn_attn_prefill_args_t)
 KN_KERNEL(kq_res_write, kn_kq_res_write_args_t)
 KN_KERNEL(kq_quant, kn_kq_quant_args_t)
@@ -125,8 +130,21 @@ kn_cuda_attention(cudaStream_t s, const kn_attn_cuda_args_t *a, int32_t n_tok)
     size_t smem = sizeof(float) * kn_attn_smem_floats(group, a->head_dim);
     dim3 grid((unsigned)a->n_kv_heads, (unsigned)n_tok);
 
-    if (group > KN_ATTN_MAX_GROUP || a->head_dim > 256) {
+    if (group > KN_ATTN_MAX_GROUP || a->head_dim > 256 || a->n_splits > KN_ATTN_MAX_SPLITS ||
+        (a->n_splits > 1 && a->part == NULL)) {
         return cudaErrorInvalidValue;
+    }
+    if (a->n_splits > 1) {
+        dim3 sgrid((unsigned)(a->n_kv_heads * a->n_splits), (unsigned)n_tok);
+        dim3 cgrid((unsigned)a->n_heads, (unsigned)n_tok);
+        cudaError_t e;
+
+        k_attention_split<<<sgrid, KN_ATTN_THREADS, smem, s>>>(*a);
+        if ((e = cudaGetLastError()) != cudaSuccess) {
+            return e;
+        }
+        k_attention_combine<<<cgrid, KN_COMBINE_THREADS, 0, s>>>(*a);
+        return cudaGetLastError();
     }
     k_attention<<<grid, KN_ATTN_THREADS, smem, s>>>(*a);
     return cudaGetLastError();

@@ -40,7 +40,9 @@ cudaError_t kn_cuda_silu_mul(cudaStream_t s, const kn_silu_mul_args_t *a, int32_
 cudaError_t kn_cuda_add(cudaStream_t s, const kn_add_args_t *a);
 /* out (n_rows, dim) f32 <- x rows; grid n_rows. */
 cudaError_t kn_cuda_gather(cudaStream_t s, const kn_gather_args_t *a, int32_t n_rows);
-/* Paged attention over the varlen batch; grid (n_kv_heads, n_tok). */
+/* Paged attention over the varlen batch; grid (n_kv_heads, n_tok), or
+ * with a->n_splits > 1 the split-K pair: split kernel, grid (n_kv_heads *
+ * n_splits, n_tok), into a->part, then the combine, grid (n_heads, n_tok). */
 cudaError_t kn_cuda_attention(cudaStream_t s, const kn_attn_cuda_args_t *a, int32_t n_tok);
 /* Paged attention by query tiles (prefill chunks); grid (n_kv_heads, n_tiles). */
 cudaError_t kn_cuda_attention_prefill(cudaStream_t s, const kn_attn_prefill_args_t *a,

@@ -607,6 +607,11 @@ typedef struct kn_attn_cuda_args {
     int32_t q_stride;
     float scale;
     kn_dt_t dt;
+    /* Split-K (kn_attention_split_body): n_splits > 1 splits each token's
+     * key range and part is the scratch of the partials; 0 or 1 (part
+     * unused, may be NULL): one pass (kn_attention_body). */
+    float *part;
+    int32_t n_splits;
 } kn_attn_cuda_args_t;
 
 /* Shared floats: q (group x hd), acc (group x hd), p (group x tile),
@@ -647,24 +652,17 @@ kn_attn_begin(const kn_thr_t *t, const kn_attn_cuda_args_t *a, int32_t tok, int3
     return a0;
 }
 
+/* The online-softmax tile loop both decode bodies share: keys lo .. hi
+ * (none when lo > hi) of KV head kvh through block table bt, into the
+ * group's acc, m_s, l_s (kn_attn_begin's state; p, al_s scratch). Ends
+ * synced. */
 KN_DEV void
-kn_attention_body(const kn_thr_t *t, float *smem, const kn_attn_cuda_args_t *a)
+kn_attn_tiles(const kn_thr_t *t, const kn_attn_cuda_args_t *a, const int32_t *bt, int32_t kvh,
+              int32_t lo, int32_t hi, const float *q_s, float *acc, float *p, float *m_s,
+              float *l_s, float *al_s)
 {
     const int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
-    const int32_t kvh = t->bx, tok = t->by, h0 = kvh * group;
     const int32_t lane = t->tid % KN_WARP, warp = t->tid / KN_WARP, n_warps = t->nthr / KN_WARP;
-    float *q_s = smem;                             /* [group][hd], pre-scaled */
-    float *acc = q_s + (size_t)group * hd;         /* [group][hd] */
-    float *p = acc + (size_t)group * hd;           /* [group][tile] */
-    float *m_s = p + (size_t)group * KN_ATTN_TILE; /* [group] */
-    float *l_s = m_s + group;                      /* [group] */
-    float *al_s = l_s + group;                     /* [group] */
-    int32_t s = 0, lo, hi;
-
-    s = kn_attn_begin(t, a, tok, h0, q_s, acc, m_s, l_s, &lo, &hi);
-    KN_SYNC(t);
-
-    const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
 
     for (int32_t j0 = lo; j0 <= hi; j0 += KN_ATTN_TILE) {
         int32_t n_keys = hi - j0 + 1 < KN_ATTN_TILE ? hi - j0 + 1 : KN_ATTN_TILE;
@@ -730,12 +728,159 @@ kn_attention_body(const kn_thr_t *t, float *smem, const kn_attn_cuda_args_t *a)
         }
         KN_SYNC(t);
     }
+}
 
+KN_DEV void
+kn_attention_body(const kn_thr_t *t, float *smem, const kn_attn_cuda_args_t *a)
+{
+    const int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    const int32_t kvh = t->bx, tok = t->by, h0 = kvh * group;
+    float *q_s = smem;                             /* [group][hd], pre-scaled */
+    float *acc = q_s + (size_t)group * hd;         /* [group][hd] */
+    float *p = acc + (size_t)group * hd;           /* [group][tile] */
+    float *m_s = p + (size_t)group * KN_ATTN_TILE; /* [group] */
+    float *l_s = m_s + group;                      /* [group] */
+    float *al_s = l_s + group;                     /* [group] */
+    int32_t s = 0, lo, hi;
+
+    s = kn_attn_begin(t, a, tok, h0, q_s, acc, m_s, l_s, &lo, &hi);
+    KN_SYNC(t);
+
+    kn_attn_tiles(t, a, a->block_tables + (size_t)s * a->max_blocks, kvh, lo, hi, q_s, acc, p, m_s,
+                  l_s, al_s);
     for (int32_t j = t->tid; j < group * hd; j += t->nthr) {
         int32_t g = j / hd, d = j % hd;
 
         kn_st16(a->out, (size_t)tok * a->n_heads * hd + (size_t)(h0 + g) * hd + d, acc[j] / l_s[g],
                 a->dt);
+    }
+}
+
+/* ---- split-K decode attention ("flash-decoding") -----------------------------
+ * At a few decode tokens the one-pass kernel runs n_kv_heads x n_tok
+ * blocks, each walking its whole context: a handful of SMs busy. The
+ * split kernel cuts every token's key range lo .. hi into n_splits equal
+ * shares (rounded up to whole tiles; the last ones may be empty) and runs
+ * one block per (KV head, split, token); each writes its group's partial
+ * softmax state, and the combine kernel merges a token's partials:
+ *
+ *   split s:  m_s, l_s, acc_s  over keys [lo + s * per, lo + (s + 1) * per)
+ *   combine:  M = max m_s, w_s = exp(m_s - M),
+ *             out = sum w_s acc_s / sum w_s l_s        (empty split: w_s = 0)
+ *
+ * The shares come from context_len in the kernel, so a recorded graph
+ * (fixed n_splits) stays right as the contexts grow.
+ *   part: [n_tok][n_heads][n_splits][2 + head_dim] f32: m, l, acc
+ *         (unnormalized); kn_attn_split_floats() floats cover a rank.
+ * Split launch: grid (n_kv_heads * n_splits, n_tok) (bx = kvh + n_kv_heads
+ * * split), block a multiple of 32, shared kn_attn_smem_floats() floats.
+ * Combine launch: grid (n_heads, n_tok), any block size, no shared memory. */
+#define KN_ATTN_MAX_SPLITS 32
+#define KN_ATTN_SPLIT_BLOCKS 264 /* about 2 blocks per SM on 132 SMs */
+
+/* Splits for n_tok decode tokens over n_kv_heads: enough blocks to fill
+ * the GPU (about KN_ATTN_SPLIT_BLOCKS), 1 .. KN_ATTN_MAX_SPLITS; 1 means
+ * the one-pass kernel. Depends on the batch shape only, never on the
+ * context lengths. */
+static inline int32_t
+kn_attn_n_splits(int32_t n_kv_heads, int32_t n_tok)
+{
+    int64_t blocks = (int64_t)n_kv_heads * n_tok, n;
+
+    if (blocks <= 0) {
+        return 1;
+    }
+    n = (KN_ATTN_SPLIT_BLOCKS + blocks - 1) / blocks;
+    return n < 1 ? 1 : n > KN_ATTN_MAX_SPLITS ? KN_ATTN_MAX_SPLITS : (int32_t)n;
+}
+
+/* Floats of part that any step of 1 .. t_max tokens needs (the largest
+ * n_tok * n_splits with n_splits > 1, times n_heads * (2 + head_dim));
+ * 0 when no such step splits. */
+static inline size_t
+kn_attn_split_floats(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t t_max)
+{
+    size_t rows = 0;
+
+    for (int32_t n = 1; n <= t_max && n <= KN_ATTN_SPLIT_BLOCKS; n++) {
+        int32_t ns = kn_attn_n_splits(n_kv_heads, n);
+
+        if (ns > 1 && (size_t)n * (size_t)ns > rows) {
+            rows = (size_t)n * (size_t)ns;
+        }
+    }
+    return rows * (size_t)n_heads * (2 + (size_t)head_dim);
+}
+
+/* Keys of split `split` of n_splits over lo .. hi: [*s_lo, *s_hi], empty
+ * (s_lo > s_hi) past the end. Shares are whole tiles. */
+KN_DEV void
+kn_attn_split_range(int32_t lo, int32_t hi, int32_t split, int32_t n_splits, int32_t *s_lo,
+                    int32_t *s_hi)
+{
+    int32_t n = hi - lo + 1, per = (n + n_splits - 1) / n_splits;
+
+    per = (per + KN_ATTN_TILE - 1) / KN_ATTN_TILE * KN_ATTN_TILE;
+    *s_lo = lo + split * per;
+    *s_hi = *s_lo + per - 1 < hi ? *s_lo + per - 1 : hi;
+}
+
+KN_DEV void
+kn_attention_split_body(const kn_thr_t *t, float *smem, const kn_attn_cuda_args_t *a)
+{
+    const int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads, ns = a->n_splits;
+    const int32_t kvh = t->bx % a->n_kv_heads, split = t->bx / a->n_kv_heads, tok = t->by;
+    const int32_t h0 = kvh * group;
+    float *q_s = smem;                             /* [group][hd], pre-scaled */
+    float *acc = q_s + (size_t)group * hd;         /* [group][hd] */
+    float *p = acc + (size_t)group * hd;           /* [group][tile] */
+    float *m_s = p + (size_t)group * KN_ATTN_TILE; /* [group] */
+    float *l_s = m_s + group;                      /* [group] */
+    float *al_s = l_s + group;                     /* [group] */
+    int32_t s, lo, hi, s_lo, s_hi;
+
+    s = kn_attn_begin(t, a, tok, h0, q_s, acc, m_s, l_s, &lo, &hi);
+    KN_SYNC(t);
+    kn_attn_split_range(lo, hi, split, ns, &s_lo, &s_hi);
+    kn_attn_tiles(t, a, a->block_tables + (size_t)s * a->max_blocks, kvh, s_lo, s_hi, q_s, acc, p,
+                  m_s, l_s, al_s);
+    for (int32_t j = t->tid; j < group * (hd + 2); j += t->nthr) {
+        int32_t g = j / (hd + 2), i = j % (hd + 2);
+        float *row = a->part + (((size_t)tok * a->n_heads + (size_t)(h0 + g)) * (size_t)ns +
+                                (size_t)split) *
+                                   (size_t)(hd + 2);
+
+        row[i] = i == 0 ? m_s[g] : i == 1 ? l_s[g] : acc[(size_t)g * hd + (i - 2)];
+    }
+}
+
+KN_DEV void
+kn_attention_combine_body(const kn_thr_t *t, float *smem, const kn_attn_cuda_args_t *a)
+{
+    const int32_t hd = a->head_dim, ns = a->n_splits, h = t->bx, tok = t->by;
+    const size_t stride = 2 + (size_t)hd;
+    const float *rows = a->part + ((size_t)tok * a->n_heads + (size_t)h) * (size_t)ns * stride;
+    float mx = -INFINITY, den = 0.0f;
+
+    (void)smem;
+    for (int32_t s = 0; s < ns; s++) {
+        mx = fmaxf(mx, rows[(size_t)s * stride]);
+    }
+    for (int32_t s = 0; s < ns; s++) {
+        float m = rows[(size_t)s * stride];
+
+        den += m == -INFINITY ? 0.0f : expf(m - mx) * rows[(size_t)s * stride + 1];
+    }
+    for (int32_t d = t->tid; d < hd; d += t->nthr) {
+        float o = 0.0f;
+
+        for (int32_t s = 0; s < ns; s++) {
+            float m = rows[(size_t)s * stride];
+
+            o += m == -INFINITY ? 0.0f : expf(m - mx) * rows[(size_t)s * stride + 2 + d];
+        }
+        kn_st16(a->out, (size_t)tok * a->n_heads * hd + (size_t)h * hd + d,
+                den > 0.0f ? o / den : 0.0f, a->dt);
     }
 }
 

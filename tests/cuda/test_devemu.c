@@ -76,6 +76,7 @@ typedef struct emu_ctx {
     int fail_record;  /* test hook: graph_end fails */
     int64_t n_unsafe; /* alloc / upload / sync attempted while recording */
     emu_counts_t cnt; /* host-side calls, eager only */
+    int64_t n_split_attn; /* attention ops run split-K, eager or replayed */
 } emu_ctx_t;
 
 /* Appends op (fn, args, n) to the recording; ST_OK. */
@@ -208,8 +209,6 @@ EO_KERNEL(bias, kn_bias_args_t, n, 1, 32, 0)
 EO_KERNEL(kv_write, kn_kv_write_args_t, n, 1, 32, 0)
 EO_KERNEL(silu_mul, kn_silu_mul_args_t, n, 1, 32, 0)
 EO_KERNEL(gather, kn_gather_args_t, n, 1, 32, 0)
-EO_KERNEL(attention, kn_attn_cuda_args_t, a->n_kv_heads, n, 64,
-          kn_attn_smem_floats(a->n_heads / a->n_kv_heads, a->head_dim))
 EO_KERNEL(attention_prefill, kn_attn_prefill_args_t, a->a.n_kv_heads, n, 64,
           kn_attn_prefill_smem_floats(a->q_tile, a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
 EO_KERNEL(kq_res_write, kn_kq_res_write_args_t, n, 1, 32, 0)
@@ -218,6 +217,53 @@ EO_KERNEL(kq_dequant, kn_kq_dequant_args_t, a->g.n_kv, 2 + 0 * n, 32, 0)
 EO_KERNEL(kq_attention, kn_kq_attn_args_t, a->a.n_kv_heads, n, 64,
           kn_kq_attn_smem_floats(a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
 EO_KERNEL(wdequant, kn_wdequant_args_t, n, 1, 32, 0)
+
+/* Decode attention as kn_cuda_attention() launches it: one pass, or with
+ * n_splits > 1 the split kernel and then the combine. */
+static void
+run_attention(const kn_thr_t *t, float *sm, const void *a)
+{
+    kn_attention_body(t, sm, a);
+}
+
+static void
+run_attention_split(const kn_thr_t *t, float *sm, const void *a)
+{
+    kn_attention_split_body(t, sm, a);
+}
+
+static void
+run_attention_combine(const kn_thr_t *t, float *sm, const void *a)
+{
+    kn_attention_combine_body(t, sm, a);
+}
+
+static int
+ex_attention(void *ctx, const void *av, int32_t n)
+{
+    const kn_attn_cuda_args_t *a = av;
+    size_t smem = kn_attn_smem_floats(a->n_heads / a->n_kv_heads, a->head_dim);
+
+    if (a->n_splits > 1) {
+        ((emu_ctx_t *)ctx)->n_split_attn++;
+        if (a->part == NULL || a->n_splits > KN_ATTN_MAX_SPLITS) {
+            return ST_EINVAL;
+        }
+        return kn_emu_launch(run_attention_split, a, a->n_kv_heads * a->n_splits, n, 64, smem) ==
+                           0 &&
+                       kn_emu_launch(run_attention_combine, a, a->n_heads, n, 32, 0) == 0
+                   ? ST_OK
+                   : ST_EINVAL;
+    }
+    return kn_emu_launch(run_attention, a, a->n_kv_heads, n, 64, smem) == 0 ? ST_OK : ST_EINVAL;
+}
+
+static int
+eo_attention(void *ctx, const kn_attn_cuda_args_t *a, int32_t n)
+{
+    emu_ctx_t *c = ctx;
+    return emu_op(ctx, ex_attention, a, sizeof(*a), n, &c->cnt.kernels);
+}
 
 static void
 run_kv_rotate(const kn_thr_t *t, float *sm, const void *a)
@@ -1990,6 +2036,10 @@ START_TEST(test_devemu_graphs_vs_cpu)
     int32_t n_dec = graph_script(&ref, &got, &c, NULL);
 
     ck_assert_int_eq(got.dev->fw[0].n_graph_steps, n_dec - 4);
+    /* 2 KV heads and at most GNS decodes: every decode step's attention
+     * is split-K (32 splits, mostly empty at these contexts), replayed
+     * ones included, n_layers per step. */
+    ck_assert_int_ge(got.dev->ctx[0].n_split_attn, (int64_t)n_dec * s.m.cfg.n_layers);
     printf("synthetic 8/2 heads + bias, graphs on vs cpu: worst NMSE %.3g\n", c.worst);
     mdl_runtime_destroy(ref.cpu);
     emu_dev_destroy(got.dev);

@@ -168,6 +168,16 @@ run_attention_prefill(const kn_thr_t *t, float *smem, const void *a)
 {
     kn_attention_prefill_body(t, smem, a);
 }
+static void
+run_attention_split(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_attention_split_body(t, smem, a);
+}
+static void
+run_attention_combine(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_attention_combine_body(t, smem, a);
+}
 
 /* ---- conversions ---------------------------------------------------------- */
 
@@ -443,7 +453,7 @@ check_attention(const attn_case_t *c, kn_dt_t dt)
     kn_attn_cuda_args_t a = {
         out,    q,          kc,      vc,    qs,    ctx,       bt, max_blocks,
         n_seqs, c->n_heads, c->n_kv, c->hd, c->bs, c->window, qd, 1.0f / sqrtf((float)c->hd),
-        dt,
+        dt,     NULL,       1,
     };
     kn_attn_args_t r = {
         .out = ref,
@@ -514,6 +524,155 @@ START_TEST(test_attention)
     for (int rep = 0; rep < reps(4); rep++) {
         check_attention(c, dt);
     }
+}
+END_TEST
+
+/* Split-K decode attention (kn_attention_split_body + combine) against
+ * the CPU reference: decodes and short chunks over contexts of 1 to 400
+ * tokens (sliding window and GQA shapes of attn_cases), every split count
+ * of splits[] (most leave splits empty at short contexts), the scratch
+ * poisoned with NaN so a partial row no split wrote shows. n_splits 1
+ * gives the one-pass kernel's bits. */
+static void
+check_attention_split(const attn_case_t *c, kn_dt_t dt)
+{
+    static const int32_t splits[] = {1, 2, 3, 5, 8, 13, 32};
+    int32_t n_seqs = rng_int(1, 3), max_blocks = (400 + c->bs - 1) / c->bs;
+    int32_t num_blocks = 3 * max_blocks + 1, used = 1;
+    int32_t qs[4], ctx[3], *bt = xcalloc((size_t)n_seqs * max_blocks, sizeof(int32_t));
+    int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)num_blocks);
+    int32_t qd = c->n_heads * c->hd, kvd = c->n_kv * c->hd, n_tok;
+
+    for (int32_t i = 0; i < num_blocks; i++) {
+        perm[i] = i;
+    }
+    for (int32_t i = num_blocks - 1; i > 1; i--) {
+        int32_t j = rng_int(1, i), tmp = perm[i];
+
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    qs[0] = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t kind = rng_int(0, 3);
+
+        ctx[s] = kind == 0 ? rng_int(1, 33) : rng_int(1, 400);
+        qs[s + 1] = qs[s] + (kind == 3 ? rng_int(1, ctx[s] < 4 ? ctx[s] : 4) : 1);
+        for (int32_t b = 0; b < (ctx[s] + c->bs - 1) / c->bs; b++) {
+            bt[s * max_blocks + b] = perm[used++];
+        }
+    }
+    n_tok = qs[n_seqs];
+
+    size_t cache_n = (size_t)num_blocks * kvd * c->bs, out_n = (size_t)n_tok * qd;
+    size_t part_n = out_n / (size_t)c->hd * (size_t)(c->hd + 2) * KN_ATTN_MAX_SPLITS;
+    uint16_t *kc = xmalloc(sizeof(uint16_t) * cache_n), *vc = xmalloc(sizeof(uint16_t) * cache_n);
+    float *kcf = xmalloc(sizeof(float) * cache_n), *vcf = xmalloc(sizeof(float) * cache_n);
+    float *q = xmalloc(sizeof(float) * out_n), *part = xmalloc(sizeof(float) * part_n);
+    uint16_t *out = xmalloc(sizeof(uint16_t) * out_n), *one = xmalloc(sizeof(uint16_t) * out_n);
+    float *outf = xmalloc(sizeof(float) * out_n), *ref = xmalloc(sizeof(float) * out_n);
+
+    rand16(kc, kcf, cache_n, 1.5f, dt);
+    rand16(vc, vcf, cache_n, 1.0f, dt);
+    for (size_t i = 0; i < out_n; i++) {
+        q[i] = rng_f(1.5f);
+    }
+    kn_attn_cuda_args_t a = {
+        out,    q,          kc,      vc,    qs,    ctx,       bt, max_blocks,
+        n_seqs, c->n_heads, c->n_kv, c->hd, c->bs, c->window, qd, 1.0f / sqrtf((float)c->hd),
+        dt,     part,       1,
+    };
+    kn_attn_args_t r = {
+        .out = ref,
+        .q = q,
+        .k_cache = kcf,
+        .v_cache = vcf,
+        .query_start = qs,
+        .context_len = ctx,
+        .block_tables = bt,
+        .max_blocks = max_blocks,
+        .n_seqs = n_seqs,
+        .n_tok = n_tok,
+        .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv,
+        .head_dim = c->hd,
+        .block_size = c->bs,
+        .sliding_window = c->window,
+        .scale = 1.0f / sqrtf((float)c->hd),
+    };
+    size_t smem = kn_attn_smem_floats(c->n_heads / c->n_kv, c->hd);
+
+    kn_cpu_attention_ref(&r);
+    a.out = one;
+    ck_assert_int_eq(kn_emu_launch(run_attention, &a, c->n_kv, n_tok, c->nthr, smem), 0);
+    a.out = out;
+    for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
+        a.n_splits = splits[k];
+        for (size_t i = 0; i < part_n; i++) {
+            part[i] = NAN;
+        }
+        memset(out, 0xff, sizeof(uint16_t) * out_n);
+        ck_assert_int_eq(kn_emu_launch(run_attention_split, &a, c->n_kv * a.n_splits, n_tok,
+                                       c->nthr, smem),
+                         0);
+        ck_assert_int_eq(kn_emu_launch(run_attention_combine, &a, c->n_heads, n_tok, 32, 0), 0);
+        to_f32(out, outf, out_n, dt);
+        double e = nmse(outf, ref, out_n);
+        if (!(e < bound16(dt))) {
+            fprintf(stderr,
+                    "split attention %dx%d hd %d bs %d window %d dt %d splits %d ctx %d/%d/%d: "
+                    "NMSE %g\n",
+                    c->n_heads, c->n_kv, c->hd, c->bs, c->window, dt, a.n_splits, ctx[0],
+                    n_seqs > 1 ? ctx[1] : 0, n_seqs > 2 ? ctx[2] : 0, e);
+        }
+        ck_assert_double_lt(e, bound16(dt));
+        if (a.n_splits == 1) {
+            ck_assert_mem_eq(out, one, sizeof(uint16_t) * out_n);
+        }
+    }
+
+    free(bt);
+    free(perm);
+    free(kc);
+    free(vc);
+    free(kcf);
+    free(vcf);
+    free(q);
+    free(part);
+    free(out);
+    free(one);
+    free(outf);
+    free(ref);
+}
+
+START_TEST(test_attention_split)
+{
+    const attn_case_t *c = &attn_cases[_i % 6];
+    kn_dt_t dt = (kn_dt_t)(_i / 6);
+
+    for (int rep = 0; rep < reps(3); rep++) {
+        check_attention_split(c, dt);
+    }
+}
+END_TEST
+
+/* The host's split count: about KN_ATTN_SPLIT_BLOCKS blocks, clamped, and
+ * the scratch it needs (the largest tokens x splits that still split). */
+START_TEST(test_attention_split_count)
+{
+    ck_assert_int_eq(kn_attn_n_splits(8, 1), 32);  /* 264 / 8 = 33, clamped */
+    ck_assert_int_eq(kn_attn_n_splits(8, 2), 17);  /* ceil(264 / 16) */
+    ck_assert_int_eq(kn_attn_n_splits(8, 16), 3);  /* ceil(264 / 128) */
+    ck_assert_int_eq(kn_attn_n_splits(8, 33), 1);  /* 264 blocks already */
+    ck_assert_int_eq(kn_attn_n_splits(32, 4), 3);  /* ceil(264 / 128) */
+    ck_assert_int_eq(kn_attn_n_splits(1, 300), 1);
+    ck_assert_int_eq(kn_attn_n_splits(0, 0), 1);
+    /* 8 KV heads: n_tok x splits peaks at 1 x 32, 2 x 17 = 34, 3 x 11 = 33,
+     * 4 x 9 = 36, ..., 32 x 2 = 64 (the last that splits). */
+    ck_assert_uint_eq(kn_attn_split_floats(32, 8, 64, 1), 32 * 32 * 66);
+    ck_assert_uint_eq(kn_attn_split_floats(32, 8, 64, 2048), 64 * 32 * 66);
+    ck_assert_uint_eq(kn_attn_split_floats(32, 8, 64, 4), 36 * 32 * 66);
+    ck_assert_uint_eq(kn_attn_split_floats(32, 300, 64, 4), 0);
 }
 END_TEST
 
@@ -993,7 +1152,7 @@ check_kq_attention(const attn_case_t *c, int fmt)
     kn_attn_cuda_args_t a = {
         out,    q,          NULL,    NULL, qs, ctx,       bt, max_blocks,
         n_seqs, c->n_heads, c->n_kv, hd,   bs, c->window, qd, 1.0f / sqrtf((float)hd),
-        KN_DT_F16,
+        KN_DT_F16, NULL, 1,
     };
     kn_kq_attn_args_t ka = {a, kp, vp, res, own, n_layers, layer, g, NULL, NULL};
 
@@ -1291,7 +1450,7 @@ check_kq_shift_attention(const attn_case_t *c, int fmt)
     kn_attn_cuda_args_t a = {
         out, q,  NULL, NULL, qs,     &ctx,      table,         nb,
         1,   c->n_heads, c->n_kv, hd, bs, 0, qd, 1.0f / sqrtf((float)hd),
-        KN_DT_F16,
+        KN_DT_F16, NULL, 1,
     };
     kn_kq_attn_args_t ka = {a, kp, vp, res, own, 1, 0, g, shift, inv};
 
@@ -1503,6 +1662,8 @@ cuda_emu_suite(void)
     tcase_add_test(tc, test_bias_matches_reference);
     tcase_add_loop_test(tc, test_kv_write, 0, 2);
     tcase_add_loop_test(tc, test_attention, 0, 12);
+    tcase_add_loop_test(tc, test_attention_split, 0, 12);
+    tcase_add_test(tc, test_attention_split_count);
     tcase_add_test(tc, test_emulator_catches_misuse);
     tcase_add_loop_test(tc, test_kvcopy_plan, 0, 2);
     tcase_add_test(tc, test_kq_geometry);

@@ -2,7 +2,7 @@
  * (meson: SKIP) when cudaGetDeviceCount() fails or finds no device, which
  * is always the case in CI; ready for a machine with a GPU.
  *
- *   kernels:  the kernels of kernels/cuda (both attention kernels, RMSNorm,
+ *   kernels:  the kernels of kernels/cuda (attention: one pass, split-K, prefill; RMSNorm,
  *             SiLU*mul, KV write) on random inputs and block tables against
  *             the CPU reference kernels, NMSE bounds as in test_emu.c;
  *   greedy:   the default model on --device cuda (f16 weights and KV) fed
@@ -156,7 +156,7 @@ test_kernels(kn_dt_t dt)
     int32_t *dbt = dev_copy(bt, sizeof(bt));
     kn_attn_cuda_args_t aa = {dout, dq,      dkc,  dvc, dqs, dctx, dbt, mb,
                               3,    n_heads, n_kv, hd,  bs,  0,    qd,  1.0f / sqrtf((float)hd),
-                              dt};
+                              dt,   NULL,    1};
     CU(kn_cuda_attention(NULL, &aa, n_tok));
     CU(cudaMemcpy(o16, dout, sizeof(uint16_t) * n_tok * qd, cudaMemcpyDeviceToHost));
     for (int32_t i = 0; i < n_tok * qd; i++) {
@@ -180,6 +180,32 @@ test_kernels(kn_dt_t dt)
     kn_cpu_attention_ref(&r);
     EXPECT(nmse(of, ref, (size_t)n_tok * qd) < bound, "attention NMSE %g",
            nmse(of, ref, (size_t)n_tok * qd));
+
+    /* split-K (split kernel + combine) on the same batch, 2 .. 32 splits
+     * (most empty for the short contexts); the scratch poisoned with NaN */
+    {
+        static const int32_t splits[] = {2, 7, 32};
+        size_t part_n = (size_t)n_tok * n_heads * KN_ATTN_MAX_SPLITS * (hd + 2);
+        float *dpart;
+
+        CU(cudaMalloc((void **)&dpart, sizeof(float) * part_n));
+        for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
+            kn_attn_cuda_args_t sa = aa;
+
+            sa.part = dpart;
+            sa.n_splits = splits[k];
+            CU(cudaMemset(dpart, 0xff, sizeof(float) * part_n));
+            CU(cudaMemset(dout, 0, sizeof(uint16_t) * n_tok * qd));
+            CU(kn_cuda_attention(NULL, &sa, n_tok));
+            CU(cudaMemcpy(o16, dout, sizeof(uint16_t) * n_tok * qd, cudaMemcpyDeviceToHost));
+            for (int32_t i = 0; i < n_tok * qd; i++) {
+                of[i] = kn_ld16(o16, (size_t)i, dt);
+            }
+            EXPECT(nmse(of, ref, (size_t)n_tok * qd) < bound, "split attention (%d) NMSE %g",
+                   sa.n_splits, nmse(of, ref, (size_t)n_tok * qd));
+        }
+        cudaFree(dpart);
+    }
 
     /* the prefill kernel on the same batch */
     int32_t tiles[64], n_tiles = 0, q_tile = kn_attn_prefill_q_tile(n_heads / n_kv);

@@ -78,29 +78,30 @@ START_TEST(tiny_single_rank)
 
     /* Weights: 6 pages per layer (2 norms, wq|wk|wv, wo, gate|up, down)
      * x 2 + embeddings, final norm, RoPE table, LM head = 16 pages; the 8
-     * activation buffers (x, part, q|k|v, gate|up, h16, hrows, staging,
-     * logits) one page each. 2 GiB - 32 - 16 - 512 MiB = 1488 MiB of
-     * 4096-byte blocks (2 layers x K,V x 2 heads x 16 x 16 tokens x 2 B). */
+     * activation buffers (x, part, q|k|v, gate|up, h16, split-K attention
+     * partials, hrows, staging, logits) one page each. 2 GiB - 32 - 18 -
+     * 512 MiB = 1486 MiB of 4096-byte blocks (2 layers x K,V x 2 heads x 16
+     * x 16 tokens x 2 B). */
     ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 4 * GIB, &kb, err, sizeof(err)), ST_OK);
     ck_assert_uint_eq(kb.budget_bytes, 2 * GIB);
     ck_assert_uint_eq(kb.weight_bytes, 32 * MIB);
-    ck_assert_uint_eq(kb.act_bytes, 16 * MIB);
+    ck_assert_uint_eq(kb.act_bytes, 18 * MIB);
     ck_assert_uint_eq(kb.reserve_bytes, 512 * MIB);
     ck_assert_uint_eq(kb.block_bytes, 4096);
-    ck_assert_int_eq(kb.num_blocks, 380928);
+    ck_assert_int_eq(kb.num_blocks, 380416);
 
     /* Qwen2-style QKV biases: one more page (bq|bk|bv) per layer. */
     c.qkv_bias = 1;
     ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 4 * GIB, &kb, err, sizeof(err)), ST_OK);
     ck_assert_uint_eq(kb.weight_bytes, 36 * MIB);
-    ck_assert_int_eq(kb.num_blocks, (2048 - 36 - 16 - 512) * 256);
+    ck_assert_int_eq(kb.num_blocks, (2048 - 36 - 18 - 512) * 256);
 
     /* What serve measured in use (context, other processes) replaces the
      * fixed reserve when it is larger, never when it is smaller. */
     rc.dev_reserve_bytes = 700 * MIB;
     ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 4 * GIB, &kb, err, sizeof(err)), ST_OK);
     ck_assert_uint_eq(kb.reserve_bytes, 700 * MIB);
-    ck_assert_int_eq(kb.num_blocks, (2048 - 36 - 16 - 700) * 256);
+    ck_assert_int_eq(kb.num_blocks, (2048 - 36 - 18 - 700) * 256);
     rc.dev_reserve_bytes = 100 * MIB;
     ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 4 * GIB, &kb, err, sizeof(err)), ST_OK);
     ck_assert_uint_eq(kb.reserve_bytes, 512 * MIB);
@@ -115,18 +116,18 @@ START_TEST(tiny_tensor_parallel)
     char err[400];
 
     /* T = 2: one KV head per rank, a block is 2048 bytes; rank 0 (LM head,
-     * logits) is the fuller one: 1488 MiB / 2048. */
+     * logits) is the fuller one: 1486 MiB / 2048. */
     ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 4 * GIB, &kb, err, sizeof(err)), ST_OK);
     ck_assert_uint_eq(kb.block_bytes, 2048);
     ck_assert_uint_eq(kb.weight_bytes, 32 * MIB);
-    ck_assert_int_eq(kb.num_blocks, 761856);
+    ck_assert_int_eq(kb.num_blocks, 760832);
 
     /* T = 4 with 2 KV heads: each KV head replicated on 2 ranks, so a block
      * still holds one head per rank (not half of one). */
     rc.tp_size = 4;
     ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 4 * GIB, &kb, err, sizeof(err)), ST_OK);
     ck_assert_uint_eq(kb.block_bytes, 2048);
-    ck_assert_int_eq(kb.num_blocks, 761856);
+    ck_assert_int_eq(kb.num_blocks, 760832);
 
     /* 4 query heads do not split over 3 ranks. */
     rc.tp_size = 3;
@@ -146,26 +147,27 @@ START_TEST(llama8b_80gib)
     /* Per layer: norms 2 x 2 MiB, wq|wk|wv 48, wo 32, gate|up 224, down
      * 112 = 420 MiB; x 32 = 13440; embeddings and LM head 1002 each,
      * final norm 2, RoPE table 2: 15448 MiB. Activations for 2048 tokens /
-     * 256 sequences: x 32, part 32, q|k|v 48, gate|up 224, h16 56, hrows
-     * 4, staging 2, logits 126 (125.25 rounded up) = 524 MiB.
-     * 0.9 x 80 GiB = 73728 MiB; 73728 - 15448 - 524 - 512 = 57244 MiB of
+     * 256 sequences: x 32, part 32, q|k|v 48, gate|up 224, h16 56,
+     * split-K partials 2 (64 x 32 x 130 floats), hrows 4, staging 2, logits
+     * 126 (125.25 rounded up) = 526 MiB.
+     * 0.9 x 80 GiB = 73728 MiB; 73728 - 15448 - 526 - 512 = 57242 MiB of
      * 2 MiB blocks (32 layers x K,V x 8 heads x 128 x 16 x 2 B). */
     ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 80 * GIB, &kb, err, sizeof(err)), ST_OK);
     ck_assert_uint_eq(kb.weight_bytes, 15448 * MIB);
-    ck_assert_uint_eq(kb.act_bytes, 524 * MIB);
+    ck_assert_uint_eq(kb.act_bytes, 526 * MIB);
     ck_assert_uint_eq(kb.block_bytes, 2 * MIB);
-    ck_assert_int_eq(kb.num_blocks, 28622);
+    ck_assert_int_eq(kb.num_blocks, 28621);
 
     /* T = 2 on two 80 GiB devices: per layer 4 + 24 + 16 + 112 + 56 = 212
      * MiB, x 32 = 6784, + 2004 + 4 = 8792 MiB; activations 32 + 32 + 24 +
-     * 112 + 28 + 4 + 2 + 126 = 360 MiB; blocks of 1 MiB:
-     * 73728 - 8792 - 360 - 512 = 64064. */
+     * 112 + 28 + 2 + 4 + 2 + 126 = 362 MiB; blocks of 1 MiB:
+     * 73728 - 8792 - 362 - 512 = 64062. */
     rc.tp_size = 2;
     ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 80 * GIB, &kb, err, sizeof(err)), ST_OK);
     ck_assert_uint_eq(kb.weight_bytes, 8792 * MIB);
-    ck_assert_uint_eq(kb.act_bytes, 360 * MIB);
+    ck_assert_uint_eq(kb.act_bytes, 362 * MIB);
     ck_assert_uint_eq(kb.block_bytes, 1 * MIB);
-    ck_assert_int_eq(kb.num_blocks, 64064);
+    ck_assert_int_eq(kb.num_blocks, 64062);
 }
 END_TEST
 
@@ -177,7 +179,7 @@ START_TEST(too_small)
     mdl_kv_budget_t kb;
     char err[400];
 
-    /* 0.9 x 16 GiB = 14.4 GiB < 15448 + 524 + 512 MiB. */
+    /* 0.9 x 16 GiB = 14.4 GiB < 15448 + 526 + 512 MiB. */
     ck_assert_int_eq(mdl_kv_blocks_for_budget(&c, &rc, 16 * GIB, &kb, err, sizeof(err)),
                      ST_ENOMEM);
     ck_assert_int_eq(kb.num_blocks, 0);
@@ -186,13 +188,13 @@ START_TEST(too_small)
     ck_assert_ptr_nonnull(strstr(err, "weights 15.09 GiB"));
     ck_assert_ptr_nonnull(strstr(err, "activations 0.51 GiB for 2048 tokens / 256 sequences"));
 
-    /* The edge: 560 MiB + 2 blocks fit exactly; one byte less leaves 1. */
+    /* The edge: 562 MiB + 2 blocks fit exactly; one byte less leaves 1. */
     rc = rcfg(1, 512, 16, 8, 1.0f);
-    ck_assert_int_eq(mdl_kv_blocks_for_budget(&t, &rc, 560 * MIB + 8192, &kb, err, sizeof(err)),
+    ck_assert_int_eq(mdl_kv_blocks_for_budget(&t, &rc, 562 * MIB + 8192, &kb, err, sizeof(err)),
                      ST_OK);
     ck_assert_int_eq(kb.num_blocks, 2);
     ck_assert_int_eq(
-        mdl_kv_blocks_for_budget(&t, &rc, 560 * MIB + 8191, &kb, err, sizeof(err)), ST_ENOMEM);
+        mdl_kv_blocks_for_budget(&t, &rc, 562 * MIB + 8191, &kb, err, sizeof(err)), ST_ENOMEM);
     ck_assert_int_eq(kb.num_blocks, 1);
     ck_assert_ptr_nonnull(strstr(err, "room for 1 KV blocks"));
 }
