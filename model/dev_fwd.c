@@ -401,7 +401,8 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
         if (st == ST_OK) {
             st = ops->upload(ctx, rk->tq_sg, kn_tq_layer_signs(tq, 0), sizeof(float) * n_sg);
         }
-        if (st == ST_OK && n_S > 0 && (st = dev_alloc(rk, &rk->tq_S, sizeof(float) * n_S)) == ST_OK) {
+        if (st == ST_OK && n_S > 0 &&
+            (st = dev_alloc(rk, &rk->tq_S, sizeof(float) * n_S)) == ST_OK) {
             st = ops->upload(ctx, rk->tq_S, kn_tq_layer_sketch(tq, 0), sizeof(float) * n_S);
         }
         kn_tq_destroy(tq);
@@ -793,8 +794,12 @@ static int
 dev_emit_copies(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
 {
     int32_t cap = rk->rc.num_blocks + rk->rc.swap_blocks;
-    size_t kb = rk->kq.fmt != 0 ? rk->kq.k_stride : rk->tq_bits != 0 ? rk->tq_kstride : rk->blk_bytes;
-    size_t vb = rk->kq.fmt != 0 ? rk->kq.v_stride : rk->tq_bits != 0 ? rk->tq_vstride : rk->blk_bytes;
+    size_t kb = rk->kq.fmt != 0    ? rk->kq.k_stride
+                : rk->tq_bits != 0 ? rk->tq_kstride
+                                   : rk->blk_bytes;
+    size_t vb = rk->kq.fmt != 0    ? rk->kq.v_stride
+                : rk->tq_bits != 0 ? rk->tq_vstride
+                                   : rk->blk_bytes;
 
     for (int32_t i0 = 0; i0 < n_ops;) {
         int32_t k = 0, n;

@@ -19,6 +19,9 @@
  *   host path's bit for bit, the staging stays within its cap, and the
  *   logits stay within bounds against the CPU backend (see
  *   test_devemu_native_weights).
+ *   fp8 / int8 / int4 and tq3 / tq4 KV: against the CPU backend with the
+ *   same dtype (test_devemu_kv_quant, test_devemu_kv_tq, and the sink /
+ *   rolling-window stream of test_devemu_kv_policy).
  * Models: the default model and synthetic ones (1 KV head replicated, QKV
  * biases), as in test_tp.c.
  */

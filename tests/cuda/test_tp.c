@@ -700,8 +700,8 @@ START_TEST(test_tp_kv_pools_bit_exact)
                       err);
         host_kv_set_rope(&p.whole, p.inv_freq);
         for (int32_t h = 0; h < PH_KV; h++) {
-            ck_assert_msg(host_kv_create(&p.part[h], &c, h, 1, &rc, err, sizeof(err)) == ST_OK, "%s",
-                          err);
+            ck_assert_msg(host_kv_create(&p.part[h], &c, h, 1, &rc, err, sizeof(err)) == ST_OK,
+                          "%s", err);
             host_kv_set_rope(&p.part[h], p.inv_freq);
         }
         ck_assert((p.whole.kvq != NULL) == (dtypes[d] != MDL_KV_F32));

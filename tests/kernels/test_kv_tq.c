@@ -174,7 +174,8 @@ START_TEST(test_decode_error_bound)
             ek /= N / 2;
             evo /= N / 2;
             double se = sqrt((ev2 - ev * ev) / (N / 2)), dvb = tq_mix(bits, 1, hd, 0);
-            double dkb = bits == 3 ? tq_mix(bits, 0, hd, 0) : (M_PI / 2 - 1) * KN_TQ_MSE[ti][bits - 2];
+            double dkb = bits == 3 ? tq_mix(bits, 0, hd, 0)
+                                   : (M_PI / 2 - 1) * KN_TQ_MSE[ti][bits - 2];
             double bound = tq_mix(bits, 1, hd, 1);
 
             (void)ti;
