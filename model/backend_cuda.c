@@ -223,6 +223,9 @@ CU_OP_KERNEL(kq_quant, kn_kq_quant_args_t)
 CU_OP_KERNEL(kq_dequant, kn_kq_dequant_args_t)
 CU_OP_KERNEL(kq_attention, kn_kq_attn_args_t)
 CU_OP_KERNEL(wdequant, kn_wdequant_args_t)
+CU_OP_KERNEL(tq_write, kn_tq_write_args_t)
+CU_OP_KERNEL(tq_attention, kn_tq_attn_args_t)
+CU_OP_KERNEL(tq_shift, kn_tq_shift_args_t)
 
 static int
 cu_op_kv_rotate(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers)
@@ -339,6 +342,7 @@ cu_op_graph_free(void *ctx, void *graph)
     .attention_prefill = cu_op_attention_prefill, .kq_res_write = cu_op_kq_res_write,           \
     .kq_quant = cu_op_kq_quant, .kq_dequant = cu_op_kq_dequant,                                    \
     .kq_attention = cu_op_kq_attention, .kv_rotate = cu_op_kv_rotate,                          \
+    .tq_write = cu_op_tq_write, .tq_attention = cu_op_tq_attention, .tq_shift = cu_op_tq_shift,    \
     .wdequant = cu_op_wdequant, .gemm = cu_op_gemm
 
 /* Graphs at T = 1 only: NCCL can be captured too, but that is not
@@ -479,6 +483,12 @@ cu_rank_init(void *arg, int r)
                  rk->dev, mdl_kv_dtype_name(rc->kv_dtype), (double)blk / rc->block_size, blk,
                  rk->fw.kqt[0].sl.n_slots, (kv_bytes - blk * (size_t)rc->num_blocks) >> 20);
     }
+    if (rk->fw.tq_bits != 0) {
+        size_t blk = (size_t)s->c.n_layers * (rk->fw.tq_kstride + rk->fw.tq_vstride);
+
+        LOG_INFO("device %d: KV %s %.1f bytes/token (%zu per block), rows encoded when written",
+                 rk->dev, mdl_kv_dtype_name(rc->kv_dtype), (double)blk / rc->block_size, blk);
+    }
     return ST_OK;
 }
 
@@ -506,14 +516,15 @@ cu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, ch
     }
     if (rc->kv_dtype != MDL_KV_BF16 && rc->kv_dtype != MDL_KV_F16 &&
         rc->kv_dtype != MDL_KV_FP8_E4M3 && rc->kv_dtype != MDL_KV_INT8 &&
-        rc->kv_dtype != MDL_KV_INT4) {
-        snprintf(err, errlen, "cuda: the KV cache is bf16, f16, fp8_e4m3, int8 or int4 (not %s)",
+        rc->kv_dtype != MDL_KV_INT4 && rc->kv_dtype != MDL_KV_TQ3 && rc->kv_dtype != MDL_KV_TQ4) {
+        snprintf(err, errlen,
+                 "cuda: the KV cache is bf16, f16, fp8_e4m3, int8, int4, tq3 or tq4 (not %s)",
                  mdl_kv_dtype_name(rc->kv_dtype));
         return ST_EUNSUPPORTED;
     }
     if (mdl_kv_block_bytes(c, rc->block_size, rc->kv_dtype) == 0) {
         snprintf(err, errlen, "cuda: --kv-cache-dtype %s cannot group head_dim %d (int4 needs a "
-                 "multiple of 8)",
+                 "multiple of 8, tq3 / tq4 a power of two in 16 .. 256)",
                  mdl_kv_dtype_name(rc->kv_dtype), c->head_dim);
         return ST_EUNSUPPORTED;
     }

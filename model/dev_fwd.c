@@ -77,6 +77,15 @@
  * block, as the CPU store does. The
  * prefill-tile kernel is 16-bit only: quantized steps use the per-token
  * kernel for every token.
+ *
+ * tq3 / tq4 KV (kernels/kn_tq.h): every row is encoded when it is written
+ * (tq_write, per layer after RoPE, before attention reads), so there are
+ * no residual slots; attention (tq_attention) scores and sums in the
+ * rotated domain. The rotation signs and tq4's sketches of the rank's KV
+ * heads are made on the host (kn_tq_create, as the CPU store of the same
+ * heads makes them) and uploaded once. Copy / swap move the rows; DROP
+ * does nothing; SHIFT decodes, rotates and re-encodes a block's keys on
+ * the device (tq_shift), as the CPU store does.
  */
 #define LOG_MODULE "devfwd"
 
@@ -90,7 +99,9 @@
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_cpu.h"
 #include "kernels/cpu/kn_quant.h"
+#include "kernels/cpu/kv_tq.h"
 #include "model/dev_fwd.h"
+#include "model/kv_cache.h"
 #include "model/model_int.h"
 
 /* The weight staging buffers (pinned host and device) grown to at least
@@ -255,6 +266,41 @@ dev_kq_fmt(mdl_kv_dtype_t d)
                                 : 0;
 }
 
+/* Bits of a tq KV dtype; 0 for the others. */
+static int
+dev_tq_bits(mdl_kv_dtype_t d)
+{
+    return d == MDL_KV_TQ3 ? 3 : d == MDL_KV_TQ4 ? 4 : 0;
+}
+
+/* The CPU store's tq block strides for n_kv heads (ST_OK or its error). */
+static int
+dev_tq_strides(const mdl_config_t *c, int32_t block_size, mdl_kv_dtype_t d, int32_t n_kv,
+               size_t *ks, size_t *vs, char *err, size_t errlen)
+{
+    mdl_config_t part = *c;
+    kn_kvq_layout_t L;
+    int st;
+
+    part.n_kv_heads = n_kv;
+    st = mdl__kv_layout(&part, block_size, d, &L, err, errlen);
+    if (st == ST_OK) {
+        *ks = L.k_stride;
+        *vs = L.v_stride;
+    }
+    return st;
+}
+
+/* Floats of the rotation signs and (tq4) sketches of n_kv heads. */
+static void
+dev_tq_floats(const mdl_config_t *c, int bits, int32_t n_kv, size_t *sg, size_t *S)
+{
+    size_t lh = (size_t)c->n_layers * (size_t)n_kv, hd = (size_t)c->head_dim;
+
+    *sg = lh * hd;
+    *S = bits == 4 ? lh * hd * hd : 0;
+}
+
 /* Residual slots per tier: the CPU store's count (model/kv_cache.c, read
  * back from mdl_kv_residual_bytes), at most the tier's blocks, at least 1. */
 static int32_t
@@ -396,6 +442,31 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
         rk->stage_len += 5 * T; /* residual slot and own slot per token, fill jobs */
         rk->kq_filled = xmalloc(sizeof(int32_t) * T);
     }
+    if (dev_tq_bits(rc->kv_dtype) != 0) {
+        size_t n_sg, n_S;
+        kn_tq_t *tq;
+
+        if (dev_tq_strides(c, rc->block_size, rc->kv_dtype, sh->n_kv, &rk->tq_kstride,
+                           &rk->tq_vstride, err, sizeof(err)) != ST_OK) {
+            LOG_ERROR("--kv-cache-dtype %s: %s", mdl_kv_dtype_name(rc->kv_dtype), err);
+            return ST_EUNSUPPORTED;
+        }
+        rk->tq_bits = dev_tq_bits(rc->kv_dtype);
+        dev_tq_floats(c, rk->tq_bits, sh->n_kv, &n_sg, &n_S);
+        tq = kn_tq_create_at(rk->tq_bits, c->n_layers, sh->n_kv, sh->kv0, hd);
+        st = dev_alloc(rk, &rk->tq_sg, sizeof(float) * n_sg);
+        if (st == ST_OK) {
+            st = ops->upload(ctx, rk->tq_sg, kn_tq_layer_signs(tq, 0), sizeof(float) * n_sg);
+        }
+        if (st == ST_OK && n_S > 0 &&
+            (st = dev_alloc(rk, &rk->tq_S, sizeof(float) * n_S)) == ST_OK) {
+            st = ops->upload(ctx, rk->tq_S, kn_tq_layer_sketch(tq, 0), sizeof(float) * n_S);
+        }
+        kn_tq_destroy(tq);
+        if (st != ST_OK) {
+            return st;
+        }
+    }
     if ((st = dev_alloc(rk, &rk->x, sizeof(float) * T * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->part, sizeof(float) * T * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->qkv, sizeof(float) * T * lqkv)) != ST_OK ||
@@ -430,7 +501,9 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
 static size_t
 dev_tier_bytes(const mdl_dev_rank_t *rk, int32_t n_blocks)
 {
-    size_t per = rk->kq.fmt != 0 ? rk->kq.k_stride + rk->kq.v_stride : 2 * rk->blk_bytes;
+    size_t per = rk->kq.fmt != 0 ? rk->kq.k_stride + rk->kq.v_stride
+                 : rk->tq_bits != 0 ? rk->tq_kstride + rk->tq_vstride
+                                    : 2 * rk->blk_bytes;
 
     return (size_t)rk->m->cfg.n_layers * (size_t)n_blocks * per;
 }
@@ -550,7 +623,8 @@ mdl_dev_rank_fini(mdl_dev_rank_t *rk)
     free(rk->layers);
     void *dev[] = {rk->embd, rk->out_norm, rk->lm_head,    rk->inv_freq, rk->kv,   rk->x,
                    rk->part, rk->qkv,      rk->gu,
-                   rk->h16,  rk->hrows,    rk->logits_dev, rk->stage_dev, rk->attn_part};
+                   rk->h16,  rk->hrows,    rk->logits_dev, rk->stage_dev, rk->attn_part,
+                   rk->tq_sg, rk->tq_S};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
         o->free(rk->ctx, dev[i]);
     }
@@ -782,8 +856,12 @@ static int
 dev_emit_copies(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
 {
     int32_t cap = rk->rc.num_blocks + rk->rc.swap_blocks;
-    size_t kb = rk->kq.fmt != 0 ? rk->kq.k_stride : rk->blk_bytes;
-    size_t vb = rk->kq.fmt != 0 ? rk->kq.v_stride : rk->blk_bytes;
+    size_t kb = rk->kq.fmt != 0    ? rk->kq.k_stride
+                : rk->tq_bits != 0 ? rk->tq_kstride
+                                   : rk->blk_bytes;
+    size_t vb = rk->kq.fmt != 0    ? rk->kq.v_stride
+                : rk->tq_bits != 0 ? rk->tq_vstride
+                                   : rk->blk_bytes;
 
     for (int32_t i0 = 0; i0 < n_ops;) {
         int32_t k = 0, n;
@@ -929,11 +1007,63 @@ dev_ops16(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
     return dev_emit_copies(rk, ops + p0, n_ops - p0);
 }
 
+/* The (layer, kind) region of the device pool of a tq rank. */
+static uint8_t *
+dev_tq_region(const mdl_dev_rank_t *rk, int32_t layer, int kind)
+{
+    size_t nb = (size_t)rk->rc.num_blocks;
+
+    return rk->kv + (size_t)layer * nb * (rk->tq_kstride + rk->tq_vstride) +
+           (size_t)kind * nb * rk->tq_kstride;
+}
+
+/* tq pool: copies in runs; SHIFT re-encodes the block's keys of every
+ * layer rotated (tq_shift), in op order; DROP has nothing to free. */
+static int
+dev_tq_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
+{
+    int32_t p0 = 0;
+
+    for (int32_t i = 0; i < n_ops; i++) {
+        const kv_op_t *o = &ops[i];
+
+        if (o->kind != KV_OP_SHIFT) {
+            continue;
+        }
+        if (o->dst < 0 || o->src < 0 || o->src >= rk->rc.num_blocks) {
+            return ST_EINVAL;
+        }
+        DEV_TRY(dev_emit_copies(rk, ops + p0, i - p0));
+        p0 = i + 1;
+        if (o->dst != 0) {
+            kn_tq_shift_args_t sa = {
+                .kc = dev_tq_region(rk, 0, 0),
+                .layer_stride = (size_t)rk->rc.num_blocks * (rk->tq_kstride + rk->tq_vstride),
+                .k_stride = rk->tq_kstride,
+                .sg = rk->tq_sg,
+                .S = rk->tq_S,
+                .inv_freq = rk->inv_freq,
+                .blk = o->src,
+                .n_kv = rk->sh.n_kv,
+                .hd = rk->m->cfg.head_dim,
+                .bs = rk->rc.block_size,
+                .bits = rk->tq_bits,
+                .delta = o->dst,
+            };
+
+            DEV_TRY(rk->ops->tq_shift(rk->ctx, &sa, rk->m->cfg.n_layers));
+        }
+    }
+    return dev_emit_copies(rk, ops + p0, n_ops - p0);
+}
+
 int
 mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
 {
     if (rk->kq.fmt != 0) {
         DEV_TRY(dev_kq_ops(rk, ops, n_ops));
+    } else if (rk->tq_bits != 0) {
+        DEV_TRY(dev_tq_ops(rk, ops, n_ops));
     } else {
         DEV_TRY(dev_ops16(rk, ops, n_ops));
     }
@@ -954,7 +1084,7 @@ mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
     const int32_t bs = rk->rc.block_size;
     const size_t region = (size_t)rk->rc.num_blocks * rk->blk_bytes;
     const kn_dt_t dt = rk->dt;
-    const int kq = p->kq;
+    const int kq = p->kq, tq = p->tq;
     const int32_t *d = rk->stage_dev;
     /* Split-K decode attention: the count follows T rounded up to a power
      * of two, never the contexts, so a graph records one and a step padded
@@ -974,8 +1104,8 @@ mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
 
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mdl_dev_layer_t *L = &rk->layers[l];
-        uint16_t *kc = kq ? NULL : (uint16_t *)(rk->kv + ((size_t)l * 2 + 0) * region);
-        uint16_t *vc = kq ? NULL : (uint16_t *)(rk->kv + ((size_t)l * 2 + 1) * region);
+        uint16_t *kc = kq || tq ? NULL : (uint16_t *)(rk->kv + ((size_t)l * 2 + 0) * region);
+        uint16_t *vc = kq || tq ? NULL : (uint16_t *)(rk->kv + ((size_t)l * 2 + 1) * region);
         kn_rmsnorm_args_t na = {rk->x, L->attn_norm, rk->h16, dim, dim, c->norm_eps, dt};
         /* q and k heads are adjacent in a qkv row: one rotation for both. */
         kn_rope_args_t ra = {rk->q, d + p->o_pos, rk->inv_freq, sh->n_q + sh->n_kv, hd, lqkv};
@@ -1020,6 +1150,30 @@ mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
                 DEV_TRY(o->kq_quant(cx, &qa, p->n_jobs));
             }
             DEV_TRY(o->kq_attention(cx, &ka, T));
+        } else if (tq) {
+            /* New rows encoded into their blocks, then attention reads;
+             * q, k and v are columns of the qkv rows (stride lqkv). */
+            const size_t lh = (size_t)l * (size_t)sh->n_kv;
+            kn_tq_write_args_t tw = {
+                .k = rk->k, .v = rk->v, .slot = d + p->o_slot,
+                .kc = dev_tq_region(rk, l, 0), .vc = dev_tq_region(rk, l, 1),
+                .sg = rk->tq_sg + lh * hd,
+                .S = rk->tq_S != NULL ? rk->tq_S + lh * hd * hd : NULL,
+                .k_stride = rk->tq_kstride, .v_stride = rk->tq_vstride,
+                .n_kv = sh->n_kv, .hd = hd, .bs = bs, .bits = rk->tq_bits, .x_stride = lqkv,
+            };
+            kn_tq_attn_args_t ta = {
+                .out = NULL, .q = rk->q, .kc = tw.kc, .vc = tw.vc, .sg = tw.sg, .S = tw.S,
+                .query_start = d + p->o_qs, .context_len = d + p->o_ctx,
+                .block_tables = d + p->o_bt, .k_stride = rk->tq_kstride,
+                .v_stride = rk->tq_vstride, .max_blocks = p->max_blocks, .n_seqs = S,
+                .n_heads = sh->n_q, .n_kv = sh->n_kv, .hd = hd, .bs = bs, .bits = rk->tq_bits,
+                .sliding_window = c->sliding_window, .scale = 1.0f / sqrtf((float)hd),
+                .out16 = rk->h16, .dt = dt, .q_stride = lqkv,
+            };
+
+            DEV_TRY(o->tq_write(cx, &tw, T));
+            DEV_TRY(o->tq_attention(cx, &ta, T));
         } else if (p->n_tiles > 0) {
             DEV_TRY(o->kv_write(cx, &kw, T)); /* every new K/V lands before attention reads */
             kn_attn_prefill_args_t pa = {aa, d + p->o_tiles, p->q_tile};
@@ -1089,6 +1243,7 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     p.o_tiles = p.o_bt + (size_t)S * b->max_blocks;
     p.q_tile = kn_attn_prefill_q_tile(c->n_heads / c->n_kv_heads);
     p.kq = rk->kq.fmt != 0;
+    p.tq = rk->tq_bits != 0;
     size_t n_int = p.o_tiles;
 
     memcpy(h, b->tokens, sizeof(int32_t) * T);
@@ -1100,7 +1255,7 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
         memcpy(h + p.o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
     }
     memcpy(h + p.o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * b->max_blocks);
-    if (T > S && !p.kq) { /* prefill chunks present: query tiles for the prefill kernel */
+    if (T > S && !p.kq && !p.tq) { /* prefill chunks present: query tiles for the prefill kernel */
         for (int32_t s = 0; s < S; s++) {
             for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += p.q_tile) {
                 h[p.o_tiles + (size_t)p.n_tiles++] = t0;
@@ -1182,6 +1337,12 @@ dev_rank_bytes(const mdl_config_t *c, const mdl_runtime_config_t *rc, const mdl_
         res = dev_grain((size_t)dev_kq_slots(c, rc, nb) *
                         dev_kq_slot_bytes(c, rc->block_size, sh->n_kv));
     }
+    if (dev_tq_bits(rc->kv_dtype) != 0) { /* rotation signs and sketches */
+        size_t n_sg, n_S;
+
+        dev_tq_floats(c, dev_tq_bits(rc->kv_dtype), sh->n_kv, &n_sg, &n_S);
+        res = dev_grain(f * n_sg) + (n_S > 0 ? dev_grain(f * n_S) : 0);
+    }
     /* x, part, qkv, gate|up, h16, split-K partials, hrows, staging, logits */
     *a = res + dev_grain(f * kn_attn_split_floats(sh->n_q, sh->n_kv, c->head_dim, (int32_t)T)) +
          2 * dev_grain(f * T * dim) + dev_grain(f * T * (lq + 2 * lkv)) +
@@ -1238,6 +1399,17 @@ mdl_kv_blocks_for_budget(const mdl_config_t *c, const mdl_runtime_config_t *rc,
                 return ST_EUNSUPPORTED;
             }
             out->block_bytes = (size_t)c->n_layers * (g.k_stride + g.v_stride);
+        }
+        if (dev_tq_bits(rc->kv_dtype) != 0) {
+            size_t ks, vs;
+
+            if (dev_tq_strides(c, rc->block_size, rc->kv_dtype, sh.n_kv, &ks, &vs, why,
+                               sizeof(why)) != ST_OK) {
+                snprintf(err, errlen, "cannot size the KV pool: --kv-cache-dtype %s: %s",
+                         mdl_kv_dtype_name(rc->kv_dtype), why);
+                return ST_EUNSUPPORTED;
+            }
+            out->block_bytes = (size_t)c->n_layers * (ks + vs);
         }
         need = w + a + out->reserve_bytes;
         n = need < out->budget_bytes ? (int64_t)((out->budget_bytes - need) / out->block_bytes) : 0;

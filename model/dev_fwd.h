@@ -67,6 +67,13 @@ typedef struct mdl_dev_ops {
     int (*kq_quant)(void *ctx, const kn_kq_quant_args_t *a, int32_t n_jobs);
     int (*kq_dequant)(void *ctx, const kn_kq_dequant_args_t *a, int32_t n);
     int (*kq_attention)(void *ctx, const kn_kq_attn_args_t *a, int32_t n_tok);
+    /* tq3 / tq4 KV (kernels/kn_tq.h rows, kn_cuda_body.h): the new rows of
+     * one layer (grid n_tok, n_kv), attention over tq blocks (grid n_tok,
+     * n_kv), KV_OP_SHIFT of one block's keys in every layer (grid n_kv,
+     * n_layers: decoded, rotated, encoded again). */
+    int (*tq_write)(void *ctx, const kn_tq_write_args_t *a, int32_t n_tok);
+    int (*tq_attention)(void *ctx, const kn_tq_attn_args_t *a, int32_t n_tok);
+    int (*tq_shift)(void *ctx, const kn_tq_shift_args_t *a, int32_t n_layers);
     /* KV_OP_SHIFT: key rows rotated by -a->delta in place, grid
      * (n_heads, n_layers) (kn_kv_rotate_body). */
     int (*kv_rotate)(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers);
@@ -151,6 +158,15 @@ typedef struct mdl_dev_rank {
     uint64_t kq_stamp;
     int32_t *kq_filled; /* (T) host: slots quantized this step, freed after it */
     int32_t kq_n_filled;
+    /* tq3 / tq4 KV (tq_bits != 0): per layer | K [num_blocks][tq_kstride] |
+     * V [num_blocks][tq_vstride] | in kv and swap, the CPU store's layout
+     * (every row encoded when written: no residual slots); the rotation
+     * signs and (tq4) sketches of this rank's KV heads, as kn_tq_create()
+     * makes them for a pool of n_kv heads, on the device. */
+    int tq_bits;
+    size_t tq_kstride, tq_vstride;
+    float *tq_sg; /* (n_layers, n_kv, hd) */
+    float *tq_S;  /* (n_layers, n_kv, hd, hd), tq4 only, else NULL */
     /* Activations, device, T = max_num_batched_tokens rows, S = max_num_seqs. */
     float *x, *part;     /* (T, dim) residual, row-parallel partial (T > 1) */
     float *qkv;          /* (T, n_q * hd + 2 * n_kv * hd): q | k | v per row */
@@ -207,7 +223,8 @@ int mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, c
                       const mdl_runtime_config_t *rc, int32_t rank, kn_dt_t dt);
 /* Bytes of the KV pool (device) that mdl_dev_rank_alloc_kv() will take:
  * blocks (with their scales) and, for fp8 / int8 / int4, the residual
- * slots of blocks being filled and the blocks' pending shifts (int32). */
+ * slots of blocks being filled and the blocks' pending shifts (int32);
+ * tq3 / tq4 blocks are rows only. */
 size_t mdl_dev_rank_kv_bytes(const mdl_dev_rank_t *rk);
 /* The KV pool (device) and swap tier (pinned host). */
 int mdl_dev_rank_alloc_kv(mdl_dev_rank_t *rk);
@@ -218,8 +235,9 @@ void mdl_dev_rank_fini(mdl_dev_rank_t *rk);
  * behind them; its sync, or fini, waits for them). KV_OP_SHIFT (dst >= 0, else
  * ST_EINVAL) re-rotates the keys of a 16-bit block, or of a quantized
  * block's residual slot, in place; a quantized block without a slot keeps
- * its codes and records the shift for attention (kernels/cpu/kv_quant.h's
- * store, step for step). */
+ * its codes and records the shift for attention; a tq block's keys are
+ * decoded, rotated and encoded again (kernels/cpu/kv_quant.h's store, step
+ * for step). */
 int mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops);
 /* One step (b validated by the runtime) then sync. Rank 0 leaves
  * [b->n_logits][vocab] f32 in rk->logits_host. Every rank must run it:
@@ -241,7 +259,8 @@ typedef struct mdl_dev_step {
     int32_t T, S, n_logits, max_blocks;
     size_t o_pos, o_slot, o_qs, o_ctx, o_rows, o_bt, o_tiles, o_rs, o_own, o_jobs;
     int32_t n_tiles, q_tile, n_jobs;
-    int kq;
+    int kq; /* fp8 / int8 / int4 blocks (residual slots) */
+    int tq; /* tq3 / tq4 blocks (rows encoded in place) */
 } mdl_dev_step_t;
 
 /* Enqueues the step from stage_dev: embedding, the layers, and on rank 0

@@ -58,7 +58,7 @@ mdl__dev_graph_init(mdl_dev_rank_t *rk)
     }
     rk->graphs_off = !rk->rc.cuda_graphs || rk->ops->graph_begin == NULL ||
                      rk->ops->graph_end == NULL || rk->ops->graph_launch == NULL ||
-                     rk->kq.fmt != 0 || rk->n_buckets == 0;
+                     rk->kq.fmt != 0 || rk->tq_bits != 0 || rk->n_buckets == 0;
 }
 
 int

@@ -237,7 +237,7 @@ cpu_rank_init(cpu_state_t *s, int32_t r, char *err, size_t errlen)
 
     char why[256];
 
-    st = host_kv_create(&rk->kv, c, sh->n_kv, &s->rc, why, sizeof(why));
+    st = host_kv_create(&rk->kv, c, sh->kv0, sh->n_kv, &s->rc, why, sizeof(why));
     if (st != ST_OK) {
         if (s->tp == 1) {
             snprintf(err, errlen, "%s", why);

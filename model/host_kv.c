@@ -10,7 +10,7 @@
 #include "model/kv_cache.h"
 
 int
-host_kv_create(host_kv_t *kv, const mdl_config_t *c, int32_t n_kv,
+host_kv_create(host_kv_t *kv, const mdl_config_t *c, int32_t kv0, int32_t n_kv,
                const mdl_runtime_config_t *rc, char *err, size_t errlen)
 {
     memset(kv, 0, sizeof(*kv));
@@ -29,6 +29,7 @@ host_kv_create(host_kv_t *kv, const mdl_config_t *c, int32_t n_kv,
 
         part.n_kv_heads = n_kv;
         st = mdl__kv_layout(&part, rc->block_size, rc->kv_dtype, &lay, err, errlen);
+        lay.head0 = kv0;
         if (st == ST_OK) {
             st = kn_kvq_store_create(&lay, c->n_layers, rc->num_blocks, rc->swap_blocks,
                                      mdl__kv_residual_slots(rc), &kv->kvq, err, errlen);

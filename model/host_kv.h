@@ -69,13 +69,14 @@ typedef struct host_kv {
     size_t mass_len;
 } host_kv_t;
 
-/* Creates the pool of n_kv KV heads of model c for runtime rc (num_blocks,
+/* Creates the pool of n_kv KV heads (global heads [kv0, kv0 + n_kv): tq
+ * rotations follow the global index) of model c for runtime rc (num_blocks,
  * swap_blocks, block_size, kv_dtype, residual slots from
  * mdl__kv_residual_slots(rc)). On failure returns ST_ENOMEM (mapping),
  * ST_EUNSUPPORTED (the dtype cannot group the head, e.g. int4 with
  * head_dim % 8 != 0) or ST_EINVAL with a reason in err, and leaves *kv
  * empty (host_kv_destroy() is still safe). */
-int host_kv_create(host_kv_t *kv, const mdl_config_t *c, int32_t n_kv,
+int host_kv_create(host_kv_t *kv, const mdl_config_t *c, int32_t kv0, int32_t n_kv,
                    const mdl_runtime_config_t *rc, char *err, size_t errlen);
 /* Unmaps everything; a zeroed or failed pool is a no-op. */
 void host_kv_destroy(host_kv_t *kv);

@@ -654,7 +654,8 @@ kn_kvq_store_create(const kn_kvq_layout_t *L, int32_t n_layers, int32_t num_bloc
     st->lk_floats = (size_t)L->n_kv_heads * L->block_size * L->head_dim;
     st->slot_floats = 2 * (size_t)n_layers * st->lk_floats;
     if (kn_kvq_tq_bits(L->fmt) != 0) {
-        st->tq = kn_tq_create(kn_kvq_tq_bits(L->fmt), n_layers, L->n_kv_heads, L->head_dim);
+        st->tq = kn_tq_create_at(kn_kvq_tq_bits(L->fmt), n_layers, L->n_kv_heads, L->head0,
+                                 L->head_dim);
     }
     rc = tier_init(st, &st->tier[KVQ_DEV], num_blocks, res_slots, err, errlen);
     if (rc == ST_OK) {

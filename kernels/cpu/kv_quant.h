@@ -82,6 +82,7 @@ typedef struct kn_kvq_layout {
     size_t v_meta;
     size_t k_stride; /* data + K meta, rounded up to 16 bytes */
     size_t v_stride;
+    int32_t head0; /* tq: global index of the first KV head (rotation seeds); 0 from init */
 } kn_kvq_layout_t;
 
 const char *kn_kvq_fmt_name(kn_kvq_fmt_t fmt);

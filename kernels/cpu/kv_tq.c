@@ -114,6 +114,12 @@ kn_tq_row_size(int bits, int kind, int32_t head_dim, char *err, size_t errlen)
 kn_tq_t *
 kn_tq_create(int bits, int32_t n_layers, int32_t n_kv, int32_t head_dim)
 {
+    return kn_tq_create_at(bits, n_layers, n_kv, 0, head_dim);
+}
+
+kn_tq_t *
+kn_tq_create_at(int bits, int32_t n_layers, int32_t n_kv, int32_t head0, int32_t head_dim)
+{
     kn_tq_t *tq = xcalloc(1, sizeof(*tq));
     size_t hd = (size_t)head_dim;
 
@@ -127,7 +133,7 @@ kn_tq_create(int bits, int32_t n_layers, int32_t n_kv, int32_t head_dim)
     for (int32_t l = 0; l < n_layers; l++) {
         for (int32_t h = 0; h < n_kv; h++) {
             size_t lh = (size_t)l * n_kv + h;
-            uint64_t s = TQ_SEED ^ ((uint64_t)l << 32) ^ ((uint64_t)h << 8);
+            uint64_t s = TQ_SEED ^ ((uint64_t)l << 32) ^ ((uint64_t)(head0 + h) << 8);
             float *sg = tq->sg + lh * hd, *S = tq->S + lh * hd * hd;
 
             for (size_t c = 0; c < hd; c++) {
@@ -214,38 +220,10 @@ void
 kn_tq_decode(const kn_tq_t *tq, int32_t layer, int32_t h, int kind, const uint8_t *row,
              float *out)
 {
-    const int32_t hd = tq->hd, pb = hd / 8;
-    const int mb = kind == 0 ? tq->bits - 1 : tq->bits;
-    const float *cb = KN_TQ_CB[kn_tq_dim_index(hd)][mb - 1];
-    const float *sg = tq_sg(tq, layer, h);
-    float n;
-
-    for (int32_t c = 0; c < hd; c++) {
-        out[c] = cb[kn_tq_code(row, mb, pb, c)];
-    }
-    if (kind == 0) {
-        const float *S = tq_S(tq, layer, h);
-        float k = KN_TQ_QJL[kn_tq_dim_index(hd)] * kn_tq_kres(row, tq->bits, hd);
-
-        for (int32_t i = 0; i < hd; i++) { /* + k * S^T sgn */
-            float w = (row[mb * pb + i / 8] >> (i % 8)) & 1 ? k : -k;
-            const float *Si = S + (size_t)i * hd;
-
-            for (int32_t c = 0; c < hd; c++) {
-                out[c] += w * Si[c];
-            }
-        }
-        n = kn_tq_knorm(row, tq->bits, hd);
-    } else {
-        n = kn_tq_vnorm(row[tq->bits * pb]);
-    }
-    kn_tq_fwht(out, hd);
-    for (int32_t c = 0; c < hd; c++) {
-        out[c] *= n / (float)hd * sg[c];
-    }
+    kn_tq_decode_row(tq->hd, tq->bits, kind, tq_sg(tq, layer, h), tq_S(tq, layer, h), row, out);
 }
 
-/* qz = H D q and sq = S qz of one query head. */
+/* qz = H D q and, for sketched keys (tq4), sq = S qz of one query head. */
 static void
 tq_query(const kn_tq_t *tq, int32_t layer, int32_t h, const float *q, float *qz, float *sq)
 {
@@ -256,7 +234,7 @@ tq_query(const kn_tq_t *tq, int32_t layer, int32_t h, const float *q, float *qz,
         qz[c] = q[c] * sg[c];
     }
     kn_tq_fwht(qz, hd);
-    for (int32_t i = 0; i < hd; i++) {
+    for (int32_t i = 0; i < hd && kn_tq_fmt(tq->bits, 0, hd).sketch; i++) {
         const float *Si = S + (size_t)i * hd;
         float d = 0.0f;
 
@@ -276,27 +254,35 @@ kn_tq_key_score(const kn_tq_t *tq, int32_t layer, int32_t h, const float *q, con
     return kn_tq_key_dot(tq->hd, tq->bits, row, qz, sq);
 }
 
-/* Codebook values of a row's codes (and, for keys, its signs as +-1):
- * per byte of the planes one table load per plane gives eight codes. */
+/* Codebook values of a row's codes (and, for sketched keys, its signs as
+ * +-1): per byte of the planes one table load per plane gives eight
+ * codes; coordinates below f->nx take the extra plane's bit and the
+ * wider codebook. */
 static inline void
-tq_unpack(const uint8_t *row, int mb, int32_t hd, const float *cb, float *val, float *sgn)
+tq_unpack(const uint8_t *row, const kn_tq_fmt_t *f, int di, float *val, float *sgn)
 {
-    const int32_t pb = hd / 8;
+    const int32_t pb = f->pb;
+    const float *lo = KN_TQ_CB[di][f->nfull - 1], *hi = KN_TQ_CB[di][f->nfull];
 
     for (int32_t i = 0; i < pb; i++) {
         uint64_t codes = 0;
         float *v = val + 8 * i;
+        const float *cb = lo;
 
-        for (int p = 0; p < mb; p++) {
+        for (int p = 0; p < f->nfull; p++) {
             codes |= tq_spread[row[p * pb + i]] << p;
+        }
+        if (8 * i < f->nx) {
+            codes |= tq_spread[row[f->nfull * pb + i]] << f->nfull;
+            cb = hi;
         }
         for (int j = 0; j < 8; j++) {
             v[j] = cb[(codes >> (8 * j)) & 0xff];
         }
     }
-    if (sgn != NULL) {
+    if (sgn != NULL && f->sketch) {
         for (int32_t i = 0; i < pb; i++) {
-            memcpy(sgn + 8 * i, tq_pm1[row[mb * pb + i]], sizeof(tq_pm1[0]));
+            memcpy(sgn + 8 * i, tq_pm1[row[f->nfull * pb + i]], sizeof(tq_pm1[0]));
         }
     }
 }
@@ -311,9 +297,9 @@ kn__tq_attn_task(const kn_tq_t *tq, int32_t layer, const uint8_t *kbase, size_t 
     const int32_t n_new = a->query_start[s + 1] - a->query_start[s];
     const int32_t ctx = a->context_len[s] - n_new + (t - a->query_start[s]);
     const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
-    const int32_t krow = kn_tq_row_bytes(bits, 0, hd), vrow = kn_tq_row_bytes(bits, 1, hd);
+    const kn_tq_fmt_t kf = kn_tq_fmt(bits, 0, hd), vf = kn_tq_fmt(bits, 1, hd);
+    const int32_t krow = kf.bytes, vrow = vf.bytes;
     const int di = kn_tq_dim_index(hd);
-    const float *kcb = KN_TQ_CB[di][bits - 2], *vcb = KN_TQ_CB[di][bits - 1];
     const float qjl = KN_TQ_QJL[di];
     int32_t lo = 0;
 
@@ -351,20 +337,35 @@ kn__tq_attn_task(const kn_tq_t *tq, int32_t layer, const uint8_t *kbase, size_t 
             const uint8_t *vr = vbase + (size_t)blk * vstride + ((size_t)kh * bs + off) * vrow;
 
             for (int32_t jj = 0; jj < n; jj++, kr += krow) {
-                float kn = kn_tq_knorm(kr, bits, hd) / (float)hd;
-                float kq = qjl * kn_tq_kres(kr, bits, hd);
+                float kn = kn_tq_scale(kr, &kf, 0) / (float)hd;
 
-                tq_unpack(kr, bits - 1, hd, kcb, val, sgn);
+                tq_unpack(kr, &kf, di, val, sgn);
                 for (int32_t g = 0; g < ng; g++) {
-                    const float *restrict qv = qz[g], *restrict sv = sq[g];
-                    float d1 = 0.0f, d2 = 0.0f;
+                    const float *restrict qv = qz[g];
+                    float d1 = 0.0f;
 
-#pragma omp simd reduction(+ : d1, d2)
+#pragma omp simd reduction(+ : d1)
                     for (int32_t c = 0; c < hd; c++) {
                         d1 += qv[c] * val[c];
-                        d2 += sv[c] * sgn[c];
                     }
-                    sc[g][jj] = kn * (d1 + kq * d2) * a->scale;
+                    sc[g][jj] = kn * d1;
+                }
+                if (kf.sketch) {
+                    float kq = qjl * kn_tq_kres(kr, &kf, hd);
+
+                    for (int32_t g = 0; g < ng; g++) {
+                        const float *restrict sv = sq[g];
+                        float d2 = 0.0f;
+
+#pragma omp simd reduction(+ : d2)
+                        for (int32_t c = 0; c < hd; c++) {
+                            d2 += sv[c] * sgn[c];
+                        }
+                        sc[g][jj] += kn * kq * d2;
+                    }
+                }
+                for (int32_t g = 0; g < ng; g++) {
+                    sc[g][jj] *= a->scale;
                 }
             }
             for (int32_t g = 0; g < ng; g++) {
@@ -389,8 +390,8 @@ kn__tq_attn_task(const kn_tq_t *tq, int32_t layer, const uint8_t *kbase, size_t 
                 l[g] += sum;
             }
             for (int32_t jj = 0; jj < n; jj++, vr += vrow) {
-                wn[jj] = kn_tq_vnorm(vr[bits * (hd / 8)]);
-                tq_unpack(vr, bits, hd, vcb, val, NULL);
+                wn[jj] = kn_tq_scale(vr, &vf, 1);
+                tq_unpack(vr, &vf, di, val, NULL);
                 for (int32_t g = 0; g < ng; g++) {
                     float *restrict ac = acc[g];
                     const float w = sc[g][jj] * wn[jj];

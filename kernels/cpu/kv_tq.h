@@ -37,10 +37,14 @@ typedef struct kn_tq kn_tq_t;
  * head_dim is not a power of two in 16 .. 256. */
 int32_t kn_tq_row_size(int bits, int kind, int32_t head_dim, char *err, size_t errlen);
 
-/* The rotations and sketches of n_layers x n_kv heads (seeded, fixed).
- * bits: per coordinate, 3 or 4 (keys: bits - 1 code bits plus the sign
- * bit; values: bits code bits). */
+/* The rotations and sketches of n_layers x n_kv heads (seeded, fixed: a
+ * function of the layer and the global KV head index, so a tensor-parallel
+ * rank holding heads [head0, head0 + n_kv) uses the rotations of a single
+ * store's). bits: 3 or 4 (kernels/kn_tq.h's row layouts). kn_tq_create:
+ * head0 0. */
 kn_tq_t *kn_tq_create(int bits, int32_t n_layers, int32_t n_kv, int32_t head_dim);
+kn_tq_t *kn_tq_create_at(int bits, int32_t n_layers, int32_t n_kv, int32_t head0,
+                         int32_t head_dim);
 void kn_tq_destroy(kn_tq_t *tq); /* NULL is a no-op */
 /* Borrowed views of one layer's signs (n_kv, hd) and sketch (n_kv, hd, hd),
  * valid for the state's life: what a device backend uploads. */

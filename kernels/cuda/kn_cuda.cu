@@ -9,7 +9,9 @@
  * head) block, also per split of split-K decode attention), 64 for the
  * split-K combine (a thread per head_dim element), 256 elsewhere; 128 for
  * the quantized-KV block quantizer (a thread per key channel pair or
- * value row).
+ * value row); a warp for the tq3 / tq4 row writer (two threads work: K
+ * and V), the tq block shift (a thread per row) and the tq attention (a
+ * thread per query head of the group).
  */
 #include <cuda_runtime.h>
 
@@ -60,6 +62,9 @@ KN_KERNEL(kq_dequant, kn_kq_dequant_args_t)
 KN_KERNEL(kq_attention, kn_kq_attn_args_t)
 KN_KERNEL(kv_rotate, kn_kv_rotate_args_t)
 KN_KERNEL(wdequant, kn_wdequant_args_t)
+KN_KERNEL(tq_write, kn_tq_write_args_t)
+KN_KERNEL(tq_attn, kn_tq_attn_args_t)
+KN_KERNEL(tq_shift, kn_tq_shift_args_t)
 
 extern "C" cudaError_t
 kn_cuda_embed(cudaStream_t s, const kn_embed_args_t *a, int32_t n_tok)
@@ -240,5 +245,42 @@ kn_cuda_wdequant(cudaStream_t s, const kn_wdequant_args_t *a, int32_t n_rows)
         return cudaSuccess;
     }
     k_wdequant<<<(unsigned)n_rows, KN_ROW_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_tq_write(cudaStream_t s, const kn_tq_write_args_t *a, int32_t n_tok)
+{
+    dim3 grid((unsigned)n_tok, (unsigned)a->n_kv);
+
+    if (n_tok <= 0) {
+        return cudaSuccess;
+    }
+    k_tq_write<<<grid, KN_WARP, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_tq_attention(cudaStream_t s, const kn_tq_attn_args_t *a, int32_t n_tok)
+{
+    dim3 grid((unsigned)n_tok, (unsigned)a->n_kv);
+    int32_t group = a->n_heads / a->n_kv;
+
+    if (n_tok <= 0) {
+        return cudaSuccess;
+    }
+    k_tq_attn<<<grid, (unsigned)((group + KN_WARP - 1) / KN_WARP * KN_WARP), 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_tq_shift(cudaStream_t s, const kn_tq_shift_args_t *a, int32_t n_layers)
+{
+    dim3 grid((unsigned)a->n_kv, (unsigned)n_layers);
+
+    if (a->delta == 0 || n_layers <= 0) {
+        return cudaSuccess;
+    }
+    k_tq_shift<<<grid, KN_WARP, 0, s>>>(*a);
     return cudaGetLastError();
 }

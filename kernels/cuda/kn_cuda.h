@@ -61,6 +61,13 @@ cudaError_t kn_cuda_kq_attention(cudaStream_t s, const kn_kq_attn_args_t *a, int
  * residual slot); grid (n_heads, n_layers); nothing for delta 0. */
 cudaError_t kn_cuda_kv_rotate(cudaStream_t s, const kn_kv_rotate_args_t *a, int32_t n_heads,
                               int32_t n_layers);
+/* tq3 / tq4 KV (kn_cuda_body.h): the new tokens' rows of one layer, grid
+ * (n_tok, n_kv); attention over tq blocks, grid (n_tok, n_kv); KV_OP_SHIFT
+ * of one block's keys in every layer, grid (n_kv, n_layers), nothing for
+ * delta 0. */
+cudaError_t kn_cuda_tq_write(cudaStream_t s, const kn_tq_write_args_t *a, int32_t n_tok);
+cudaError_t kn_cuda_tq_attention(cudaStream_t s, const kn_tq_attn_args_t *a, int32_t n_tok);
+cudaError_t kn_cuda_tq_shift(cudaStream_t s, const kn_tq_shift_args_t *a, int32_t n_layers);
 /* dst (n_rows, n_cols) 16-bit <- rows of weight blocks in their file type;
  * grid n_rows. */
 cudaError_t kn_cuda_wdequant(cudaStream_t s, const kn_wdequant_args_t *a, int32_t n_rows);

@@ -1698,8 +1698,10 @@ kn_kq_attention_body(const kn_thr_t *t, float *smem, const kn_kq_attn_args_t *qa
  * it once (qz = H D q, sq = S qz), scores every key row in the rotated
  * domain (kn_tq_key_dot), sums p_t n_t cb[code_t] and rotates the sum back
  * once. A first, serial-per-head version: correct and checked, not tuned
- * (a warp per head with the rows split over lanes is the next step).
- * q, out: (n_tok, n_heads * hd) f32. Launch: grid (n_tok, n_kv), block >=
+ * (a warp per head with the rows split over lanes is the next step). S is
+ * read only for sketched keys (tq4) and may be NULL for tq3.
+ * q, out: (n_tok, n_heads * hd) f32 (or out16, 16-bit dt: the device
+ * forward's GEMM input). Launch: grid (n_tok, n_kv), block >=
  * n_heads / n_kv threads (more idle), no shared memory. */
 #include "kernels/kn_tq.h"
 
@@ -1710,6 +1712,7 @@ typedef struct kn_tq_write_args {
     const float *sg, *S;
     size_t k_stride, v_stride;
     int32_t n_kv, hd, bs, bits;
+    int32_t x_stride; /* floats between tokens' k (and v) rows; 0: n_kv * hd */
 } kn_tq_write_args_t;
 
 KN_DEV void
@@ -1723,13 +1726,14 @@ kn_tq_write_body(const kn_thr_t *t, float *smem, const kn_tq_write_args_t *a)
         return;
     }
     for (int kind = t->tid; kind < 2; kind += t->nthr) {
-        const float *x = (kind == 0 ? a->k : a->v) + ((size_t)tok * a->n_kv + h) * hd;
+        const size_t xs = a->x_stride > 0 ? (size_t)a->x_stride : (size_t)a->n_kv * hd;
+        const float *x = (kind == 0 ? a->k : a->v) + (size_t)tok * xs + (size_t)h * hd;
         uint8_t *base = kind == 0 ? a->kc + (size_t)(sl / a->bs) * a->k_stride
                                   : a->vc + (size_t)(sl / a->bs) * a->v_stride;
         size_t row = (size_t)kn_tq_row_bytes(a->bits, kind, hd);
 
         kn_tq_encode_row(hd, a->bits, kind, a->sg + (size_t)h * hd,
-                         a->S + (size_t)h * hd * hd, x,
+                         a->S != NULL ? a->S + (size_t)h * hd * hd : NULL, x,
                          base + ((size_t)h * a->bs + sl % a->bs) * row);
     }
 }
@@ -1743,6 +1747,9 @@ typedef struct kn_tq_attn_args {
     size_t k_stride, v_stride;
     int32_t max_blocks, n_seqs, n_heads, n_kv, hd, bs, bits, sliding_window;
     float scale;
+    uint16_t *out16; /* non-NULL: the output goes here as 16-bit dt instead of out */
+    kn_dt_t dt;
+    int32_t q_stride; /* floats between tokens' q rows; 0: n_heads * hd (out keeps that) */
 } kn_tq_attn_args_t;
 
 KN_DEV void
@@ -1756,8 +1763,9 @@ kn_tq_attn_body(const kn_thr_t *t, float *smem, const kn_tq_attn_args_t *a)
     const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
     const size_t krow = (size_t)kn_tq_row_bytes(bits, 0, hd);
     const size_t vrow = (size_t)kn_tq_row_bytes(bits, 1, hd);
-    const float *vcb = KN_TQ_CB[kn_tq_dim_index(hd)][bits - 1];
-    const float *sg = a->sg + (size_t)kh * hd, *S = a->S + (size_t)kh * hd * hd;
+    const kn_tq_fmt_t vf = kn_tq_fmt(bits, 1, hd);
+    const int di = kn_tq_dim_index(hd), sketch = kn_tq_fmt(bits, 0, hd).sketch;
+    const float *sg = a->sg + (size_t)kh * hd;
     int32_t lo = 0;
 
     (void)smem;
@@ -1767,14 +1775,18 @@ kn_tq_attn_body(const kn_thr_t *t, float *smem, const kn_tq_attn_args_t *a)
     for (int32_t g = t->tid; g < group; g += t->nthr) {
         float qz[KN_TQ_MAX_DIM], sq[KN_TQ_MAX_DIM], acc[KN_TQ_MAX_DIM];
         const size_t qo = ((size_t)tok * a->n_heads + (size_t)kh * group + g) * hd;
+        const size_t qi = (size_t)tok * (a->q_stride > 0 ? (size_t)a->q_stride
+                                                         : (size_t)a->n_heads * hd) +
+                          ((size_t)kh * group + g) * hd;
         float m = -INFINITY, l = 0.0f;
 
         for (int32_t c = 0; c < hd; c++) {
-            qz[c] = KN_FMUL_RN(a->q[qo + c], sg[c]);
+            qz[c] = KN_FMUL_RN(a->q[qi + c], sg[c]);
             acc[c] = 0.0f;
         }
         kn_tq_fwht(qz, hd);
-        for (int32_t i = 0; i < hd; i++) {
+        for (int32_t i = 0; i < hd && sketch; i++) {
+            const float *S = a->S + (size_t)kh * hd * hd;
             float d = 0.0f;
 
             for (int32_t c = 0; c < hd; c++) {
@@ -1799,15 +1811,64 @@ kn_tq_attn_body(const kn_thr_t *t, float *smem, const kn_tq_attn_args_t *a)
             }
             w = expf(sc - m);
             l = KN_FADD_RN(l, w);
-            w = KN_FMUL_RN(w, kn_tq_vnorm(vr[bits * (hd / 8)]));
+            w = KN_FMUL_RN(w, kn_tq_scale(vr, &vf, 1));
             for (int32_t c = 0; c < hd; c++) {
-                acc[c] = KN_FADD_RN(acc[c], KN_FMUL_RN(w, vcb[kn_tq_code(vr, bits, hd / 8, c)]));
+                acc[c] = KN_FADD_RN(acc[c], KN_FMUL_RN(w, kn_tq_val(vr, &vf, di, c)));
             }
         }
         kn_tq_fwht(acc, hd);
         for (int32_t c = 0; c < hd; c++) {
-            a->out[qo + c] = acc[c] / (l * (float)hd) * sg[c];
+            float o = acc[c] / (l * (float)hd) * sg[c];
+
+            if (a->out16 != NULL) {
+                kn_st16(a->out16, qo + (size_t)c, o, a->dt);
+            } else {
+                a->out[qo + c] = o;
+            }
         }
+    }
+}
+
+/* kn_tq_shift_body: KV_OP_SHIFT of one tq block (attention sinks): each
+ * key row of (head blockIdx.x, layer blockIdx.y) decoded (kn_tq_decode_row),
+ * rotated by -delta (kn_kv_rotate_body's arithmetic: the CPU's
+ * kn_kvq_rotate_rows step for step) and encoded again, as the CPU store's
+ * SHIFT does (tq re-quantizes there). Every row of the block, written or
+ * not, as on the CPU. kc: layer 0's K region, layer_stride bytes to the
+ * next layer's; sg (n_layers, n_kv, hd), S (n_layers, n_kv, hd, hd) or
+ * NULL (tq3: no sketch). Launch: grid (n_kv, n_layers), any block size (a
+ * thread per row), no shared memory. */
+typedef struct kn_tq_shift_args {
+    uint8_t *kc;
+    size_t layer_stride, k_stride;
+    const float *sg, *S, *inv_freq;
+    int32_t blk, n_kv, hd, bs, bits, delta;
+} kn_tq_shift_args_t;
+
+KN_DEV void
+kn_tq_shift_body(const kn_thr_t *t, float *smem, const kn_tq_shift_args_t *a)
+{
+    const int32_t h = t->bx, layer = t->by, hd = a->hd, half = hd / 2;
+    const size_t lh = (size_t)layer * (size_t)a->n_kv + (size_t)h;
+    const float *sg = a->sg + lh * (size_t)hd;
+    const float *S = a->S != NULL ? a->S + lh * (size_t)hd * (size_t)hd : NULL;
+    const size_t krow = (size_t)kn_tq_row_bytes(a->bits, 0, hd);
+
+    (void)smem;
+    for (int32_t r = t->tid; r < a->bs; r += t->nthr) {
+        uint8_t *row = a->kc + (size_t)layer * a->layer_stride + (size_t)a->blk * a->k_stride +
+                       ((size_t)h * a->bs + (size_t)r) * krow;
+        float x[KN_TQ_MAX_DIM];
+
+        kn_tq_decode_row(hd, a->bits, 0, sg, S, row, x);
+        for (int32_t i = 0; i < half; i++) {
+            float c, sn, x0 = x[i], x1 = x[i + half];
+
+            kn_rot_cs(a->inv_freq, i, a->delta, &c, &sn);
+            x[i] = KN_FSUB_RN(KN_FMUL_RN(x0, c), KN_FMUL_RN(x1, sn));
+            x[i + half] = KN_FADD_RN(KN_FMUL_RN(x1, c), KN_FMUL_RN(x0, sn));
+        }
+        kn_tq_encode_row(hd, a->bits, 0, sg, S, x, row);
     }
 }
 

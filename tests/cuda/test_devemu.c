@@ -19,6 +19,9 @@
  *   host path's bit for bit, the staging stays within its cap, and the
  *   logits stay within bounds against the CPU backend (see
  *   test_devemu_native_weights).
+ *   fp8 / int8 / int4 and tq3 / tq4 KV: against the CPU backend with the
+ *   same dtype (test_devemu_kv_quant, test_devemu_kv_tq, and the sink /
+ *   rolling-window stream of test_devemu_kv_policy).
  * Models: the default model and synthetic ones (1 KV head replicated, QKV
  * biases), as in test_tp.c.
  */
@@ -217,6 +220,25 @@ EO_KERNEL(kq_dequant, kn_kq_dequant_args_t, a->g.n_kv, 2 + 0 * n, 32, 0)
 EO_KERNEL(kq_attention, kn_kq_attn_args_t, a->a.n_kv_heads, n, 64,
           kn_kq_attn_smem_floats(a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
 EO_KERNEL(wdequant, kn_wdequant_args_t, n, 1, 32, 0)
+EO_KERNEL(tq_write, kn_tq_write_args_t, n, a->n_kv, 32, 0)
+EO_KERNEL(tq_shift, kn_tq_shift_args_t, a->n_kv, n, 32, 0)
+
+static void
+run_tq_attention(const kn_thr_t *t, float *sm, const void *a)
+{
+    kn_tq_attn_body(t, sm, a);
+}
+
+static int
+eo_tq_attention(void *ctx, const kn_tq_attn_args_t *a, int32_t n)
+{
+    int32_t group = a->n_heads / a->n_kv;
+
+    (void)ctx;
+    return kn_emu_launch(run_tq_attention, a, n, a->n_kv, (group + 31) / 32 * 32, 0) == 0
+               ? ST_OK
+               : ST_EINVAL;
+}
 
 /* Decode attention as kn_cuda_attention() launches it: one pass, or with
  * n_splits > 1 the split kernel and then the combine. */
@@ -465,6 +487,9 @@ static const mdl_dev_ops_t emu_ops = {
     .kq_dequant = eo_kq_dequant,
     .kq_attention = eo_kq_attention,
     .kv_rotate = eo_kv_rotate,
+    .tq_write = eo_tq_write,
+    .tq_attention = eo_tq_attention,
+    .tq_shift = eo_tq_shift,
     .wdequant = eo_wdequant,
     .gemm = eo_gemm,
     .allreduce = eo_allreduce,
@@ -608,6 +633,7 @@ typedef struct cmp {
     double nmse_bound;
     double worst;
     int32_t vocab;
+    float margin; /* argmax must agree where the reference's top-2 margin is above; 0: 0.1 */
 } cmp_t;
 
 static void
@@ -635,7 +661,7 @@ compare(cmp_t *c, const float *ref, const float *got, int32_t rows)
             c->worst = num / den;
         }
         ck_assert_msg(num / den < c->nmse_bound, "row %d: logits NMSE %g", r, num / den);
-        ck_assert_msg(gbest == best || a[best] - a[second] < 0.1f,
+        ck_assert_msg(gbest == best || a[best] - a[second] < (c->margin > 0.0f ? c->margin : 0.1f),
                       "row %d: argmax %d, reference %d (margin %g)", r, gbest, best,
                       a[best] - a[second]);
     }
@@ -860,27 +886,84 @@ kq_check_moves(emu_dev_t *e)
     ck_assert_int_eq(swp->sl.n_free, free_swp);
 }
 
+/* Block blk of (layer, kind) in tier (0 device, 1 swap) of a tq rank. */
+static const uint8_t *
+tq_block(const mdl_dev_rank_t *rk, int tier, int32_t layer, int kind, int32_t blk)
+{
+    size_t nb = (size_t)(tier == 0 ? rk->rc.num_blocks : rk->rc.swap_blocks);
+    const uint8_t *base = tier == 0 ? rk->kv : rk->swap;
+
+    return base + (size_t)layer * nb * (rk->tq_kstride + rk->tq_vstride) +
+           (size_t)kind * nb * rk->tq_kstride +
+           (size_t)blk * (kind == 0 ? rk->tq_kstride : rk->tq_vstride);
+}
+
+static int
+tq_same(const mdl_dev_rank_t *rk, int ta, int32_t a, int tb, int32_t b)
+{
+    for (int32_t l = 0; l < rk->m->cfg.n_layers; l++) {
+        if (memcmp(tq_block(rk, ta, l, 0, a), tq_block(rk, tb, l, 0, b), rk->tq_kstride) != 0 ||
+            memcmp(tq_block(rk, ta, l, 1, a), tq_block(rk, tb, l, 1, b), rk->tq_vstride) != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* tq: copy-on-write and a swap round trip move a block's rows bit for bit
+ * (no slots: a partial block is just rows). Block 1 holds the script's
+ * first rows. */
+static void
+tq_check_moves(emu_dev_t *e)
+{
+    mdl_dev_rank_t *rk = &e->fw[0];
+    const uint8_t *b1 = tq_block(rk, 0, 0, 0, 1);
+    size_t nz = 0;
+
+    for (size_t i = 0; i < rk->tq_kstride; i++) {
+        nz += b1[i] != 0;
+    }
+    ck_assert_uint_gt(nz, rk->tq_kstride / 4);
+    kv_op_t ops[] = {{KV_OP_COPY, 1, NBLK - 1},
+                     {KV_OP_SWAP_OUT, NBLK - 1, 6},
+                     {KV_OP_SWAP_IN, 6, NBLK - 3},
+                     {KV_OP_DROP, NBLK - 1, 0}};
+
+    side_kv(&(side_t){.dev = e}, ops, 4);
+    ck_assert(tq_same(rk, 0, 1, 0, NBLK - 1));
+    ck_assert(tq_same(rk, 0, 1, 1, 6));
+    ck_assert(tq_same(rk, 0, 1, 0, NBLK - 3));
+}
+
 /* Emulated device (f16 weights) at T = tp against the CPU backend, both
  * with KV dtype kv; the moves check at the end (T = 1). */
 static double
-vs_cpu_kq(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
+vs_cpu_kq_margin(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound, float margin)
 {
     char err[256];
     mdl_runtime_config_t rc = script_config(1), rct = script_config(tp);
     side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
+    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size, .margin = margin};
 
     rc.kv_dtype = kv;
     rct.kv_dtype = kv;
     ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create(m, &rct, KN_DT_F16);
     run_script(&ref, &got, &c);
-    if (tp == 1) {
+    if (tp == 1 && got.dev->fw[0].tq_bits != 0) {
+        tq_check_moves(got.dev);
+    } else if (tp == 1) {
         kq_check_moves(got.dev);
     }
     mdl_runtime_destroy(ref.cpu);
     emu_dev_destroy(got.dev);
     return c.worst;
+}
+
+static double
+vs_cpu_kq(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
+{
+    return vs_cpu_kq_margin(m, kv, tp, bound, 0.0f);
 }
 
 /* Emulated device at T = tp against T = 1. */
@@ -1216,6 +1299,140 @@ START_TEST(test_devemu_kv_quant)
 }
 END_TEST
 
+/* ---- tq3 / tq4 KV ---------------------------------------------------------------------- */
+
+/* One sequence: a 16-token prompt prefilled in one step, then n_gen greedy
+ * decode steps. free_run: each side feeds back its own argmax and the
+ * token streams must be equal; else both are fed the CPU's (teacher
+ * forcing) and *agree counts the steps whose argmax agrees. Returns the
+ * worst logits NMSE (bound checked per step). */
+static double
+greedy_tq(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t n_gen, double bound, int free_run,
+          int32_t *agree)
+{
+    char err[256];
+    mdl_runtime_config_t rc = script_config(1);
+    side_t ref = {0}, got = {0};
+    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size, .margin = 1e9f};
+    int32_t ids_ref[MAXB * BS], ids_got[MAXB * BS], bt[MAXB], n = 16;
+
+    *agree = 0;
+
+    ck_assert_int_le(n + n_gen, MAXB * BS);
+    rc.kv_dtype = kv;
+    ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
+    got.dev = emu_dev_create(m, &rc, KN_DT_F16);
+    rs = 0x6a09e667ULL;
+    for (int32_t i = 0; i < n; i++) {
+        ids_ref[i] = ids_got[i] = 3 + (int32_t)(rnd() % (uint32_t)(c.vocab - 3));
+    }
+    for (int32_t b = 0; b < MAXB; b++) {
+        bt[b] = 1 + b;
+    }
+    for (int32_t done = 0, step_n = n; done + step_n <= n + n_gen; ) {
+        int32_t pos[MAXB * BS], slot[MAXB * BS], qs[2] = {0, step_n}, ctx = done + step_n;
+        int32_t row = step_n - 1, best[2] = {0, 0};
+        const float *lr;
+        float *keep = xmalloc(sizeof(float) * (size_t)c.vocab);
+
+        for (int32_t i = 0; i < step_n; i++) {
+            pos[i] = done + i;
+            slot[i] = bt[(done + i) / BS] * BS + (done + i) % BS;
+        }
+        mdl_batch_t b = {.n_tokens = step_n, .tokens = ids_ref + done, .positions = pos,
+                         .slot_mapping = slot, .n_seqs = 1, .query_start = qs,
+                         .context_len = &ctx, .block_tables = bt, .max_blocks = MAXB,
+                         .logits_rows = &row, .n_logits = 1};
+        mdl_batch_t bg = b;
+
+        bg.tokens = ids_got + done;
+        lr = side_forward(&ref, &b);
+        memcpy(keep, lr, sizeof(float) * (size_t)c.vocab);
+        lr = side_forward(&got, &bg);
+        compare(&c, keep, lr, 1);
+        for (int32_t i = 1; i < c.vocab; i++) {
+            best[0] = keep[i] > keep[best[0]] ? i : best[0];
+            best[1] = lr[i] > lr[best[1]] ? i : best[1];
+        }
+        free(keep);
+        done += step_n;
+        if (done >= n + n_gen) {
+            break;
+        }
+        ids_ref[done] = best[0];
+        ids_got[done] = free_run ? best[1] : best[0];
+        *agree += best[0] == best[1];
+        ck_assert_msg(!free_run || best[0] == best[1], "%s greedy step %d: emulated %d, cpu %d",
+                      mdl_kv_dtype_name(kv), done - n, best[1], best[0]);
+        step_n = 1;
+    }
+    mdl_runtime_destroy(ref.cpu);
+    emu_dev_destroy(got.dev);
+    return c.worst;
+}
+
+/* tq3 / tq4 KV: the emulated rank (rows written by kn_tq_write_body, read
+ * by kn_tq_attn_body) against the CPU backend with the same dtype, through
+ * the script's prefill, decodes, copy-on-write and swaps (T = 1 and 2:
+ * the rotations follow the global KV head), the moves bit for bit; on the
+ * default model also 64 greedy tokens. Both encode rows with the same
+ * code, from K / V that differ by the f16 weights' rounding, so a
+ * coordinate may land one code apart, a step of 0.3 to 1 of its spread at
+ * 2 to 4 bits (int4's step is 1/15 of the row's range), and tq4's key
+ * sketch flips signs with it: one flipped code moved a logit by up to
+ * ~0.5 in these runs (measured NMSE: 2e-4 to 3.5e-3), so the bound is
+ * 3e-2 and argmax agreement is required above a top-2 margin of 1. tq3
+ * generates the same 64 greedy tokens on both sides; tq4 diverged at the
+ * 18th (a sign flip at a 0.45 margin), so it is fed the CPU's tokens and
+ * must agree on at least 60 of 64. */
+#define TQ_MARGIN 1.0f
+
+START_TEST(test_devemu_kv_tq)
+{
+    static const struct {
+        mdl_kv_dtype_t kv;
+        const char *name;
+        double bound;
+    } kvs[] = {{MDL_KV_TQ3, "tq3", 3e-2}, {MDL_KV_TQ4, "tq4", 3e-2}};
+    static const int32_t cases[][4] = {{4, 1, 1, 1}, {8, 2, 1, 2}};
+    const char *dir = getenv("KVSERVE_TEST_MODEL");
+    const char *scale = getenv("KVSERVE_TEST_SCALE");
+    synth_t s;
+
+    for (size_t k = 0; k < sizeof(kvs) / sizeof(kvs[0]); k++) {
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            synth_init_shape(&s, cases[i][0], cases[i][1], cases[i][2], 16, 40, 64);
+            printf("synthetic %d/%d heads x 16, %s KV, T=%d: emulated vs cpu NMSE %.3g\n",
+                   cases[i][0], cases[i][1], kvs[k].name, cases[i][3],
+                   vs_cpu_kq_margin(&s.m, kvs[k].kv, cases[i][3], kvs[k].bound, TQ_MARGIN));
+            free(s.m.layers);
+            free(s.buf);
+        }
+    }
+    if (scale != NULL && atof(scale) < 1.0) {
+        printf("default model skipped at KVSERVE_TEST_SCALE=%s\n", scale);
+        return;
+    }
+    mdl_model_t *m;
+    char err[256];
+
+    ck_assert_msg(dir != NULL, "KVSERVE_TEST_MODEL is not set");
+    ck_assert_msg(mdl_model_load(dir, &m, err, sizeof(err)) == ST_OK, "%s", err);
+    for (size_t k = 0; k < sizeof(kvs) / sizeof(kvs[0]); k++) {
+        int free_run = kvs[k].kv == MDL_KV_TQ3;
+        int32_t agree = 0;
+        double g = greedy_tq(m, kvs[k].kv, 64, kvs[k].bound, free_run, &agree);
+
+        printf("default model, %s KV: emulated vs cpu NMSE %.3g; 64 greedy tokens (%s): %d "
+               "agree, NMSE %.3g\n",
+               kvs[k].name, vs_cpu_kq_margin(m, kvs[k].kv, 1, kvs[k].bound, TQ_MARGIN),
+               free_run ? "free-running" : "fed the cpu's", agree, g);
+        ck_assert_int_ge(agree, free_run ? 64 : 60);
+    }
+    mdl_model_destroy(m);
+}
+END_TEST
+
 /* ---- attention sinks + rolling window (KV_OP_SHIFT) ------------------------------- */
 
 /* One-token prefills of 16 other sequences (blocks from the pool, given
@@ -1336,7 +1553,9 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
     char err[256];
     mdl_runtime_config_t rc = script_config(1), rct = script_config(tp);
     side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
+    cmp_t c = {.nmse_bound = bound,
+               .vocab = m->cfg.vocab_size,
+               .margin = kv == MDL_KV_TQ3 || kv == MDL_KV_TQ4 ? TQ_MARGIN : 0.0f};
     int32_t table[MAXB], n_blocks = 0, kv_len = 0, fed = 0, free_blk[NBLK], n_free = 0;
     int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)total);
     int64_t evicted = 0, shifts = 0;
@@ -1454,7 +1673,9 @@ START_TEST(test_devemu_kv_policy)
                 {MDL_KV_INT4, "int4", 2e-4, 1},
                 {MDL_KV_INT8, "int8", 2e-5, 1},
                 {MDL_KV_INT4, "int4", 2e-4, 2},
-                {MDL_KV_F16, "f16", 2e-6, 2}};
+                {MDL_KV_F16, "f16", 2e-6, 2},
+                {MDL_KV_TQ3, "tq3", 3e-2, 1},
+                {MDL_KV_TQ4, "tq4", 3e-2, 2}};
     const char *scale = getenv("KVSERVE_TEST_SCALE");
     synth_t s;
 
@@ -1462,7 +1683,11 @@ START_TEST(test_devemu_kv_policy)
         printf("kv policy run %d skipped at KVSERVE_TEST_SCALE=%s\n", _i, scale);
         return;
     }
-    synth_init(&s, 8, 2, 1);
+    if (runs[_i].kv == MDL_KV_TQ3 || runs[_i].kv == MDL_KV_TQ4) {
+        synth_init_shape(&s, 8, 2, 1, 16, 40, 64); /* tq: head_dim a power of two >= 16 */
+    } else {
+        synth_init(&s, 8, 2, 1);
+    }
     s.m.cfg.rope_scaling = MDL_ROPE_LINEAR; /* the shift uses the scaled frequencies */
     s.m.cfg.rope_factor = 2.0f;
     double worst = stream_script(&s.m, runs[_i].kv, runs[_i].tp, runs[_i].bound);
@@ -2065,10 +2290,16 @@ cuda_devemu_suite(void)
     tcase_add_test(tq, test_devemu_kv_quant_budget);
     tcase_add_test(tq, test_devemu_kv_quant);
     suite_add_tcase(s, tq);
+
+    TCase *tt = tcase_create("kv_tq");
+
+    tcase_set_timeout(tt, 240);
+    tcase_add_test(tt, test_devemu_kv_tq);
+    suite_add_tcase(s, tt);
     TCase *tp = tcase_create("kv_policy");
 
     tcase_set_timeout(tp, 240);
-    tcase_add_loop_test(tp, test_devemu_kv_policy, 0, 5);
+    tcase_add_loop_test(tp, test_devemu_kv_policy, 0, 7);
     suite_add_tcase(s, tp);
     TCase *tg = tcase_create("graphs");
 

@@ -6,7 +6,9 @@
  * checked too), and the emulated attention over those bytes equals
  * kn_kvq_attention() up to f32 summation order (NMSE < 1e-10), for two
  * head sizes, GQA, a prefill chunk reading its own block, a decode row,
- * scattered block tables and a sliding window.
+ * scattered block tables and a sliding window; the SHIFT body
+ * (kn_tq_shift_body) re-encodes a block's rotated keys into the CPU
+ * store's bytes.
  */
 #include <check.h>
 #include <math.h>
@@ -36,6 +38,12 @@ static void
 run_tq_write(const kn_thr_t *t, float *smem, const void *a)
 {
     kn_tq_write_body(t, smem, a);
+}
+
+static void
+run_tq_shift(const kn_thr_t *t, float *smem, const void *a)
+{
+    kn_tq_shift_body(t, smem, a);
 }
 
 static void
@@ -127,6 +135,34 @@ START_TEST(test_tq_bodies)
     ck_assert_double_gt(den, 0.0);
     ck_assert_msg(num / den < 1e-10, "tq%d hd %d window %d: NMSE %g", bits, hd, window,
                   num / den);
+    /* SHIFT of block 9 (sequence 0's third) by 37 positions: the emulated
+     * decode-rotate-encode of every layer's keys equals the CPU store's. */
+    {
+        float inv_freq[KN_TQ_MAX_DIM / 2];
+        size_t ls = (size_t)NB * (L.k_stride + L.v_stride);
+        uint8_t *all = xcalloc((size_t)NL, ls);
+        kn_tq_shift_args_t sa = {
+            .kc = all, .layer_stride = ls, .k_stride = L.k_stride,
+            .sg = kn_tq_layer_signs(tq, 0), .S = bits == 4 ? kn_tq_layer_sketch(tq, 0) : NULL,
+            .inv_freq = inv_freq, .blk = 9, .n_kv = NKV, .hd = hd, .bs = BS, .bits = bits,
+            .delta = 37,
+        };
+
+        for (int32_t i = 0; i < hd / 2; i++) {
+            inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)hd);
+        }
+        for (int32_t l = 0; l < NL; l++) {
+            memcpy(all + (size_t)l * ls + 9 * L.k_stride, tq_ref_block(st, l, 0, 9), L.k_stride);
+        }
+        ck_assert_int_eq(tq_ref_shift(st, inv_freq, 9, 37), 0);
+        ck_assert_int_eq(kn_emu_launch(run_tq_shift, &sa, NKV, NL, 32, 0), 0);
+        for (int32_t l = 0; l < NL; l++) {
+            ck_assert_msg(memcmp(all + (size_t)l * ls + 9 * L.k_stride, tq_ref_block(st, l, 0, 9),
+                                 L.k_stride) == 0,
+                          "tq%d hd %d: shifted K block of layer %d differs", bits, hd, l);
+        }
+        free(all);
+    }
     free(q);
     free(o_cpu);
     free(o_emu);

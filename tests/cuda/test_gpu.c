@@ -11,7 +11,9 @@
  *             top-2 margin is not a near tie;
  *   tp:       with two or more devices, TP = 2 against TP = 1 on CUDA;
  *   kv quant: fp8 / int8 / int4 blocks quantized on the device equal the
- *             CPU quantizer's bytes (codes, scales, zero points), and the
+ *             CPU quantizer's bytes (codes, scales, zero points); tq3 / tq4
+ *             rows encoded on the device (kn_cuda_tq_write) equal the CPU
+ *             store's encoder (kn_tq_encode) byte for byte; and the
  *             default model with each compressed KV dtype on cuda (bf16
  *             weights) against the CPU backend with the same dtype;
  *   weights:  the weight dequantization kernel, every file type to f16
@@ -38,6 +40,7 @@
 #include "common/xmalloc.h"
 #include "kernels/cpu/kn_cpu.h"
 #include "kernels/cpu/kn_quant.h"
+#include "kernels/cpu/kv_tq.h"
 #include "kernels/cuda/kn_cuda.h"
 #include "model/model.h"
 #include "tests/cuda/kvq_ref.h"
@@ -336,6 +339,90 @@ test_kq_quant(void)
             free(kh);
             free(vh);
             free(ref);
+        }
+    }
+}
+
+/* tq3 / tq4: K and V rows of 2 blocks' worth of tokens (scattered slots,
+ * outlier channels, norms over four orders of magnitude, one zero row)
+ * encoded by the device body and by the CPU store's encoder with the same
+ * signs and sketches (layer 1 of kn_tq_create's): the same bytes. */
+static void
+test_tq_quant(void)
+{
+    static const int32_t shapes[][3] = {{2, 16, 64}, {1, 16, 128}, {4, 8, 32}, {1, 16, 256},
+                                        {8, 16, 16}};
+
+    for (int bits = 3; bits <= 4; bits++) {
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+            const int32_t n_kv = shapes[si][0], bs = shapes[si][1], hd = shapes[si][2];
+            const int32_t n_tok = 2 * bs, nb = 4;
+            const size_t krow = (size_t)kn_tq_row_size(bits, 0, hd, NULL, 0);
+            const size_t vrow = (size_t)kn_tq_row_size(bits, 1, hd, NULL, 0);
+            const size_t ks = (size_t)n_kv * bs * krow, vs = (size_t)n_kv * bs * vrow;
+            const size_t nx = (size_t)n_tok * n_kv * hd;
+            kn_tq_t *tq = kn_tq_create(bits, 2, n_kv, hd);
+            float *k = xmalloc(sizeof(float) * nx), *v = xmalloc(sizeof(float) * nx);
+            int32_t *slot = xmalloc(sizeof(int32_t) * n_tok);
+            uint8_t *kh = xcalloc((size_t)nb, ks), *vh = xcalloc((size_t)nb, vs);
+            uint8_t *kr = xcalloc((size_t)nb, ks), *vr = xcalloc((size_t)nb, vs);
+            int bad = 0;
+
+            for (size_t i = 0; i < nx; i++) {
+                float sc = powf(10.0f, (float)((i / hd) % 5) - 2.0f);
+
+                k[i] = rnd_f(1.0f) * sc * (i % 13 == 3 ? 12.0f : 1.0f);
+                v[i] = rnd_f(1.0f) * sc;
+            }
+            for (int32_t c = 0; c < hd; c++) {
+                k[(size_t)5 * n_kv * hd + c] = v[(size_t)5 * n_kv * hd + c] = 0.0f;
+            }
+            for (int32_t t = 0; t < n_tok; t++) {
+                slot[t] = (t < bs ? 3 : 1) * bs + (t * 7) % bs; /* blocks 3 and 1 */
+            }
+            for (int32_t t = 0; t < n_tok; t++) {
+                for (int32_t h = 0; h < n_kv; h++) {
+                    size_t off = ((size_t)h * bs + (size_t)(slot[t] % bs));
+                    const float *x = k + ((size_t)t * n_kv + h) * hd;
+
+                    kn_tq_encode(tq, 1, h, 0, x, kr + (size_t)(slot[t] / bs) * ks + off * krow);
+                    x = v + ((size_t)t * n_kv + h) * hd;
+                    kn_tq_encode(tq, 1, h, 1, x, vr + (size_t)(slot[t] / bs) * vs + off * vrow);
+                }
+            }
+            size_t nsg = (size_t)n_kv * hd, nS = bits == 4 ? nsg * hd : 0;
+            float *k_d = dev_copy(k, sizeof(float) * nx), *v_d = dev_copy(v, sizeof(float) * nx);
+            int32_t *slot_d = dev_copy(slot, sizeof(int32_t) * n_tok);
+            uint8_t *kc_d = dev_copy(kh, (size_t)nb * ks), *vc_d = dev_copy(vh, (size_t)nb * vs);
+            float *sg_d = dev_copy(kn_tq_layer_signs(tq, 1), sizeof(float) * nsg);
+            float *S_d = nS > 0 ? dev_copy(kn_tq_layer_sketch(tq, 1), sizeof(float) * nS) : NULL;
+            kn_tq_write_args_t wa = {k_d, v_d, slot_d, kc_d, vc_d, sg_d, S_d, ks, vs,
+                                     n_kv, hd, bs, bits, 0};
+
+            CU(kn_cuda_tq_write(0, &wa, n_tok));
+            CU(cudaMemcpy(kh, kc_d, (size_t)nb * ks, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(vh, vc_d, (size_t)nb * vs, cudaMemcpyDeviceToHost));
+            for (size_t r = 0; r < (size_t)nb * n_kv * bs; r++) {
+                bad += memcmp(kh + r * krow, kr + r * krow, krow) != 0;
+                bad += memcmp(vh + r * vrow, vr + r * vrow, vrow) != 0;
+            }
+            EXPECT(bad == 0, "tq%d %dx%dx%d: %d of %d device rows differ from the CPU encoder",
+                   bits, n_kv, bs, hd, bad, 2 * nb * n_kv * bs);
+            cudaFree(k_d);
+            cudaFree(v_d);
+            cudaFree(slot_d);
+            cudaFree(kc_d);
+            cudaFree(vc_d);
+            cudaFree(sg_d);
+            cudaFree(S_d);
+            kn_tq_destroy(tq);
+            free(k);
+            free(v);
+            free(slot);
+            free(kh);
+            free(vh);
+            free(kr);
+            free(vr);
         }
     }
 }
@@ -739,10 +826,13 @@ test_end_to_end(const mdl_model_t *m, int n_dev)
                want, margin);
     }
 
-    /* Compressed KV: CPU and cuda with the same dtype (bf16 weights on cuda). */
-    static const mdl_kv_dtype_t kq[3] = {MDL_KV_FP8_E4M3, MDL_KV_INT8, MDL_KV_INT4};
+    /* Compressed KV: CPU and cuda with the same dtype (bf16 weights on cuda).
+     * tq: a code one step off (bf16 K / V) moves more than int4's, as
+     * under the emulator (tests/cuda/test_devemu.c): a looser bound. */
+    static const mdl_kv_dtype_t kq[5] = {MDL_KV_FP8_E4M3, MDL_KV_INT8, MDL_KV_INT4, MDL_KV_TQ3,
+                                         MDL_KV_TQ4};
 
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 5; k++) {
         mdl_runtime_config_t rq = {.num_blocks = 16, .block_size = 16, .max_blocks_per_seq = 8};
 
         rq.kv_dtype = kq[k];
@@ -762,7 +852,7 @@ test_end_to_end(const mdl_model_t *m, int n_dev)
         double e = nmse(lg, lc, (size_t)(E2E_STEPS + 1) * vocab);
 
         printf("%s KV: cuda vs cpu logits NMSE %.3g\n", mdl_kv_dtype_name(kq[k]), e);
-        EXPECT(e < 5e-3, "%s KV: logits NMSE %g", mdl_kv_dtype_name(kq[k]), e);
+        EXPECT(e < (k >= 3 ? 3e-2 : 5e-3), "%s KV: logits NMSE %g", mdl_kv_dtype_name(kq[k]), e);
     }
 
     if (n_dev < 2) {
@@ -853,6 +943,7 @@ main(void)
     test_kernels(KN_DT_BF16);
     test_kernels(KN_DT_F16);
     test_kq_quant();
+    test_tq_quant();
     test_kv_rotate();
     test_wdequant();
     if (dir == NULL || mdl_model_load(dir, &m, err, sizeof(err)) != ST_OK) {

@@ -696,12 +696,12 @@ START_TEST(test_tp_kv_pools_bit_exact)
         for (int32_t i = 0; i < PH_HD / 2; i++) {
             p.inv_freq[i] = powf(10000.0f, -2.0f * (float)i / PH_HD);
         }
-        ck_assert_msg(host_kv_create(&p.whole, &c, PH_KV, &rc, err, sizeof(err)) == ST_OK, "%s",
+        ck_assert_msg(host_kv_create(&p.whole, &c, 0, PH_KV, &rc, err, sizeof(err)) == ST_OK, "%s",
                       err);
         host_kv_set_rope(&p.whole, p.inv_freq);
         for (int32_t h = 0; h < PH_KV; h++) {
-            ck_assert_msg(host_kv_create(&p.part[h], &c, 1, &rc, err, sizeof(err)) == ST_OK, "%s",
-                          err);
+            ck_assert_msg(host_kv_create(&p.part[h], &c, h, 1, &rc, err, sizeof(err)) == ST_OK,
+                          "%s", err);
             host_kv_set_rope(&p.part[h], p.inv_freq);
         }
         ck_assert((p.whole.kvq != NULL) == (dtypes[d] != MDL_KV_F32));

@@ -53,6 +53,15 @@ tq_ref_attention(tq_ref_t *r, int32_t layer, const kn_attn_args_t *a)
     kn_kvq_attention(r->st, layer, a);
 }
 
+int
+tq_ref_shift(tq_ref_t *r, const float *inv_freq, int32_t block, int32_t delta)
+{
+    kv_op_t op = {KV_OP_SHIFT, block, delta};
+
+    kn_kvq_store_set_rope(r->st, inv_freq);
+    return kn_kvq_ops(r->st, &op, 1);
+}
+
 const uint8_t *
 tq_ref_block(const tq_ref_t *r, int32_t layer, int kind, int32_t block)
 {

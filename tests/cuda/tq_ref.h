@@ -25,5 +25,8 @@ void tq_ref_write(tq_ref_t *r, int32_t layer, const float *k, const float *v,
                   const int32_t *slot, int32_t n_tok);
 void tq_ref_attention(tq_ref_t *r, int32_t layer, const kn_attn_args_t *a);
 const uint8_t *tq_ref_block(const tq_ref_t *r, int32_t layer, int kind, int32_t block);
+/* KV_OP_SHIFT of block by delta with the rope table inv_freq (hd / 2,
+ * borrowed); ST_OK or the store's error. */
+int tq_ref_shift(tq_ref_t *r, const float *inv_freq, int32_t block, int32_t delta);
 
 #endif /* TESTS_CUDA_TQ_REF_H */

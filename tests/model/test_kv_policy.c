@@ -320,7 +320,7 @@ START_TEST(test_dtypes)
                       6 * ((2 * 16 * 16 + 2 * 2 * 2 * 32) + (2 * 16 * 16 + 2 * 2 * 2 * 16)));
     /* tq3: 3 bit planes of 4 bytes per row, + f16 norm + u8 residual norm
      * for keys, + log8 norm for values; no meta. */
-    ck_assert_uint_eq(mdl_kv_block_bytes(c, 16, MDL_KV_TQ3), 6 * (2 * 16 * 15 + 2 * 16 * 13));
+    ck_assert_uint_eq(mdl_kv_block_bytes(c, 16, MDL_KV_TQ3), 6 * (2 * 16 * 16 + 2 * 16 * 12));
     ck_assert_uint_eq(mdl_kv_block_bytes(c, 16, MDL_KV_TQ4), 6 * (2 * 16 * 19 + 2 * 16 * 17));
     ck_assert_int_eq(mdl_kv_dtype_parse("tq3", &d), ST_OK);
     ck_assert_int_eq(d, MDL_KV_TQ3);
