@@ -530,6 +530,7 @@ bm_pool_create(const bm_config_t *cfg, bm_pool_t **out)
     pool->ops = xcalloc(pool->cap_ops, sizeof(*pool->ops));
     pool->md_ctx = EVP_MD_CTX_new();
     pool->md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    pool->n_hashed = xcalloc(1, sizeof(*pool->n_hashed));
     if (pool->md_ctx == NULL || pool->md == NULL) {
         LOG_ERROR("OpenSSL SHA-256 unavailable");
         bm_pool_destroy(pool);
@@ -577,6 +578,7 @@ bm_pool_destroy(bm_pool_t *pool)
     free(pool->scratch);
     EVP_MD_free(pool->md);
     EVP_MD_CTX_free(pool->md_ctx);
+    free(pool->n_hashed);
     free(pool);
 }
 
@@ -663,8 +665,8 @@ seal_block(bm_pool_t *pool, bm_seq_t *s, uint32_t idx)
         CHECK(p->hashed);
         parent = p->hash;
     }
-    bm__hash_block(pool, parent, &pool->tenants[s->tenant], s->extra, s->extra_len,
-                   s->toks + (size_t)idx * pool->bs, b->hash);
+    bm__memo_hash(pool, s->memo, idx, parent, &pool->tenants[s->tenant], s->extra, s->extra_len,
+                  s->toks + (size_t)idx * pool->bs, b->hash);
     bm__ev_seal(pool, b, parent, s->toks + (size_t)idx * pool->bs);
     b->hashed = 1;
     if (bm__ht_find(dev, b->hash) == BM_NONE) {
@@ -813,6 +815,9 @@ bm_seq_truncate(bm_pool_t *pool, uint64_t seq, uint32_t n)
     }
     bm__step_check_move(pool, s, "truncate");
     s->len -= n;
+    if (s->memo != NULL && s->len < s->memo->cap * pool->bs) {
+        s->memo = NULL; /* its tokens may differ from the memo's prefix from here */
+    }
     keep = div_up(s->len, pool->bs);
     /* A tail block left partly filled keeps its hash until it is written:
      * its bytes are unchanged, so it stays a valid cache entry. */
@@ -853,6 +858,7 @@ bm_seq_fork(bm_pool_t *pool, uint64_t parent, uint64_t child)
     c->len = p->len;
     c->extra_len = p->extra_len;
     memcpy(c->extra, p->extra, p->extra_len);
+    c->memo = p->memo;
     for (uint32_t i = c->n_released; i < c->n_blocks; i++) {
         blk_get(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)c->table[i]), c->tenant);
     }
@@ -991,8 +997,8 @@ bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint3
         bm_block_t *b;
         uint32_t id;
 
-        bm__hash_block(pool, parent, &pool->tenants[s->tenant], s->extra, s->extra_len,
-                       tokens + (size_t)i * bs, h);
+        bm__memo_hash(pool, s->memo, i, parent, &pool->tenants[s->tenant], s->extra,
+                      s->extra_len, tokens + (size_t)i * bs, h);
         id = bm__ht_find(dev, h);
         if (id != BM_NONE) {
             b = bm__blk(pool, BM_DEV, id);
@@ -1037,6 +1043,13 @@ bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint3
 uint32_t
 bm_prefix_probe(const bm_pool_t *pool, uint32_t tenant, const int32_t *tokens, uint32_t n)
 {
+    return bm_prefix_probe_memo(pool, tenant, tokens, n, NULL);
+}
+
+uint32_t
+bm_prefix_probe_memo(const bm_pool_t *pool, uint32_t tenant, const int32_t *tokens, uint32_t n,
+                     bm_hash_memo_t *memo)
+{
     const bm_tenant_t *t = tenant_find(pool, tenant);
     bm_tenant_t dflt;
     uint8_t h[2][BM_HASH_LEN];
@@ -1055,8 +1068,8 @@ bm_prefix_probe(const bm_pool_t *pool, uint32_t tenant, const int32_t *tokens, u
         t = &dflt;
     }
     for (i = 0; i < (n - 1) / pool->bs; i++) {
-        bm__hash_block(pool, i > 0 ? h[(i - 1) & 1] : NULL, t, NULL, 0,
-                       tokens + (size_t)i * pool->bs, h[i & 1]);
+        bm__memo_hash(pool, memo, i, i > 0 ? h[(i - 1) & 1] : NULL, t, NULL, 0,
+                      tokens + (size_t)i * pool->bs, h[i & 1]);
         if (bm__ht_find(&pool->tier[BM_DEV], h[i & 1]) == BM_NONE &&
             (pool->tier[BM_CPU].n_blocks == 0 ||
              bm__ht_find(&pool->tier[BM_CPU], h[i & 1]) == BM_NONE)) {

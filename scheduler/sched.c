@@ -38,6 +38,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "blockmgr/bm_memo.h"
 #include "common/list.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -95,6 +96,7 @@ struct sched_req {
     int fork_pending;      /* choice 0 still computes the prompt for all */
     int admitted;          /* left the waiting queue once (charged) */
     int32_t cached_tokens; /* prompt tokens hit at first admission */
+    bm_hash_memo_t memo;   /* the prompt's block hashes (bm_memo.h); cap 0: none */
     sched_seq_t *seqs;     /* [r.n] */
     void *udata;           /* the submitter's, freed with cfg.udata_free */
     int failed;            /* out of memory (a TOKEN event, a blockmgr record):
@@ -330,6 +332,7 @@ req_free(sched_t *s, sched_req_t *rq)
         gr_matcher_destroy(rq->seqs[k].gm);
     }
     free(rq->seqs);
+    bm_memo_fini(&rq->memo);
     gr_grammar_destroy(rq->r.grammar);
     free(rq->r.prompt);
     free((void *)rq->r.sampling.bias);
@@ -770,7 +773,14 @@ sched_submit(sched_t *s, eng_request_t *req, void *udata)
     rq->r = *req;
     rq->udata = udata;
     rq->cap = cap;
-    if (req->grammar != NULL && !grammar_attach(rq, req)) {
+    /* The prompt's block hashes, computed once for every admission try,
+     * lookup, seal and recompute (blockmgr/bm_memo.h); not with a kv
+     * policy (its sequences rewrite their history and are never hashed)
+     * nor mean pooling (no lookup). */
+    int memo_failed = s->cfg.prefix_caching && window <= 0 && score.kind == MDL_KVP_FULL &&
+                      req->pooling != ENG_POOL_MEAN &&
+                      bm_memo_init(&rq->memo, (uint32_t)req->n_prompt, bs) != ST_OK;
+    if (memo_failed || (req->grammar != NULL && !grammar_attach(rq, req))) {
         /* What req owns stays with the caller. */
         rq->r.prompt = NULL;
         rq->r.sampling.bias = NULL;
@@ -1367,8 +1377,9 @@ plan_admit(sched_t *s)
         /* Estimate the blocks with a probe before touching the pool. */
         /* Mean pooling needs every prompt row computed: no cache hits. */
         int reuse = s->cfg.prefix_caching && rq->r.pooling != ENG_POOL_MEAN;
-        uint32_t cached =
-            reuse ? bm_prefix_probe(s->pool, tid, q->tokens, (uint32_t)q->n_tokens) : 0;
+        uint32_t cached = reuse ? bm_prefix_probe_memo(s->pool, tid, q->tokens,
+                                                       (uint32_t)q->n_tokens, &rq->memo)
+                                : 0;
         int32_t n_new = min_i32(q->n_tokens - (int32_t)cached, s->budget_tokens);
         uint32_t blocks = (cached + (uint32_t)n_new + bs - 1) / bs - cached / bs;
         if (t->kv_limit > 0 && bm_tenant_blocks(s->pool, tid) + blocks > t->kv_limit) {
@@ -1393,6 +1404,9 @@ plan_admit(sched_t *s)
             if (q->req->kv_window > 0) {
                 /* Its blocks get evicted and re-rotated: never shared. */
                 CHECK(bm_seq_set_nohash(s->pool, q->bm_id) == ST_OK);
+            }
+            if (rq->memo.cap > 0) {
+                CHECK(bm_seq_set_memo(s->pool, q->bm_id, &rq->memo) == ST_OK);
             }
             if (reuse) {
                 uint32_t got = 0;
