@@ -773,6 +773,7 @@ bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_
             op_push(pool, KV_OP_COPY, tail->id, copy->id);
             pool->st.n_copies++;
             s->table[s->n_blocks - 1] = (int32_t)copy->id;
+            bm__tab_changed(s, s->n_blocks - 1);
             blk_put(pool, BM_DEV, tail, s->tenant);
         } else {
             /* Sole holder: the block becomes mutable again. It may still be
@@ -825,6 +826,7 @@ bm_seq_truncate(bm_pool_t *pool, uint64_t seq, uint32_t n)
         s->n_blocks--;
         blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[s->n_blocks]), s->tenant);
     }
+    bm__tab_changed(s, s->n_blocks);
     return ST_OK;
 }
 
@@ -899,6 +901,7 @@ bm_seq_release_front(bm_pool_t *pool, uint64_t seq, uint32_t n_blocks)
     for (uint32_t i = s->n_released; i < n_blocks; i++) {
         blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[i]), s->tenant);
         s->table[i] = 0;
+        bm__tab_changed(s, i);
     }
     if (n_blocks > s->n_released) {
         s->n_released = n_blocks;
@@ -938,6 +941,7 @@ bm_seq_evict(bm_pool_t *pool, uint64_t seq, uint32_t first, uint32_t n)
     }
     memmove(s->table + first, s->table + first + n,
             (size_t)(s->n_blocks - first - n) * sizeof(*s->table));
+    bm__tab_changed(s, first);
     memmove(s->toks + (size_t)first * bs, s->toks + (size_t)(first + n) * bs,
             (size_t)(s->len - (first + n) * bs) * sizeof(*s->toks));
     s->n_blocks -= n;
@@ -1193,6 +1197,7 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
         blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[i]), s->tenant);
         s->table[i] = plan[i - s->n_released];
     }
+    bm__tab_changed(s, 0);
     s->swapped = 1;
     return ST_OK;
 }
@@ -1267,6 +1272,7 @@ bm_seq_swap_in(bm_pool_t *pool, uint64_t seq)
         blk_put(pool, BM_CPU, bm__blk(pool, BM_CPU, (uint32_t)s->table[i]), s->tenant);
         s->table[i] = plan[i - s->n_released];
     }
+    bm__tab_changed(s, 0);
     s->swapped = 0;
     bm__step_taint(pool, s);
     return ST_OK;

@@ -125,6 +125,9 @@ typedef struct bm_seq {
     uint32_t resv_len0;
     /* The caller's hashes of its prefix blocks (bm_memo.h), or NULL. */
     bm_hash_memo_t *memo;
+    /* Table entries [0, tab_clean) unchanged since the last
+     * bm_seq_table_delta() (appends need no mark: they land past it). */
+    uint32_t tab_clean;
 } bm_seq_t;
 
 struct bm_pool {
@@ -199,6 +202,16 @@ void bm__hash_block(const bm_pool_t *pool, const uint8_t *parent, const bm_tenan
 void bm__memo_hash(const bm_pool_t *pool, bm_hash_memo_t *memo, uint32_t idx, const uint8_t *parent,
                    const bm_tenant_t *tenant, const uint8_t *extra, uint32_t extra_len,
                    const int32_t *toks, uint8_t out[BM_HASH_LEN]);
+
+/* Table entry idx of s was overwritten, or the table shrank to idx
+ * entries (bm_delta.h). */
+static inline void
+bm__tab_changed(bm_seq_t *s, uint32_t idx)
+{
+    if (idx < s->tab_clean) {
+        s->tab_clean = idx;
+    }
+}
 
 /* blockmgr.c, for bm_check.c */
 bm_seq_t *bm__seq_find(const bm_pool_t *pool, uint64_t id);

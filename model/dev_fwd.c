@@ -680,7 +680,7 @@ dev_kq_prepare(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t *res_slot, int3
         }
     }
     for (int32_t q = 0; q < b->n_seqs; q++) {
-        const int32_t *bt = b->block_tables + (size_t)q * b->max_blocks;
+        const int32_t *bt = mdl_batch_table(b, q);
 
         for (int32_t i = b->query_start[q]; i < b->query_start[q + 1]; i++) {
             int32_t ctx = b->context_len[q] - (b->query_start[q + 1] - i);
@@ -894,7 +894,18 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     int32_t *h = rk->stage_host;
     size_t o_pos = (size_t)T, o_slot = o_pos + T, o_qs = o_slot + T, o_ctx = o_qs + S + 1;
     size_t o_rows = o_ctx + S, o_bt = o_rows + (size_t)b->n_logits;
-    size_t o_tiles = o_bt + (size_t)S * b->max_blocks, n_int = o_tiles;
+    /* Block tables go up as [S][mbw]: the batch's own layout, or, from
+     * persistent rows (mdl_batch_t.table_rows), each sequence's row cut to
+     * the widest table the step reads. */
+    int32_t mbw = b->max_blocks;
+    if (b->table_rows != NULL) {
+        mbw = 1;
+        for (int32_t s = 0; s < S; s++) {
+            int32_t nb = (b->context_len[s] + bs - 1) / bs;
+            mbw = nb > mbw ? nb : mbw;
+        }
+    }
+    size_t o_tiles = o_bt + (size_t)S * mbw, n_int = o_tiles;
     const int32_t group = c->n_heads / c->n_kv_heads;
     const int32_t q_tile = kn_attn_prefill_q_tile(group);
     const int kq = rk->kq.fmt != 0;
@@ -908,7 +919,13 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     if (b->n_logits > 0) {
         memcpy(h + o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
     }
-    memcpy(h + o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * b->max_blocks);
+    if (b->table_rows != NULL) {
+        for (int32_t s = 0; s < S; s++) {
+            memcpy(h + o_bt + (size_t)s * mbw, mdl_batch_table(b, s), sizeof(int32_t) * mbw);
+        }
+    } else {
+        memcpy(h + o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * mbw);
+    }
     if (T > S && kq == 0) { /* prefill chunks present: query tiles for the prefill kernel */
         for (int32_t s = 0; s < S; s++) {
             for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += q_tile) {
@@ -951,7 +968,7 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
             rk->h16,  rk->q,
             kc,       vc,
             d + o_qs, d + o_ctx,
-            d + o_bt, b->max_blocks,
+            d + o_bt, mbw,
             S,        sh->n_q,
             sh->n_kv, hd,
             bs,       c->sliding_window,

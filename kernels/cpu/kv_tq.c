@@ -310,7 +310,7 @@ kn__tq_attn_task(const kn_tq_t *tq, int32_t layer, const uint8_t *kbase, size_t 
     const int32_t group = a->n_heads / a->n_kv_heads;
     const int32_t n_new = a->query_start[s + 1] - a->query_start[s];
     const int32_t ctx = a->context_len[s] - n_new + (t - a->query_start[s]);
-    const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
+    const int32_t *bt = kn_attn_table(a, s);
     const int32_t krow = kn_tq_row_bytes(bits, 0, hd), vrow = kn_tq_row_bytes(bits, 1, hd);
     const int di = kn_tq_dim_index(hd);
     const float *kcb = KN_TQ_CB[di][bits - 2], *vcb = KN_TQ_CB[di][bits - 1];
