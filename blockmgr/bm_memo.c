@@ -12,25 +12,28 @@
 #include "common/xmalloc.h"
 
 int
-bm_memo_init(bm_hash_memo_t *m, uint32_t n_tokens, uint32_t block_size)
+bm_memo_create(uint32_t n_tokens, uint32_t block_size, bm_hash_memo_t **out)
 {
-    memset(m, 0, sizeof(*m));
+    bm_hash_memo_t *m;
+
+    *out = NULL;
     if (block_size == 0 || n_tokens < block_size) {
         return ST_OK;
     }
-    m->hash = xmalloc_try((size_t)(n_tokens / block_size) * sizeof(*m->hash));
-    if (m->hash == NULL) {
+    m = xmalloc_try(sizeof(*m) + (size_t)(n_tokens / block_size) * sizeof(m->hash[0]));
+    if (m == NULL) {
         return ST_ENOMEM;
     }
+    memset(m, 0, sizeof(*m));
     m->cap = n_tokens / block_size;
+    *out = m;
     return ST_OK;
 }
 
 void
-bm_memo_fini(bm_hash_memo_t *m)
+bm_memo_destroy(bm_hash_memo_t *m)
 {
-    free(m->hash);
-    memset(m, 0, sizeof(*m));
+    free(m);
 }
 
 int

@@ -21,8 +21,10 @@
  *   below that detaches the memo from the sequence). A fork inherits the
  *   memo; bm_seq_free forgets it; the memo must outlive its sequences.
  *
- * Memory: the caller's record; bm_memo_init allocates cap hashes (32
- * bytes per full block of the prefix), fallibly.
+ * Memory: one allocation per memo (bm_memo_create: the record and 32
+ * bytes per full block of the prefix), fallible; none for a prefix
+ * without a full block. Out of the caller's record, so that a request
+ * record stays small (the scheduler walks thousands per step).
  *
  * Thread: engine thread only (like every blockmgr call).
  */
@@ -34,21 +36,21 @@
 #include "blockmgr/blockmgr.h"
 
 typedef struct bm_hash_memo {
-    uint8_t (*hash)[32]; /* [cap]: block i's hash for i < n */
-    uint32_t cap;        /* full blocks of the prefix */
-    uint32_t n;          /* hashes known, filled in order */
+    uint32_t cap; /* full blocks of the prefix */
+    uint32_t n;   /* hashes known, filled in order */
     /* What they were computed under (blockmgr's, set on first fill). */
     int keyed;
     uint32_t salt_len, extra_len;
     uint8_t salt[64], extra[64];
+    uint8_t hash[][32]; /* [cap]: block i's hash for i < n */
 } bm_hash_memo_t;
 
-/* Room for the hashes of the full blocks of an n_tokens prefix in blocks
- * of block_size tokens (none: cap 0, nothing allocated). ST_OK, or
- * ST_ENOMEM with m empty. */
-int bm_memo_init(bm_hash_memo_t *m, uint32_t n_tokens, uint32_t block_size);
-/* Frees what m holds; m is empty after (a no-op twice). */
-void bm_memo_fini(bm_hash_memo_t *m);
+/* A memo for the hashes of the full blocks of an n_tokens prefix in
+ * blocks of block_size tokens: ST_OK and *out (NULL when the prefix has
+ * no full block: nothing to keep), or ST_ENOMEM. */
+int bm_memo_create(uint32_t n_tokens, uint32_t block_size, bm_hash_memo_t **out);
+/* NULL is a no-op. */
+void bm_memo_destroy(bm_hash_memo_t *m);
 
 /* Attaches memo to seq (NULL detaches): see DESIGN. ST_EINVAL for an
  * unknown seq. */

@@ -98,7 +98,7 @@ struct sched_req {
     int fork_pending;      /* choice 0 still computes the prompt for all */
     int admitted;          /* left the waiting queue once (charged) */
     int32_t cached_tokens; /* prompt tokens hit at first admission */
-    bm_hash_memo_t memo;   /* the prompt's block hashes (bm_memo.h); cap 0: none */
+    bm_hash_memo_t *memo;  /* the prompt's block hashes (bm_memo.h), or NULL */
     sched_seq_t *seqs;     /* [r.n] */
     void *udata;           /* the submitter's, freed with cfg.udata_free */
     int failed;            /* out of memory (a TOKEN event, a blockmgr record):
@@ -337,7 +337,7 @@ req_free(sched_t *s, sched_req_t *rq)
         gr_matcher_destroy(rq->seqs[k].gm);
     }
     free(rq->seqs);
-    bm_memo_fini(&rq->memo);
+    bm_memo_destroy(rq->memo);
     gr_grammar_destroy(rq->r.grammar);
     free(rq->r.prompt);
     free((void *)rq->r.sampling.bias);
@@ -793,7 +793,7 @@ sched_submit(sched_t *s, eng_request_t *req, void *udata)
      * nor mean pooling (no lookup). */
     int memo_failed = s->cfg.prefix_caching && window <= 0 && score.kind == MDL_KVP_FULL &&
                       req->pooling != ENG_POOL_MEAN &&
-                      bm_memo_init(&rq->memo, (uint32_t)req->n_prompt, bs) != ST_OK;
+                      bm_memo_create((uint32_t)req->n_prompt, bs, &rq->memo) != ST_OK;
     if (memo_failed || (req->grammar != NULL && !grammar_attach(rq, req))) {
         /* What req owns stays with the caller. */
         rq->r.prompt = NULL;
@@ -1393,7 +1393,7 @@ plan_admit(sched_t *s)
         /* Mean pooling needs every prompt row computed: no cache hits. */
         int reuse = s->cfg.prefix_caching && rq->r.pooling != ENG_POOL_MEAN;
         uint32_t cached = reuse ? bm_prefix_probe_memo(s->pool, tid, q->tokens,
-                                                       (uint32_t)q->n_tokens, &rq->memo)
+                                                       (uint32_t)q->n_tokens, rq->memo)
                                 : 0;
         int32_t n_new = min_i32(q->n_tokens - (int32_t)cached, s->budget_tokens);
         uint32_t blocks = (cached + (uint32_t)n_new + bs - 1) / bs - cached / bs;
@@ -1420,8 +1420,8 @@ plan_admit(sched_t *s)
                 /* Its blocks get evicted and re-rotated: never shared. */
                 CHECK(bm_seq_set_nohash(s->pool, q->bm_id) == ST_OK);
             }
-            if (rq->memo.cap > 0) {
-                CHECK(bm_seq_set_memo(s->pool, q->bm_id, &rq->memo) == ST_OK);
+            if (rq->memo != NULL) {
+                CHECK(bm_seq_set_memo(s->pool, q->bm_id, rq->memo) == ST_OK);
             }
             if (reuse) {
                 uint32_t got = 0;

@@ -52,23 +52,23 @@ admit(bm_pool_t *p, uint64_t seq, uint32_t tenant, const int32_t *toks, uint32_t
 START_TEST(test_recompute_does_not_rehash_prompt)
 {
     bm_pool_t *p = mk_pool(64);
-    bm_hash_memo_t memo;
+    bm_hash_memo_t *memo;
     int32_t toks[64], slots[16];
     const uint32_t n_prompt = 40; /* 10 full blocks */
 
     for (int i = 0; i < 64; i++) {
         toks[i] = 1000 + i * 7;
     }
-    ck_assert_int_eq(bm_memo_init(&memo, n_prompt, BS), ST_OK);
-    ck_assert_uint_eq(memo.cap, 10);
+    ck_assert_int_eq(bm_memo_create(n_prompt, BS, &memo), ST_OK);
+    ck_assert_uint_eq(memo->cap, 10);
 
     uint64_t h0 = bm_pool_hash_calls(p);
     /* First admission: the probe hashes block 0 and misses (nothing is
      * cached), the lookup takes it from the memo, the reserve seals all
      * ten prompt blocks: nine computed, one from the memo. */
-    ck_assert_uint_eq(admit(p, 1, 0, toks, n_prompt, &memo), 0);
+    ck_assert_uint_eq(admit(p, 1, 0, toks, n_prompt, memo), 0);
     ck_assert_uint_eq(bm_pool_hash_calls(p) - h0, 10);
-    ck_assert_uint_eq(memo.n, 10);
+    ck_assert_uint_eq(memo->n, 10);
     /* Two generated blocks: hashed as they fill (past the memo). */
     ck_assert_int_eq(bm_seq_reserve(p, 1, toks + n_prompt, 8, slots), ST_OK);
     ck_assert_uint_eq(bm_pool_hash_calls(p) - h0, 12);
@@ -79,7 +79,7 @@ START_TEST(test_recompute_does_not_rehash_prompt)
      * and by the lookup, then block 11 as its reserve fills it. Without
      * the memo: 11 + 11 + 1. */
     uint64_t h1 = bm_pool_hash_calls(p);
-    ck_assert_uint_eq(admit(p, 1, 0, toks, 48, &memo), 44);
+    ck_assert_uint_eq(admit(p, 1, 0, toks, 48, memo), 44);
     ck_assert_uint_eq(bm_pool_hash_calls(p) - h1, 3);
     bm_seq_free(p, 1);
 
@@ -91,13 +91,13 @@ START_TEST(test_recompute_does_not_rehash_prompt)
 
     /* Another tenant (another salt): the memo starts over and finds
      * nothing of tenant 0's. */
-    ck_assert_uint_eq(bm_prefix_probe_memo(p, 7, toks, 48, &memo), 0);
+    ck_assert_uint_eq(bm_prefix_probe_memo(p, 7, toks, 48, memo), 0);
     ck_assert_uint_eq(bm_prefix_probe(p, 7, toks, 48), 0);
-    ck_assert_uint_le(memo.n, 1);
+    ck_assert_uint_le(memo->n, 1);
     /* And back: correct hits again (recomputed once). */
-    ck_assert_uint_eq(bm_prefix_probe_memo(p, 0, toks, 48, &memo), 44);
+    ck_assert_uint_eq(bm_prefix_probe_memo(p, 0, toks, 48, memo), 44);
     bm_pool_check(p);
-    bm_memo_fini(&memo);
+    bm_memo_destroy(memo);
     bm_pool_destroy(p);
 }
 END_TEST
@@ -105,7 +105,7 @@ END_TEST
 START_TEST(test_truncate_into_prefix_detaches)
 {
     bm_pool_t *p = mk_pool(64);
-    bm_hash_memo_t memo;
+    bm_hash_memo_t *memo;
     int32_t toks[32], other[32], slots[32];
     uint32_t got = 0;
 
@@ -113,9 +113,9 @@ START_TEST(test_truncate_into_prefix_detaches)
         toks[i] = 10 + i;
         other[i] = i < 8 ? toks[i] : 500 + i;
     }
-    ck_assert_int_eq(bm_memo_init(&memo, 16, BS), ST_OK);
-    ck_assert_uint_eq(admit(p, 1, 0, toks, 16, &memo), 0);
-    ck_assert_uint_eq(memo.n, 4);
+    ck_assert_int_eq(bm_memo_create(16, BS, &memo), ST_OK);
+    ck_assert_uint_eq(admit(p, 1, 0, toks, 16, memo), 0);
+    ck_assert_uint_eq(memo->n, 4);
     /* Back to 8 tokens, then different ones: blocks 2 and 3 now hold
      * other[8..16), and must be cached as that content. */
     ck_assert_int_eq(bm_seq_truncate(p, 1, 8), ST_OK);
@@ -129,7 +129,7 @@ START_TEST(test_truncate_into_prefix_detaches)
     bm_seq_free(p, 1);
     bm_seq_free(p, 2);
     bm_pool_check(p);
-    bm_memo_fini(&memo);
+    bm_memo_destroy(memo);
     bm_pool_destroy(p);
 }
 END_TEST
@@ -145,7 +145,7 @@ typedef struct rreq {
     uint32_t n_prompt, n, n_done; /* prompt, tokens now, tokens reserved */
     uint32_t tenant;
     int live;                     /* has a sequence (id = index + 1) */
-    bm_hash_memo_t memo;
+    bm_hash_memo_t *memo;
 } rreq_t;
 
 static uint64_t rng_state;
@@ -201,7 +201,7 @@ START_TEST(test_random_same_as_without_memo)
         rq[i].n = rq[i].n_prompt;
         rq[i].n_done = 0;
         rq[i].live = 0;
-        ck_assert_int_eq(bm_memo_init(&rq[i].memo, rq[i].n_prompt, BS), ST_OK);
+        ck_assert_int_eq(bm_memo_create(rq[i].n_prompt, BS, &rq[i].memo), ST_OK);
     }
     for (int op = 0; op < 4000; op++) {
         rreq_t *r = &rq[rnd(NREQ)];
@@ -214,13 +214,13 @@ START_TEST(test_random_same_as_without_memo)
             /* Admission (or re-admission after a recompute): a chunk of
              * what is left, or all of it. */
             uint32_t pa = bm_prefix_probe(a, r->tenant, r->toks, r->n);
-            uint32_t pb = bm_prefix_probe_memo(b, r->tenant, r->toks, r->n, &r->memo);
+            uint32_t pb = bm_prefix_probe_memo(b, r->tenant, r->toks, r->n, r->memo);
             uint32_t ga = 0, gb = 0;
 
             ck_assert_uint_eq(pa, pb);
             ck_assert_int_eq(bm_seq_create(a, id, r->tenant), ST_OK);
             ck_assert_int_eq(bm_seq_create(b, id, r->tenant), ST_OK);
-            ck_assert_int_eq(bm_seq_set_memo(b, id, &r->memo), ST_OK);
+            ck_assert_int_eq(bm_seq_set_memo(b, id, r->memo), ST_OK);
             ck_assert_int_eq(bm_seq_lookup_prefix(a, id, r->toks, r->n, &ga), ST_OK);
             ck_assert_int_eq(bm_seq_lookup_prefix(b, id, r->toks, r->n, &gb), ST_OK);
             ck_assert_uint_eq(ga, gb);
@@ -279,7 +279,7 @@ START_TEST(test_random_same_as_without_memo)
     ck_assert_uint_gt(st.n_evicted, 0);
     ck_assert_uint_lt(bm_pool_hash_calls(b), bm_pool_hash_calls(a));
     for (int i = 0; i < NREQ; i++) {
-        bm_memo_fini(&rq[i].memo);
+        bm_memo_destroy(rq[i].memo);
     }
     bm_pool_destroy(a);
     bm_pool_destroy(b);
