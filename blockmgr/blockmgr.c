@@ -530,6 +530,7 @@ bm_pool_create(const bm_config_t *cfg, bm_pool_t **out)
     pool->ops = xcalloc(pool->cap_ops, sizeof(*pool->ops));
     pool->md_ctx = EVP_MD_CTX_new();
     pool->md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    pool->n_hashed = xcalloc(1, sizeof(*pool->n_hashed));
     if (pool->md_ctx == NULL || pool->md == NULL) {
         LOG_ERROR("OpenSSL SHA-256 unavailable");
         bm_pool_destroy(pool);
@@ -577,6 +578,7 @@ bm_pool_destroy(bm_pool_t *pool)
     free(pool->scratch);
     EVP_MD_free(pool->md);
     EVP_MD_CTX_free(pool->md_ctx);
+    free(pool->n_hashed);
     free(pool);
 }
 
@@ -663,8 +665,8 @@ seal_block(bm_pool_t *pool, bm_seq_t *s, uint32_t idx)
         CHECK(p->hashed);
         parent = p->hash;
     }
-    bm__hash_block(pool, parent, &pool->tenants[s->tenant], s->extra, s->extra_len,
-                   s->toks + (size_t)idx * pool->bs, b->hash);
+    bm__memo_hash(pool, s->memo, idx, parent, &pool->tenants[s->tenant], s->extra, s->extra_len,
+                  s->toks + (size_t)idx * pool->bs, b->hash);
     bm__ev_seal(pool, b, parent, s->toks + (size_t)idx * pool->bs);
     b->hashed = 1;
     if (bm__ht_find(dev, b->hash) == BM_NONE) {
@@ -771,6 +773,7 @@ bm_seq_reserve(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint32_t n_
             op_push(pool, KV_OP_COPY, tail->id, copy->id);
             pool->st.n_copies++;
             s->table[s->n_blocks - 1] = (int32_t)copy->id;
+            bm__tab_changed(s, s->n_blocks - 1);
             blk_put(pool, BM_DEV, tail, s->tenant);
         } else {
             /* Sole holder: the block becomes mutable again. It may still be
@@ -813,6 +816,9 @@ bm_seq_truncate(bm_pool_t *pool, uint64_t seq, uint32_t n)
     }
     bm__step_check_move(pool, s, "truncate");
     s->len -= n;
+    if (s->memo != NULL && s->len < s->memo->cap * pool->bs) {
+        s->memo = NULL; /* its tokens may differ from the memo's prefix from here */
+    }
     keep = div_up(s->len, pool->bs);
     /* A tail block left partly filled keeps its hash until it is written:
      * its bytes are unchanged, so it stays a valid cache entry. */
@@ -820,6 +826,7 @@ bm_seq_truncate(bm_pool_t *pool, uint64_t seq, uint32_t n)
         s->n_blocks--;
         blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[s->n_blocks]), s->tenant);
     }
+    bm__tab_changed(s, s->n_blocks);
     return ST_OK;
 }
 
@@ -853,6 +860,7 @@ bm_seq_fork(bm_pool_t *pool, uint64_t parent, uint64_t child)
     c->len = p->len;
     c->extra_len = p->extra_len;
     memcpy(c->extra, p->extra, p->extra_len);
+    c->memo = p->memo;
     for (uint32_t i = c->n_released; i < c->n_blocks; i++) {
         blk_get(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)c->table[i]), c->tenant);
     }
@@ -893,6 +901,7 @@ bm_seq_release_front(bm_pool_t *pool, uint64_t seq, uint32_t n_blocks)
     for (uint32_t i = s->n_released; i < n_blocks; i++) {
         blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[i]), s->tenant);
         s->table[i] = 0;
+        bm__tab_changed(s, i);
     }
     if (n_blocks > s->n_released) {
         s->n_released = n_blocks;
@@ -932,6 +941,7 @@ bm_seq_evict(bm_pool_t *pool, uint64_t seq, uint32_t first, uint32_t n)
     }
     memmove(s->table + first, s->table + first + n,
             (size_t)(s->n_blocks - first - n) * sizeof(*s->table));
+    bm__tab_changed(s, first);
     memmove(s->toks + (size_t)first * bs, s->toks + (size_t)(first + n) * bs,
             (size_t)(s->len - (first + n) * bs) * sizeof(*s->toks));
     s->n_blocks -= n;
@@ -991,8 +1001,8 @@ bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint3
         bm_block_t *b;
         uint32_t id;
 
-        bm__hash_block(pool, parent, &pool->tenants[s->tenant], s->extra, s->extra_len,
-                       tokens + (size_t)i * bs, h);
+        bm__memo_hash(pool, s->memo, i, parent, &pool->tenants[s->tenant], s->extra,
+                      s->extra_len, tokens + (size_t)i * bs, h);
         id = bm__ht_find(dev, h);
         if (id != BM_NONE) {
             b = bm__blk(pool, BM_DEV, id);
@@ -1037,6 +1047,13 @@ bm_seq_lookup_prefix(bm_pool_t *pool, uint64_t seq, const int32_t *tokens, uint3
 uint32_t
 bm_prefix_probe(const bm_pool_t *pool, uint32_t tenant, const int32_t *tokens, uint32_t n)
 {
+    return bm_prefix_probe_memo(pool, tenant, tokens, n, NULL);
+}
+
+uint32_t
+bm_prefix_probe_memo(const bm_pool_t *pool, uint32_t tenant, const int32_t *tokens, uint32_t n,
+                     bm_hash_memo_t *memo)
+{
     const bm_tenant_t *t = tenant_find(pool, tenant);
     bm_tenant_t dflt;
     uint8_t h[2][BM_HASH_LEN];
@@ -1055,8 +1072,8 @@ bm_prefix_probe(const bm_pool_t *pool, uint32_t tenant, const int32_t *tokens, u
         t = &dflt;
     }
     for (i = 0; i < (n - 1) / pool->bs; i++) {
-        bm__hash_block(pool, i > 0 ? h[(i - 1) & 1] : NULL, t, NULL, 0,
-                       tokens + (size_t)i * pool->bs, h[i & 1]);
+        bm__memo_hash(pool, memo, i, i > 0 ? h[(i - 1) & 1] : NULL, t, NULL, 0,
+                      tokens + (size_t)i * pool->bs, h[i & 1]);
         if (bm__ht_find(&pool->tier[BM_DEV], h[i & 1]) == BM_NONE &&
             (pool->tier[BM_CPU].n_blocks == 0 ||
              bm__ht_find(&pool->tier[BM_CPU], h[i & 1]) == BM_NONE)) {
@@ -1180,6 +1197,7 @@ bm_seq_swap_out(bm_pool_t *pool, uint64_t seq)
         blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[i]), s->tenant);
         s->table[i] = plan[i - s->n_released];
     }
+    bm__tab_changed(s, 0);
     s->swapped = 1;
     return ST_OK;
 }
@@ -1254,6 +1272,7 @@ bm_seq_swap_in(bm_pool_t *pool, uint64_t seq)
         blk_put(pool, BM_CPU, bm__blk(pool, BM_CPU, (uint32_t)s->table[i]), s->tenant);
         s->table[i] = plan[i - s->n_released];
     }
+    bm__tab_changed(s, 0);
     s->swapped = 0;
     bm__step_taint(pool, s);
     return ST_OK;

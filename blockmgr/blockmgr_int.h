@@ -28,6 +28,7 @@
 
 #include "blockmgr/blockmgr.h"
 #include "blockmgr/bm_events.h"
+#include "blockmgr/bm_memo.h"
 #include "common/list.h"
 
 #define BM_NONE UINT32_MAX
@@ -122,6 +123,11 @@ typedef struct bm_seq {
      * lookup or swap-in (anything a reserve cannot undo). */
     uint64_t resv_epoch, other_epoch;
     uint32_t resv_len0;
+    /* The caller's hashes of its prefix blocks (bm_memo.h), or NULL. */
+    bm_hash_memo_t *memo;
+    /* Table entries [0, tab_clean) unchanged since the last
+     * bm_seq_table_delta() (appends need no mark: they land past it). */
+    uint32_t tab_clean;
 } bm_seq_t;
 
 struct bm_pool {
@@ -149,6 +155,7 @@ struct bm_pool {
 
     EVP_MD_CTX *md_ctx;
     EVP_MD *md;
+    uint64_t *n_hashed; /* [1] block hashes computed (bm_pool_hash_calls), through const pools */
 
     bm_stats_t st; /* event counters; block counts come from the tiers */
 
@@ -189,6 +196,22 @@ void bm__ht_remove(bm_tier_t *t, bm_block_t *b);
 void bm__hash_block(const bm_pool_t *pool, const uint8_t *parent, const bm_tenant_t *tenant,
                     const uint8_t *extra, uint32_t extra_len, const int32_t *toks,
                     uint8_t out[BM_HASH_LEN]);
+
+/* bm_memo.c: the hash of block idx of a sequence with memo (NULL: none),
+ * taken from the memo or computed (and kept there when it is the next). */
+void bm__memo_hash(const bm_pool_t *pool, bm_hash_memo_t *memo, uint32_t idx, const uint8_t *parent,
+                   const bm_tenant_t *tenant, const uint8_t *extra, uint32_t extra_len,
+                   const int32_t *toks, uint8_t out[BM_HASH_LEN]);
+
+/* Table entry idx of s was overwritten, or the table shrank to idx
+ * entries (bm_delta.h). */
+static inline void
+bm__tab_changed(bm_seq_t *s, uint32_t idx)
+{
+    if (idx < s->tab_clean) {
+        s->tab_clean = idx;
+    }
+}
 
 /* blockmgr.c, for bm_check.c */
 bm_seq_t *bm__seq_find(const bm_pool_t *pool, uint64_t id);

@@ -163,6 +163,7 @@ bm_seq_compact(bm_pool_t *pool, uint64_t seq, const uint32_t *keep, uint32_t n_k
         }
     }
     free(saved);
+    bm__tab_changed(s, fb); /* rebuilt from block fb, and shrunk */
     s->n_blocks = nb_new;
     s->len = n_keep;
     s->nohash = 1;

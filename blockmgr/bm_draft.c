@@ -17,6 +17,9 @@ bm_seq_set_token(bm_pool_t *pool, uint64_t seq, uint32_t pos, int32_t token)
     if (s == NULL || s->swapped || pos >= s->len || (pos / pool->bs + 1) * pool->bs <= s->len) {
         return ST_EINVAL;
     }
+    if (s->memo != NULL && pos < s->memo->cap * pool->bs) {
+        s->memo = NULL; /* no longer the memo's prefix (bm_memo.h) */
+    }
     s->toks[pos] = token;
     return ST_OK;
 }

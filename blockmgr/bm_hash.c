@@ -111,6 +111,7 @@ bm__hash_block(const bm_pool_t *pool, const uint8_t *parent, const bm_tenant_t *
     unsigned int out_len = 0;
     EVP_MD_CTX *ctx = pool->md_ctx;
 
+    ++*pool->n_hashed;
     CHECK(EVP_DigestInit_ex(ctx, pool->md, NULL) == 1);
     if (parent != NULL) {
         EVP_DigestUpdate(ctx, parent, BM_HASH_LEN);

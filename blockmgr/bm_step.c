@@ -96,6 +96,7 @@ bm_seq_unreserve(bm_pool_t *pool, uint64_t seq)
         bm__blk_put(pool, BM_DEV, bm__blk(pool, BM_DEV, (uint32_t)s->table[s->n_blocks]),
                     s->tenant);
     }
+    bm__tab_changed(s, s->n_blocks);
     s->wrote_epoch = s->taint_epoch = s->resv_epoch = 0;
     return ST_OK;
 }

@@ -676,6 +676,16 @@ cmd_bench(int argc, char **argv)
             printf("sample time            %.1f us per generated token\n",
                    st.generation_tokens > 0 ? (double)st.ns_sample * 1e-3 / st.generation_tokens
                                             : 0.0);
+            /* The engine's host work around the forward (issue 15's
+             * "< 2% of a step"): planning with its batch building, and the
+             * commit, per step and as a share of the whole step. */
+            if (st.steps > 0) {
+                double n = (double)st.steps;
+                printf("host per step          plan %.1f us, commit %.1f us, %.3f%% of a "
+                       "%.3f ms step\n",
+                       (double)st.ns_plan / n * 1e-3, (double)st.ns_commit / n * 1e-3,
+                       100.0 * (double)(st.ns_plan + st.ns_commit) / busy, busy / n * 1e-6);
+            }
         }
         printf("preemptions            %llu swap, %llu recompute\n",
                (unsigned long long)st.preempt_swap, (unsigned long long)st.preempt_recompute);

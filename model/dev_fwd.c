@@ -816,7 +816,7 @@ dev_kq_prepare(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t *res_slot, int3
         }
     }
     for (int32_t q = 0; q < b->n_seqs; q++) {
-        const int32_t *bt = b->block_tables + (size_t)q * b->max_blocks;
+        const int32_t *bt = mdl_batch_table(b, q);
 
         for (int32_t i = b->query_start[q]; i < b->query_start[q + 1]; i++) {
             int32_t ctx = b->context_len[q] - (b->query_start[q + 1] - i);
@@ -1223,7 +1223,7 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     const mdl_dev_ops_t *o = rk->ops;
     void *cx = rk->ctx;
     const mdl_config_t *c = &rk->m->cfg;
-    const int32_t T = b->n_tokens, S = b->n_seqs;
+    const int32_t T = b->n_tokens, S = b->n_seqs, bs = rk->rc.block_size;
 
     if (mdl__dev_graph_takes(rk, b)) {
         return mdl__dev_graph_forward(rk, b);
@@ -1232,7 +1232,18 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
 
     /* Stage the batch: one pinned buffer, one copy. */
     int32_t *h = rk->stage_host;
-    mdl_dev_step_t p = {.T = T, .S = S, .n_logits = b->n_logits, .max_blocks = b->max_blocks};
+    /* Block tables go up as [S][mbw]: the batch's own layout, or, from
+     * persistent rows (mdl_batch_t.table_rows), each sequence's row cut to
+     * the widest table the step reads. */
+    int32_t mbw = b->max_blocks;
+    if (b->table_rows != NULL) {
+        mbw = 1;
+        for (int32_t s = 0; s < S; s++) {
+            int32_t nb = (b->context_len[s] + bs - 1) / bs;
+            mbw = nb > mbw ? nb : mbw;
+        }
+    }
+    mdl_dev_step_t p = {.T = T, .S = S, .n_logits = b->n_logits, .max_blocks = mbw};
 
     p.o_pos = (size_t)T;
     p.o_slot = p.o_pos + T;
@@ -1240,7 +1251,7 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     p.o_ctx = p.o_qs + S + 1;
     p.o_rows = p.o_ctx + S;
     p.o_bt = p.o_rows + (size_t)b->n_logits;
-    p.o_tiles = p.o_bt + (size_t)S * b->max_blocks;
+    p.o_tiles = p.o_bt + (size_t)S * mbw;
     p.q_tile = kn_attn_prefill_q_tile(c->n_heads / c->n_kv_heads);
     p.kq = rk->kq.fmt != 0;
     p.tq = rk->tq_bits != 0;
@@ -1254,7 +1265,13 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     if (b->n_logits > 0) {
         memcpy(h + p.o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
     }
-    memcpy(h + p.o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * b->max_blocks);
+    if (b->table_rows != NULL) {
+        for (int32_t s = 0; s < S; s++) {
+            memcpy(h + p.o_bt + (size_t)s * mbw, mdl_batch_table(b, s), sizeof(int32_t) * mbw);
+        }
+    } else {
+        memcpy(h + p.o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * mbw);
+    }
     if (T > S && !p.kq && !p.tq) { /* prefill chunks present: query tiles for the prefill kernel */
         for (int32_t s = 0; s < S; s++) {
             for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += p.q_tile) {

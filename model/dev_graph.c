@@ -95,7 +95,7 @@ dev_graph_stage(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t B, mdl_dev_ste
         memcpy(h + p->o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
     }
     for (int32_t s = 0; s < n; s++) {
-        memcpy(h + p->o_bt + (size_t)s * mb, b->block_tables + (size_t)s * b->max_blocks,
+        memcpy(h + p->o_bt + (size_t)s * mb, mdl_batch_table(b, s),
                sizeof(int32_t) * b->max_blocks);
     }
     for (int32_t s = n; s < B; s++) { /* padding */

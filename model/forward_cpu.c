@@ -107,6 +107,7 @@ typedef struct cpu_state {
     int32_t *sub_qs;  /* (S + 1) */
     int32_t *sub_ctx; /* (S) */
     int32_t *sub_bt;  /* (S, max_blocks_per_seq) */
+    int32_t *sub_rows; /* (S) persistent table rows (mdl_batch_t.table_rows) */
     /* The current call, read by every rank. */
     const mdl_batch_t *b;
     int sub; /* the last layer runs on the logits rows only */
@@ -143,6 +144,7 @@ cpu_destroy(void *state)
     free(s->sub_qs);
     free(s->sub_ctx);
     free(s->sub_bt);
+    free(s->sub_rows);
     free(s);
 }
 
@@ -332,6 +334,7 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     s->sub_qs = xcalloc(S + 1, sizeof(int32_t));
     s->sub_ctx = xcalloc(S, sizeof(int32_t));
     s->sub_bt = xcalloc(S * (size_t)rc->max_blocks_per_seq, sizeof(int32_t));
+    s->sub_rows = xcalloc(S, sizeof(int32_t));
 
     mdl_rope_inv_freq(c, s->inv_freq);
     for (int32_t r = 0; r < s->tp; r++) {
@@ -457,8 +460,12 @@ cpu_sub_batch(cpu_state_t *s, const mdl_batch_t *b)
 
         s->sub_qs[i + 1] = i + 1;
         s->sub_ctx[i] = b->context_len[seq] - n_new + (r - b->query_start[seq]) + 1;
-        memcpy(s->sub_bt + (size_t)i * mb, b->block_tables + (size_t)seq * mb,
-               sizeof(int32_t) * (size_t)mb);
+        if (b->table_rows != NULL) {
+            s->sub_rows[i] = b->table_rows[seq]; /* persistent rows: no copy */
+        } else {
+            memcpy(s->sub_bt + (size_t)i * mb, b->block_tables + (size_t)seq * mb,
+                   sizeof(int32_t) * (size_t)mb);
+        }
     }
 }
 
@@ -499,8 +506,9 @@ cpu_last_layer(cpu_state_t *s, cpu_rank_t *rk, int r, const mdl_layer_t *L,
         .q = rk->sub_q,
         .query_start = s->sub_qs,
         .context_len = s->sub_ctx,
-        .block_tables = s->sub_bt,
+        .block_tables = b->table_rows != NULL ? b->block_tables : s->sub_bt,
         .max_blocks = b->max_blocks,
+        .table_rows = b->table_rows != NULL ? s->sub_rows : NULL,
         .n_seqs = n,
         .n_tok = n,
         .n_heads = sh->n_q,
@@ -533,6 +541,7 @@ cpu_rank_forward(void *arg, int r)
         .context_len = b->context_len,
         .block_tables = b->block_tables,
         .max_blocks = b->max_blocks,
+        .table_rows = b->table_rows,
         .n_seqs = b->n_seqs,
         .n_tok = T,
         .n_heads = sh->n_q,

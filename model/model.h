@@ -125,6 +125,12 @@ const char *mdl_quant_name(mdl_quant_t q);
  * naming the file in err, and leaves no file at out. Thread: any. */
 int mdl_quantize(const char *in, const char *out, mdl_quant_t q, char *err, size_t errlen);
 
+/* A run of block-table entries written since the previous step:
+ * entries [first, first + count) of persistent row `row` (mdl_batch_t). */
+typedef struct mdl_table_run {
+    int32_t row, first, count;
+} mdl_table_run_t;
+
 /* One step: a flattened varlen batch mixing prefill chunks and decodes
  * (DESIGN.md section 3). All arrays are host memory owned by the caller. */
 typedef struct mdl_batch {
@@ -148,7 +154,26 @@ typedef struct mdl_batch {
      * probabilities to the accumulated mass of the keys it reads (runtime
      * created with kv_mass). NULL: no row does. */
     const uint8_t *mass_rows; /* [n_tokens] */
+    /* Persistent block tables (issue 15). NULL table_rows: block_tables is
+     * [n_seqs][max_blocks], laid out for this step. Otherwise sequence s
+     * reads row table_rows[s] (in 0 .. max_num_seqs-1) of block_tables, a
+     * [max_num_seqs][max_blocks] array whose rows persist from step to
+     * step in the caller's memory: only the table_dirty runs were written
+     * since the previous step (the runtime checks those entries; the
+     * caller changes no other entry), and a row's entries past what its
+     * context_len covers are never read. */
+    const int32_t *table_rows;           /* [n_seqs] */
+    const mdl_table_run_t *table_dirty;  /* [n_table_dirty] */
+    int32_t n_table_dirty;
 } mdl_batch_t;
+
+/* Sequence s's block-table row in b (either layout). */
+static inline const int32_t *
+mdl_batch_table(const mdl_batch_t *b, int32_t s)
+{
+    return b->block_tables + (size_t)(b->table_rows != NULL ? b->table_rows[s] : s) *
+                                 (size_t)b->max_blocks;
+}
 
 typedef enum mdl_kv_dtype {
     MDL_KV_AUTO = 0,

@@ -220,6 +220,41 @@ mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops)
     return ST_OK;
 }
 
+/* Persistent block-table rows (model.h, issue 15): every row named is one
+ * of the max_num_seqs rows, and every entry written since the previous
+ * step (the dirty runs) is a block id. The other entries were checked in
+ * the step that wrote them: O(rows + changed entries), not O(tables). */
+static int
+rt_tables_valid(const mdl_runtime_t *rt, const mdl_batch_t *b)
+{
+    const mdl_runtime_config_t *c = &rt->cfg;
+
+    if (b->n_table_dirty < 0 || (b->n_table_dirty > 0 && b->table_dirty == NULL)) {
+        return 0;
+    }
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        if (b->table_rows[s] < 0 || b->table_rows[s] >= c->max_num_seqs) {
+            return 0;
+        }
+    }
+    for (int32_t k = 0; k < b->n_table_dirty; k++) {
+        const mdl_table_run_t *d = &b->table_dirty[k];
+        const int32_t *e;
+
+        if (d->row < 0 || d->row >= c->max_num_seqs || d->first < 0 || d->count < 0 ||
+            d->count > b->max_blocks - d->first) {
+            return 0;
+        }
+        e = b->block_tables + (size_t)d->row * (size_t)b->max_blocks + d->first;
+        for (int32_t i = 0; i < d->count; i++) {
+            if (e[i] < 0 || e[i] >= c->num_blocks) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
 /* Everything a kernel would index with, checked against the config. */
 static int
 rt_batch_valid(const mdl_runtime_t *rt, const mdl_batch_t *b)
@@ -247,6 +282,9 @@ rt_batch_valid(const mdl_runtime_t *rt, const mdl_batch_t *b)
     if (b->query_start[0] != 0 || b->query_start[b->n_seqs] != b->n_tokens) {
         return 0;
     }
+    if (b->table_rows != NULL && !rt_tables_valid(rt, b)) {
+        return 0;
+    }
     for (int32_t s = 0; s < b->n_seqs; s++) {
         int32_t n_new = b->query_start[s + 1] - b->query_start[s];
         int32_t ctx = b->context_len[s];
@@ -254,7 +292,9 @@ rt_batch_valid(const mdl_runtime_t *rt, const mdl_batch_t *b)
         if (n_new <= 0 || ctx < n_new || ctx > b->max_blocks * c->block_size) {
             return 0;
         }
-        for (int32_t i = 0; i < (ctx + c->block_size - 1) / c->block_size; i++) {
+        /* Persistent rows: their entries were checked as they changed. */
+        for (int32_t i = 0; b->table_rows == NULL && i < (ctx + c->block_size - 1) / c->block_size;
+             i++) {
             int32_t blk = b->block_tables[(size_t)s * b->max_blocks + i];
 
             if (blk < 0 || blk >= c->num_blocks) {

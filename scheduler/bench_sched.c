@@ -9,7 +9,8 @@
  * reported (the machine is shared: a mean would report the neighbours). Figures only, no assertions beyond the calls
  * succeeding: timings are never tested (DESIGN.md 7).
  *
- * Usage: bench_sched [N ...]
+ * Usage: bench_sched [N ...]; KVSERVE_BENCH_FULL_TABLES=1 rebuilds the
+ * block tables whole every step instead of sending their changes.
  *
  * Thread: single-threaded (it is the engine thread).
  */
@@ -88,6 +89,9 @@ run(int32_t n, double *mean_us)
         sc.tenants[t].max_kv_share = 1.0;
     }
     sc.random_seed = 1;
+    /* Block tables rebuilt whole each step (the layout before issue 15's
+     * persistent rows), for a side-by-side figure. */
+    sc.full_tables = getenv("KVSERVE_BENCH_FULL_TABLES") != NULL;
     must(sched_create(&sc, pool, on_event, NULL, &s), "sched");
     for (int32_t i = 0; i < n; i++) {
         eng_request_t r;

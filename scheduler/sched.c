@@ -38,6 +38,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "blockmgr/bm_memo.h"
 #include "common/list.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -46,6 +47,7 @@
 #include "common/xmalloc.h"
 #include "scheduler/kv_evict.h"
 #include "scheduler/req_index.h"
+#include "scheduler/sched_tabs.h"
 
 typedef enum seq_state {
     SEQ_UNBORN = 0,
@@ -81,6 +83,7 @@ struct sched_seq {
     smp_rng_t rng;
     gr_matcher_t *gm; /* the choice's grammar matcher (r.grammar), or NULL */
     spec_seq_t spec; /* speculative decoding's adaptive state (spec.h) */
+    int32_t tab_slot; /* its block-table row + 1 while it holds one (sched_tabs.h) */
 };
 
 struct sched_req {
@@ -95,6 +98,7 @@ struct sched_req {
     int fork_pending;      /* choice 0 still computes the prompt for all */
     int admitted;          /* left the waiting queue once (charged) */
     int32_t cached_tokens; /* prompt tokens hit at first admission */
+    bm_hash_memo_t *memo;  /* the prompt's block hashes (bm_memo.h), or NULL */
     sched_seq_t *seqs;     /* [r.n] */
     void *udata;           /* the submitter's, freed with cfg.udata_free */
     int failed;            /* out of memory (a TOKEN event, a blockmgr record):
@@ -177,7 +181,9 @@ struct sched {
     int32_t *b_slots;        /* [max_num_batched_tokens] */
     int32_t *b_query_start;  /* [max_num_seqs + 1] */
     int32_t *b_context_len;  /* [max_num_seqs] */
-    int32_t *b_tables;       /* [max_num_seqs][max_blocks_per_seq] */
+    int32_t *b_tables;       /* [max_num_seqs][max_blocks_per_seq], full_tables only */
+    sched_tabs_t tabs;       /* persistent rows (sched_tabs.h), unless full_tables */
+    int32_t *b_table_rows;   /* [max_num_seqs] each batch row's table row */
     int32_t *b_logits_rows;  /* [max_num_seqs] */
     sched_seq_t **rows_seq;  /* [max_num_seqs] sequence of each batch row */
     int32_t *rows_new;       /* [max_num_seqs] tokens planned per row */
@@ -301,6 +307,7 @@ seq_detach(sched_t *s, sched_seq_t *q)
     case SEQ_RUNNING:
         list_remove(&q->node);
         run_account(s, q, 0);
+        sched_tabs_release(&s->tabs, &q->tab_slot);
         break;
     case SEQ_SWAPPED:
         list_remove(&q->node);
@@ -330,6 +337,7 @@ req_free(sched_t *s, sched_req_t *rq)
         gr_matcher_destroy(rq->seqs[k].gm);
     }
     free(rq->seqs);
+    bm_memo_destroy(rq->memo);
     gr_grammar_destroy(rq->r.grammar);
     free(rq->r.prompt);
     free((void *)rq->r.sampling.bias);
@@ -508,7 +516,14 @@ sched_create(const sched_config_t *cfg, bm_pool_t *pool, sched_emit_cb emit, voi
     s->b_slots = xcalloc((size_t)mnbt, sizeof(int32_t));
     s->b_query_start = xcalloc((size_t)mns + 1, sizeof(int32_t));
     s->b_context_len = xcalloc((size_t)mns, sizeof(int32_t));
-    s->b_tables = xcalloc((size_t)mns * (size_t)s->max_blocks_per_seq, sizeof(int32_t));
+    if (cfg->full_tables) {
+        s->b_tables = xcalloc((size_t)mns * (size_t)s->max_blocks_per_seq, sizeof(int32_t));
+    } else {
+        const char *chk = getenv("KVSERVE_TEST_CHECK_TABLES"); /* test hook */
+        sched_tabs_init(&s->tabs, mns, s->max_blocks_per_seq,
+                        cfg->check_tables || (chk != NULL && atoi(chk) > 0));
+    }
+    s->b_table_rows = xcalloc((size_t)mns, sizeof(int32_t));
     /* A speculating sequence has 1 + k logits rows. */
     s->b_logits_rows = xcalloc((size_t)mns * (size_t)(1 + cfg->spec.k), sizeof(int32_t));
     s->rows_draft = xcalloc((size_t)mns, sizeof(int32_t));
@@ -551,6 +566,8 @@ sched_destroy(sched_t *s)
     free(s->b_query_start);
     free(s->b_context_len);
     free(s->b_tables);
+    sched_tabs_fini(&s->tabs);
+    free(s->b_table_rows);
     free(s->b_logits_rows);
     free(s->rows_seq);
     free(s->rows_new);
@@ -770,7 +787,14 @@ sched_submit(sched_t *s, eng_request_t *req, void *udata)
     rq->r = *req;
     rq->udata = udata;
     rq->cap = cap;
-    if (req->grammar != NULL && !grammar_attach(rq, req)) {
+    /* The prompt's block hashes, computed once for every admission try,
+     * lookup, seal and recompute (blockmgr/bm_memo.h); not with a kv
+     * policy (its sequences rewrite their history and are never hashed)
+     * nor mean pooling (no lookup). */
+    int memo_failed = s->cfg.prefix_caching && window <= 0 && score.kind == MDL_KVP_FULL &&
+                      req->pooling != ENG_POOL_MEAN &&
+                      bm_memo_create((uint32_t)req->n_prompt, bs, &rq->memo) != ST_OK;
+    if (memo_failed || (req->grammar != NULL && !grammar_attach(rq, req))) {
         /* What req owns stays with the caller. */
         rq->r.prompt = NULL;
         rq->r.sampling.bias = NULL;
@@ -1168,6 +1192,7 @@ preempt(sched_t *s, sched_seq_t *q)
 
     list_remove(&q->node);
     run_account(s, q, 0);
+    sched_tabs_release(&s->tabs, &q->tab_slot);
     if (q->in_pool && bm_pool_free_swap_blocks(s->pool) > 0 &&
         bm_seq_swap_out(s->pool, q->bm_id) == ST_OK) {
         q->state = SEQ_SWAPPED;
@@ -1367,8 +1392,9 @@ plan_admit(sched_t *s)
         /* Estimate the blocks with a probe before touching the pool. */
         /* Mean pooling needs every prompt row computed: no cache hits. */
         int reuse = s->cfg.prefix_caching && rq->r.pooling != ENG_POOL_MEAN;
-        uint32_t cached =
-            reuse ? bm_prefix_probe(s->pool, tid, q->tokens, (uint32_t)q->n_tokens) : 0;
+        uint32_t cached = reuse ? bm_prefix_probe_memo(s->pool, tid, q->tokens,
+                                                       (uint32_t)q->n_tokens, rq->memo)
+                                : 0;
         int32_t n_new = min_i32(q->n_tokens - (int32_t)cached, s->budget_tokens);
         uint32_t blocks = (cached + (uint32_t)n_new + bs - 1) / bs - cached / bs;
         if (t->kv_limit > 0 && bm_tenant_blocks(s->pool, tid) + blocks > t->kv_limit) {
@@ -1393,6 +1419,9 @@ plan_admit(sched_t *s)
             if (q->req->kv_window > 0) {
                 /* Its blocks get evicted and re-rotated: never shared. */
                 CHECK(bm_seq_set_nohash(s->pool, q->bm_id) == ST_OK);
+            }
+            if (rq->memo != NULL) {
+                CHECK(bm_seq_set_memo(s->pool, q->bm_id, rq->memo) == ST_OK);
             }
             if (reuse) {
                 uint32_t got = 0;
@@ -1454,12 +1483,27 @@ plan_admit(sched_t *s)
     }
 }
 
-/* Lays out block tables with the step's widest table as the stride. */
+/* The batch's block tables: each row's persistent row brought up to date
+ * (sched_tabs.h), or, with full_tables, every table laid out anew with the
+ * step's widest table as the stride. */
 static void
-plan_finalize(sched_t *s, sched_plan_t *plan)
+plan_tables(sched_t *s, sched_plan_t *plan)
 {
     int32_t max_blocks = 1;
 
+    if (!s->cfg.full_tables) {
+        sched_tabs_begin(&s->tabs);
+        for (int32_t r = 0; r < s->n_rows; r++) {
+            sched_seq_t *q = s->rows_seq[r];
+            s->b_table_rows[r] = sched_tabs_sync(&s->tabs, s->pool, q->bm_id, &q->tab_slot);
+        }
+        plan->batch.block_tables = s->tabs.tab;
+        plan->batch.max_blocks = s->tabs.stride;
+        plan->batch.table_rows = s->b_table_rows;
+        plan->batch.table_dirty = s->tabs.dirty;
+        plan->batch.n_table_dirty = s->tabs.n_dirty;
+        return;
+    }
     for (int32_t r = 0; r < s->n_rows; r++) {
         uint32_t nb = 0;
         (void)bm_seq_table(s->pool, s->rows_seq[r]->bm_id, &nb);
@@ -1477,9 +1521,17 @@ plan_finalize(sched_t *s, sched_plan_t *plan)
             dst[j] = 0; /* the null block */
         }
     }
+    plan->batch.block_tables = s->b_tables;
+    plan->batch.max_blocks = max_blocks;
+}
+
+static void
+plan_finalize(sched_t *s, sched_plan_t *plan)
+{
     s->b_query_start[s->n_rows] = s->n_tok;
 
     memset(plan, 0, sizeof(*plan));
+    plan_tables(s, plan);
     plan->batch.n_tokens = s->n_tok;
     plan->batch.tokens = s->b_tokens;
     plan->batch.positions = s->b_positions;
@@ -1487,8 +1539,6 @@ plan_finalize(sched_t *s, sched_plan_t *plan)
     plan->batch.n_seqs = s->n_rows;
     plan->batch.query_start = s->b_query_start;
     plan->batch.context_len = s->b_context_len;
-    plan->batch.block_tables = s->b_tables;
-    plan->batch.max_blocks = max_blocks;
     plan->batch.logits_rows = s->b_logits_rows;
     plan->batch.n_logits = s->n_logits;
     plan->batch.mass_rows = s->b_mass_any ? s->b_mass : NULL; /* H2O / SnapKV */

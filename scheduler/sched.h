@@ -144,6 +144,12 @@ typedef struct sched_config {
     /* VTC charge per token kind (scheduler/sched_policy.h); all 0: the
      * defaults (input 1, cached 0.25, output 2). */
     sp_vtc_weights_t vtc;
+    /* Block tables (scheduler/sched_tabs.h): 0, persistent rows sent as
+     * their changes (batch.table_rows); 1, rebuilt whole for every row
+     * each step (the layout before issue 15). check_tables (test hook):
+     * compare every synced row with blockmgr's table each step. */
+    int full_tables;
+    int check_tables;
 } sched_config_t;
 
 /* One logits row to sample for one sequence (choice); a speculating

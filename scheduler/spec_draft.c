@@ -203,8 +203,7 @@ draft_sample(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ctx_t *s
 static void
 copy_table(spec_draft_t *d, const mdl_batch_t *b, int32_t r, int32_t e)
 {
-    memcpy(d->tables + (size_t)e * (size_t)b->max_blocks,
-           b->block_tables + (size_t)r * (size_t)b->max_blocks,
+    memcpy(d->tables + (size_t)e * (size_t)b->max_blocks, mdl_batch_table(b, r),
            (size_t)b->max_blocks * sizeof(int32_t));
 }
 
@@ -294,6 +293,9 @@ spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ct
     b.context_len = d->ctx;
     b.block_tables = pb->block_tables;
     b.max_blocks = pb->max_blocks;
+    b.table_rows = pb->table_rows; /* persistent rows, as the target's batch */
+    b.table_dirty = pb->table_dirty;
+    b.n_table_dirty = pb->n_table_dirty;
     b.logits_rows = d->lrows;
     b.n_logits = d->n_spec;
     rc = mdl_forward(d->rt, &b, &logits);

@@ -1,13 +1,15 @@
 /* srv_endpoints.c - the endpoints of the route table (srv_route.c): the
- * small ones (/v1/models, /health, /version, /metrics, /tokenize,
- * /detokenize, /apply-template) written here, and the generation ones bound to their
- * response shapes (srv_openai.h) and run by srv_gen.c.
+ * small ones (/v1/models, /health, /version, /metrics) written here,
+ * /tokenize, /detokenize and /apply-template bound to srv_tokwork.c, and
+ * the generation ones bound to their response shapes (srv_openai.h) and
+ * run by srv_gen.c.
  *
  * DESIGN
  *   Each endpoint answers its request at once through srv_req.h, except
  *   /metrics with a running engine: it asks the engine for its STATS and
- *   waits for the reply (srv_ep_stats_reply), and generation, which
- *   waits for its jobs.
+ *   waits for the reply (srv_ep_stats_reply); generation, which waits for
+ *   its jobs; and /tokenize, /detokenize and /apply-template, made on the
+ *   thread pool (srv_tokwork.h).
  *
  * Thread: loop thread.
  */
@@ -25,6 +27,7 @@
 #include "server/srv_embed.h"
 #include "server/srv_gen.h"
 #include "server/srv_ready.h"
+#include "server/srv_tokwork.h"
 
 #define CT_METRICS "text/plain; version=0.0.4; charset=utf-8"
 
@@ -157,220 +160,6 @@ srv_ep_stats_reply(srv_t *s, const eng_msg_stats_t *st)
     }
 }
 
-/* Parses a small JSON body for /tokenize and /detokenize. */
-static cJSON *
-parse_small_body(srv_req_t *r, srv_error_t *err)
-{
-    const srv_t *s = srv_req_server(r);
-    size_t len;
-    const char *body = srv_req_body(r, &len);
-    cJSON *root, *model;
-
-    if (!srv_json_precheck(body, len, s->lim.max_depth, err)) {
-        return NULL;
-    }
-    unsigned long mark = srv_json_mark();
-    root = cJSON_ParseWithLength(body, len);
-    if (xmalloc_try_failures() != mark) {
-        cJSON_Delete(root);
-        srv_err_oom(err);
-        return NULL;
-    }
-    if (root == NULL || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        srv_err_set(err, 400, NULL, "request body must be a JSON object");
-        return NULL;
-    }
-    model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (cJSON_IsString(model) && strcmp(model->valuestring, s->model_name) != 0) {
-        /* The message quotes the name: format it before the tree goes. */
-        srv_err_set(err, 404, "model", "The model '%.100s' does not exist", model->valuestring);
-        err->code = "model_not_found";
-        cJSON_Delete(root);
-        return NULL;
-    }
-    return root;
-}
-
-/* The text /tokenize encodes for "messages": the conversation rendered as
- * /v1/chat/completions would, or NULL with err (err->status 0: out of
- * memory, answered with the static 503). */
-static char *
-tokenize_chat_text(srv_req_t *r, cJSON *root, cJSON *msgs, srv_error_t *err)
-{
-    const srv_t *s = srv_req_server(r);
-    srv_params_t p;
-    srv_buf_t body = {0};
-    char *mj = cJSON_PrintUnformatted(msgs);
-
-    /* Reuse the chat parser through a minimal chat body. */
-    srv_buf_adds(&body, "{\"model\":");
-    srv_json_string(&body, s->model_name, strlen(s->model_name));
-    srv_buf_adds(&body, ",\"messages\":");
-    srv_buf_adds(&body, mj != NULL ? mj : "");
-    srv_buf_adds(&body, "}");
-    free(mj);
-    if (mj == NULL || body.oom) {
-        srv_buf_free(&body);
-        err->status = 0; /* out of memory: the static 503 */
-        return NULL;
-    }
-    int ok = srv_params_parse(SRV_KIND_CHAT, body.data, body.len, &s->lim, &p, err);
-    srv_buf_free(&body);
-    if (!ok) {
-        return NULL;
-    }
-    cJSON *agp = cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt");
-    char *text =
-        srv_chat_render(s, p.messages, p.n_messages, agp == NULL || cJSON_IsTrue(agp), err);
-    srv_params_free(&p);
-    return text;
-}
-
-static enum MHD_Result
-do_tokenize(srv_req_t *r)
-{
-    const srv_t *s = srv_req_server(r);
-    srv_error_t err;
-    cJSON *root = parse_small_body(r, &err), *prompt, *msgs, *ast, *out, *arr;
-    int flags = TOK_PARSE_SPECIAL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    int rc;
-
-    if (root == NULL) {
-        return srv_req_reply_error(r, &err);
-    }
-    prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
-    ast = cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens");
-    if (cJSON_IsString(prompt)) {
-        if (ast == NULL || cJSON_IsTrue(ast)) {
-            flags |= TOK_ADD_SPECIAL;
-        }
-        rc = tok_encode(s->tok, prompt->valuestring, strlen(prompt->valuestring), flags, &ids,
-                        &n_ids);
-    } else if (cJSON_IsArray(msgs)) {
-        char *text = tokenize_chat_text(r, root, msgs, &err);
-        if (text == NULL) {
-            cJSON_Delete(root);
-            return err.status ? srv_req_reply_error(r, &err) : srv_req_reply(r, 503, NULL, NULL, 1);
-        }
-        rc = tok_encode(s->tok, text, strlen(text), TOK_PARSE_SPECIAL, &ids, &n_ids);
-        free(text);
-    } else {
-        cJSON_Delete(root);
-        return srv_req_reply_errmsg(r, 400, "prompt",
-                                    "'prompt' (a string) or 'messages' is required");
-    }
-    cJSON_Delete(root);
-    if (rc == ST_ENOMEM) {
-        return srv_req_reply(r, 503, NULL, NULL, 1);
-    }
-    if (rc != ST_OK) {
-        return srv_req_reply_errmsg(r, 400, "prompt", "the text could not be tokenized");
-    }
-    unsigned long mark = srv_json_mark();
-    out = cJSON_CreateObject();
-    cJSON_AddNumberToObject(out, "count", (double)n_ids);
-    cJSON_AddNumberToObject(out, "max_model_len", s->max_model_len);
-    arr = cJSON_AddArrayToObject(out, "tokens");
-    for (size_t i = 0; i < n_ids; i++) {
-        srv_json_push(arr, cJSON_CreateNumber(ids[i]));
-    }
-    free(ids);
-    return srv_req_reply_json(r, 200, out, mark);
-}
-
-static enum MHD_Result
-do_detokenize(srv_req_t *r)
-{
-    const srv_t *s = srv_req_server(r);
-    srv_error_t err;
-    cJSON *root = parse_small_body(r, &err), *toks, *it, *out;
-    int32_t *ids;
-    int32_t n = 0, vocab = tok_vocab_size(s->tok);
-    char *text = NULL;
-    size_t len = 0;
-
-    if (root == NULL) {
-        return srv_req_reply_error(r, &err);
-    }
-    toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
-    if (!cJSON_IsArray(toks)) {
-        cJSON_Delete(root);
-        return srv_req_reply_errmsg(r, 400, "tokens", "'tokens' must be an array of token ids");
-    }
-    ids = xcalloc_try((size_t)cJSON_GetArraySize(toks) + 1, sizeof(int32_t));
-    if (ids == NULL) {
-        cJSON_Delete(root);
-        return srv_req_reply(r, 503, NULL, NULL, 1);
-    }
-    cJSON_ArrayForEach(it, toks)
-    {
-        if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int32_t)it->valuedouble ||
-            it->valuedouble < 0 || it->valuedouble >= vocab) {
-            free(ids);
-            cJSON_Delete(root);
-            srv_err_set(&err, 400, "tokens", "'tokens' items must be token ids in 0..%d",
-                        vocab - 1);
-            return srv_req_reply_error(r, &err);
-        }
-        ids[n++] = (int32_t)it->valuedouble;
-    }
-    cJSON_Delete(root);
-    int rc = tok_decode(s->tok, ids, (size_t)n, 0, &text, &len);
-    free(ids);
-    if (rc == ST_ENOMEM) {
-        return srv_req_reply(r, 503, NULL, NULL, 1);
-    }
-    if (rc != ST_OK) {
-        return srv_req_reply_errmsg(r, 400, "tokens", "the tokens could not be decoded");
-    }
-    srv_buf_t clean = {0};
-    srv_token_text(text, len, &clean);
-    free(text);
-    if (clean.oom) {
-        srv_buf_free(&clean);
-        return srv_req_reply(r, 503, NULL, NULL, 1);
-    }
-    unsigned long mark = srv_json_mark();
-    out = cJSON_CreateObject();
-    cJSON_AddStringToObject(out, "prompt", clean.data);
-    srv_buf_free(&clean);
-    return srv_req_reply_json(r, 200, out, mark);
-}
-
-/* POST /apply-template (llama.cpp's route): the prompt text a chat body's
- * "messages" render to through the chat template, as
- * /v1/chat/completions would feed it to the model: {"prompt": text}. */
-static enum MHD_Result
-do_apply_template(srv_req_t *r)
-{
-    srv_error_t err;
-    cJSON *root = parse_small_body(r, &err), *msgs, *out;
-    char *text;
-
-    if (root == NULL) {
-        return srv_req_reply_error(r, &err);
-    }
-    msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
-    if (!cJSON_IsArray(msgs)) {
-        cJSON_Delete(root);
-        return srv_req_reply_errmsg(r, 400, "messages", "'messages' (an array) is required");
-    }
-    text = tokenize_chat_text(r, root, msgs, &err);
-    cJSON_Delete(root);
-    if (text == NULL) {
-        return err.status ? srv_req_reply_error(r, &err) : srv_req_reply(r, 503, NULL, NULL, 1);
-    }
-    unsigned long mark = srv_json_mark();
-    out = cJSON_CreateObject();
-    cJSON_AddStringToObject(out, "prompt", text);
-    free(text);
-    return srv_req_reply_json(r, 200, out, mark);
-}
-
 static enum MHD_Result
 do_completions(srv_req_t *r)
 {
@@ -396,8 +185,8 @@ static enum MHD_Result (*const handlers[SRV_EP_COUNT])(srv_req_t *r) = {
     [SRV_EP_MODELS] = do_models,
     [SRV_EP_HEALTH] = do_health,
     [SRV_EP_METRICS] = do_metrics,
-    [SRV_EP_TOKENIZE] = do_tokenize,
-    [SRV_EP_DETOKENIZE] = do_detokenize,
+    [SRV_EP_TOKENIZE] = srv_tok_tokenize,
+    [SRV_EP_DETOKENIZE] = srv_tok_detokenize,
     [SRV_EP_VERSION] = do_version,
     [SRV_EP_MODEL] = do_model,
     [SRV_EP_EMBEDDINGS] = srv_embed_start,
@@ -406,7 +195,7 @@ static enum MHD_Result (*const handlers[SRV_EP_COUNT])(srv_req_t *r) = {
     [SRV_EP_ADMIN_BLOCK] = srv_admin_block,
     [SRV_EP_ADMIN_STATS] = srv_admin_stats,
     [SRV_EP_RESET_PREFIX] = srv_admin_reset,
-    [SRV_EP_APPLY_TEMPLATE] = do_apply_template,
+    [SRV_EP_APPLY_TEMPLATE] = srv_tok_apply_template,
     [SRV_EP_CONSOLE_ROOT] = srv_console_serve,
     [SRV_EP_CONSOLE] = srv_console_serve,
 };

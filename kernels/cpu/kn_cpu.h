@@ -135,7 +135,7 @@ typedef struct kn_attn_args {
     const float *v_cache;
     const int32_t *query_start;  /* (n_seqs + 1) */
     const int32_t *context_len;  /* (n_seqs) */
-    const int32_t *block_tables; /* (n_seqs, max_blocks) */
+    const int32_t *block_tables; /* (n_seqs, max_blocks), or rows named by table_rows */
     int32_t max_blocks;
     int32_t n_seqs;
     int32_t n_tok;
@@ -145,7 +145,18 @@ typedef struct kn_attn_args {
     int32_t block_size;
     int32_t sliding_window; /* 0: full */
     float scale;
+    /* (n_seqs) the row of block_tables each sequence reads (persistent
+     * rows, model.h mdl_batch_t); NULL: row s. */
+    const int32_t *table_rows;
 } kn_attn_args_t;
+
+/* Sequence s's block-table row in a. */
+static inline const int32_t *
+kn_attn_table(const kn_attn_args_t *a, int32_t s)
+{
+    return a->block_tables +
+           (size_t)(a->table_rows != NULL ? a->table_rows[s] : s) * (size_t)a->max_blocks;
+}
 
 #define KN_ATTN_MAX_HEAD_DIM 256
 

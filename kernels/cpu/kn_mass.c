@@ -10,7 +10,7 @@
 static const float *
 mass_key(const kn_attn_args_t *a, int32_t s, int32_t j, int32_t kh, int32_t *slot)
 {
-    int32_t blk = a->block_tables[(size_t)s * a->max_blocks + j / a->block_size];
+    int32_t blk = kn_attn_table(a, s)[j / a->block_size];
     int32_t off = j % a->block_size;
 
     *slot = blk * a->block_size + off;

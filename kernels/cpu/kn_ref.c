@@ -101,7 +101,7 @@ kn_cpu_kv_write_ref(float *k_cache, float *v_cache, const float *k, const float 
 static const float *
 ref_kv_at(const kn_attn_args_t *a, const float *cache, int32_t s, int32_t j, int32_t h)
 {
-    int32_t blk = a->block_tables[(size_t)s * a->max_blocks + j / a->block_size];
+    int32_t blk = kn_attn_table(a, s)[j / a->block_size];
     int32_t off = j % a->block_size;
 
     return cache + (((size_t)blk * a->n_kv_heads + h) * a->block_size + off) * a->head_dim;

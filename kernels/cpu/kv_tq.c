@@ -296,7 +296,7 @@ kn__tq_attn_task(const kn_tq_t *tq, int32_t layer, const uint8_t *kbase, size_t 
     const int32_t group = a->n_heads / a->n_kv_heads;
     const int32_t n_new = a->query_start[s + 1] - a->query_start[s];
     const int32_t ctx = a->context_len[s] - n_new + (t - a->query_start[s]);
-    const int32_t *bt = a->block_tables + (size_t)s * a->max_blocks;
+    const int32_t *bt = kn_attn_table(a, s);
     const kn_tq_fmt_t kf = kn_tq_fmt(bits, 0, hd), vf = kn_tq_fmt(bits, 1, hd);
     const int32_t krow = kf.bytes, vrow = vf.bytes;
     const int di = kn_tq_dim_index(hd);

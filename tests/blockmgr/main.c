@@ -12,6 +12,7 @@ Suite *blockmgr_step_suite(void);
 Suite *blockmgr_events_suite(void);
 Suite *blockmgr_map_suite(void);
 Suite *blockmgr_unreserve_suite(void);
+Suite *blockmgr_memo_suite(void);
 
 int
 main(void)
@@ -26,6 +27,7 @@ main(void)
     srunner_add_suite(sr, blockmgr_events_suite());
     srunner_add_suite(sr, blockmgr_map_suite());
     srunner_add_suite(sr, blockmgr_unreserve_suite());
+    srunner_add_suite(sr, blockmgr_memo_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);

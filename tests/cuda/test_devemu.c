@@ -10,7 +10,9 @@
  * the layer loop, KV regions, the copy/swap plan, tensor parallelism --
  * is the code the CUDA backend runs.
  *
- * Checks, through chunked prefill, batched decodes and KV copies/swaps:
+ * Checks, through chunked prefill, batched decodes and KV copies/swaps
+ * (the side checked reads its block tables as persistent rows,
+ * mdl_batch_t.table_rows, the reference a batch laid out per step):
  *   T = 1 (f16 and bf16) against the CPU backend (f32): logits NMSE under
  *   2e-6 (f16) / 5e-4 (bf16) per step, and the same argmax wherever the
  *   CPU's top-2 margin is above 0.1;
@@ -707,10 +709,30 @@ step(side_t *ref, side_t *got, cmp_t *c, tseq_t *seqs, const int32_t *n_new)
         .logits_rows = rows,
         .n_logits = ns,
     };
+    /* The side checked gets the same tables as persistent rows
+     * (mdl_batch_t.table_rows, what the scheduler sends): sequence s in
+     * row NSEQ - 1 - s, the other rows' entries -1, one dirty run per row. */
+    int32_t pbt[NSEQ * MAXB], prow[NSEQ];
+    mdl_table_run_t runs[NSEQ];
+    mdl_batch_t pb = b;
+
+    for (int32_t i = 0; i < NSEQ * MAXB; i++) {
+        pbt[i] = -1;
+    }
+    for (int32_t s = 0; s < ns; s++) {
+        prow[s] = NSEQ - 1 - s;
+        memcpy(pbt + prow[s] * MAXB, bt + s * MAXB, sizeof(int32_t) * MAXB);
+        runs[s] = (mdl_table_run_t){prow[s], 0, (ctx[s] + BS - 1) / BS};
+    }
+    pb.block_tables = pbt;
+    pb.table_rows = prow;
+    pb.table_dirty = runs;
+    pb.n_table_dirty = ns;
+
     float *lr = xmalloc(sizeof(float) * (size_t)ns * c->vocab);
 
     memcpy(lr, side_forward(ref, &b), sizeof(float) * (size_t)ns * c->vocab);
-    compare(c, lr, side_forward(got, &b), ns);
+    compare(c, lr, side_forward(got, &pb), ns);
     free(lr);
 }
 

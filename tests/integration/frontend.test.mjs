@@ -10,7 +10,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import {
-  MODEL_NAME, getMetrics, metricValue, parseRaw, startServer, waitKvEmpty,
+  MODEL_NAME, getMetrics, metricValue, parseRaw, postJson, startServer, waitKvEmpty,
 } from './lib.mjs';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -216,3 +216,63 @@ test('SIGINT with requests being prepared answers them, then the daemon exits 0'
   }
   assert.ok(got.some((g) => parseRaw(g).status === 400), 'none was answered');
 });
+
+test('/tokenize, /detokenize and /apply-template are made on the pool: /health answers meanwhile',
+  async () => {
+    // Every pool item sleeps 1 s first (a test hook that runs on the pool
+    // thread only): work done on the loop thread would not sleep, and
+    // nothing the loop does waits for the pool, so /health must come back
+    // while each of these is still being prepared.
+    const srv = await startServer([], { env: { KVSERVE_TEST_PREP_DELAY_MS: '1000' } });
+    try {
+      const prompt = 'It is a truth universally acknowledged. '.repeat(2000);
+      const cases = [
+        ['/tokenize', { model: MODEL_NAME, prompt }],
+        ['/detokenize', { tokens: [1, 2, 3] }],
+        ['/apply-template', { messages: [{ role: 'user', content: 'Hello' }] }],
+        ['/tokenize', { model: 'no-such-model', prompt: 'x' }],
+      ];
+      const answers = [];
+      for (const [route, body] of cases) {
+        let slowDone = false;
+        const slow = postJson(srv.base, route, body).then((r) => {
+          slowDone = true;
+          return r;
+        });
+        await sleep(100); // the body is in and its item queued
+        const h = await fetch(`${srv.base}/health`);
+        assert.equal(h.status, 200);
+        assert.equal(slowDone, false, `${route} answered before /health: made on the loop?`);
+        answers.push(await slow);
+      }
+      const [tok, det, tpl, bad] = answers;
+      assert.equal(tok.status, 200, tok.text);
+      assert.equal(tok.json.count, tok.json.tokens.length);
+      assert.ok(tok.json.count > 2000, `count ${tok.json.count}`);
+      // The same text tokenized again gives the same ids; decoding them
+      // gives the text back.
+      const again = await postJson(srv.base, '/tokenize',
+        { model: MODEL_NAME, prompt: 'Emma', add_special_tokens: false });
+      const back = await postJson(srv.base, '/detokenize', { tokens: again.json.tokens });
+      assert.equal(back.status, 200, back.text);
+      assert.equal(back.json.prompt, 'Emma');
+      assert.equal(det.status, 200, det.text);
+      assert.equal(typeof det.json.prompt, 'string');
+      assert.equal(tpl.status, 200, tpl.text);
+      assert.match(tpl.json.prompt, /Hello/);
+      assert.equal(bad.status, 404, bad.text);
+      assert.equal(bad.json.error.code, 'model_not_found');
+      // A client that resets while its /tokenize is prepared is dropped.
+      await sendAndReset(srv.port, httpPost('/tokenize', { prompt }));
+      for (let t0 = Date.now(); Date.now() - t0 < 10000;) {
+        if (srv.logs.some((l) => /dropped while being prepared/.test(l))) {
+          break;
+        }
+        await sleep(50);
+      }
+      assert.ok(srv.logs.some((l) => /dropped while being prepared/.test(l)),
+        srv.logs.slice(-10).join('\n'));
+    } finally {
+      assert.equal((await srv.stop()).code, 0);
+    }
+  });

@@ -561,6 +561,37 @@ START_TEST(test_bad_batches)
     ck_assert_int_eq(mdl_forward(rt, &good, &lg), ST_EINVAL);
     qs[1] = 2;
     ck_assert_int_eq(mdl_forward(rt, &good, &lg), ST_OK);
+
+    /* Persistent table rows (issue 15): the same step through row 1 of a
+     * two-row array gives the same logits; a row out of range, a dirty run
+     * out of its row or naming a block out of range is refused. */
+    float *want = malloc(sizeof(float) * (size_t)vocab);
+    memcpy(want, lg, sizeof(float) * (size_t)vocab);
+    int32_t pbt[2 * MAXB] = {0}, prow[1] = {1};
+    mdl_table_run_t run = {.row = 1, .first = 0, .count = 1};
+    pbt[MAXB] = 1;
+    b = good;
+    b.block_tables = pbt;
+    b.table_rows = prow;
+    b.table_dirty = &run;
+    b.n_table_dirty = 1;
+    ck_assert_int_eq(mdl_forward(rt, &b, &lg), ST_OK);
+    ck_assert_int_eq(memcmp(want, lg, sizeof(float) * (size_t)vocab), 0);
+    b.n_table_dirty = 0; /* nothing changed since */
+    ck_assert_int_eq(mdl_forward(rt, &b, &lg), ST_OK);
+    ck_assert_int_eq(memcmp(want, lg, sizeof(float) * (size_t)vocab), 0);
+    b.n_table_dirty = 1;
+    prow[0] = 1 << 20;
+    ck_assert_int_eq(mdl_forward(rt, &b, &lg), ST_EINVAL);
+    prow[0] = 1;
+    run.count = MAXB + 1;
+    ck_assert_int_eq(mdl_forward(rt, &b, &lg), ST_EINVAL);
+    run.count = 1;
+    pbt[MAXB] = NBLK;
+    ck_assert_int_eq(mdl_forward(rt, &b, &lg), ST_EINVAL);
+    pbt[MAXB] = 1;
+    ck_assert_int_eq(mdl_forward(rt, &b, &lg), ST_OK);
+    free(want);
 }
 END_TEST
 

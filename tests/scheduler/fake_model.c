@@ -114,6 +114,8 @@ fake_env_init(fake_env_t *env, const fake_cfg_t *cfg)
     sc.sliding_window = cfg->sliding_window;
     sc.vtc = cfg->vtc;
     sc.kv_policy_ok = 1;
+    sc.full_tables = cfg->full_tables;
+    sc.check_tables = 1; /* every synced table row against blockmgr's, every step */
     env->sliding_window = cfg->sliding_window;
     ck_assert_int_eq(sched_create(&sc, env->pool, on_event, env, &env->sched), ST_OK);
 }
@@ -222,7 +224,7 @@ forward(fake_env_t *env, const mdl_batch_t *b, uint64_t *hash, int32_t *row_ctx,
         if (li >= b->n_logits || b->logits_rows[li] != last) {
             continue;
         }
-        const int32_t *tab = b->block_tables + (size_t)r * (size_t)b->max_blocks;
+        const int32_t *tab = mdl_batch_table(b, r);
         uint64_t h = 1469598103934665603ull;
         int32_t p0 = env->sliding_window > 0 && b->context_len[r] > env->sliding_window
                          ? b->context_len[r] - env->sliding_window

@@ -72,6 +72,7 @@ typedef struct fake_cfg {
     eng_tenant_t tenants[4];
     int32_t sliding_window; /* 0: full attention */
     sp_vtc_weights_t vtc;   /* all 0: the scheduler's defaults */
+    int full_tables;        /* sched_config_t.full_tables (block tables rebuilt whole) */
 } fake_cfg_t;
 
 /* A config with small defaults; tests change fields. */

@@ -8,6 +8,7 @@ Suite *scheduler_engine_suite(void);
 Suite *scheduler_req_index_suite(void);
 Suite *scheduler_grammar_suite(void);
 Suite *scheduler_policy_suite(void);
+Suite *scheduler_cost_suite(void);
 
 int
 main(void)
@@ -19,6 +20,7 @@ main(void)
     srunner_add_suite(sr, scheduler_req_index_suite());
     srunner_add_suite(sr, scheduler_grammar_suite());
     srunner_add_suite(sr, scheduler_policy_suite());
+    srunner_add_suite(sr, scheduler_cost_suite());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -924,12 +924,13 @@ oom_save_reference(void)
 }
 
 /* Every allocation site of sched_submit (record, sequences, one token
- * buffer per choice: 2 + n) fails in turn: ST_ENOMEM, queues, counters,
- * random streams and blocks unchanged, and the run that follows is the
- * run without the failure. One past the last site, submit succeeds. */
+ * buffer per choice, the prompt's hash memo: 2 + n + 1) fails in turn:
+ * ST_ENOMEM, queues, counters, random streams and blocks unchanged, and
+ * the run that follows is the run without the failure. One past the last
+ * site, submit succeeds. */
 START_TEST(test_oom_submit_each_site)
 {
-    int sites = 2 + 3;
+    int sites = 2 + 3 + 1;
     eng_request_t r;
     unsigned long n0;
 
