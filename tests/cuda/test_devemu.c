@@ -1,14 +1,14 @@
 /* test_devemu.c - the CUDA backend's forward pass (model/dev_fwd.c) on
  * emulated device operations, against the CPU backend.
  *
- * The operations: "device" memory is host memory, kernels are the bodies
- * of kernels/cuda/kn_cuda_body.h under the thread-block emulator, the GEMM
- * is a reference loop over the 16-bit operands with f32 output (what
- * cublasGemmEx computes), the all-reduce is kernels/comm.h's. Everything
- * else -- weight sharding and upload (file-type blocks staged in chunks,
- * dequantized by the emulated wdequant kernel), strides, the batch staging,
- * the layer loop, KV regions, the copy/swap plan, tensor parallelism --
- * is the code the CUDA backend runs.
+ * The operations (tests/cuda/dev_emu.h): "device" memory is host memory,
+ * kernels are the bodies of kernels/cuda/kn_cuda_body.h under the
+ * thread-block emulator, the GEMM is a reference loop over the 16-bit
+ * operands with f32 output (what cublasGemmEx computes), the all-reduce is
+ * kernels/comm.h's. Everything else -- weight sharding and upload
+ * (file-type blocks staged in chunks, dequantized by the emulated wdequant
+ * kernel), strides, the batch staging, the layer loop, KV regions, the
+ * copy/swap plan, tensor parallelism -- is the code the CUDA backend runs.
  *
  * Checks, through chunked prefill, batched decodes and KV copies/swaps:
  *   T = 1 (f16 and bf16) against the CPU backend (f32): logits NMSE under
@@ -36,242 +36,7 @@
 #include "model/model.h"
 #include "model/kv_policy.h"
 #include "model/model_int.h"
-#include "tests/cuda/kn_emu.h"
-
-/* ---- emulated device operations ------------------------------------------------ */
-
-typedef struct emu_ctx {
-    kn_comm_t *comm;
-    int rank;
-} emu_ctx_t;
-
-static int
-eo_alloc(void *ctx, void **p, size_t bytes)
-{
-    (void)ctx;
-    *p = xcalloc(1, bytes);
-    return ST_OK;
-}
-
-static void
-eo_free(void *ctx, void *p)
-{
-    (void)ctx;
-    free(p);
-}
-
-static int
-eo_upload(void *ctx, void *dst, const void *src, size_t bytes)
-{
-    (void)ctx;
-    memcpy(dst, src, bytes);
-    return ST_OK;
-}
-
-static int
-eo_copy(void *ctx, void *dst, const void *src, size_t bytes, kv_op_kind_t kind)
-{
-    (void)ctx;
-    (void)kind;
-    memcpy(dst, src, bytes); /* the plan never overlaps a range with itself */
-    return ST_OK;
-}
-
-static int
-eo_sync(void *ctx)
-{
-    (void)ctx;
-    return ST_OK;
-}
-
-#define EO_KERNEL(name, args_t, gx, gy, nthr, smem)                                                \
-    static void run_##name(const kn_thr_t *t, float *sm, const void *a)                            \
-    {                                                                                              \
-        kn_##name##_body(t, sm, a);                                                                \
-    }                                                                                              \
-    static int eo_##name(void *ctx, const args_t *a, int32_t n)                                    \
-    {                                                                                              \
-        (void)ctx;                                                                                 \
-        return kn_emu_launch(run_##name, a, (gx), (gy), (nthr), (smem)) == 0 ? ST_OK : ST_EINVAL;  \
-    }
-
-EO_KERNEL(embed, kn_embed_args_t, n, 1, 32, 0)
-EO_KERNEL(rmsnorm, kn_rmsnorm_args_t, n, 1, 64, 2)
-EO_KERNEL(rope, kn_rope_args_t, n, 1, 32, 0)
-EO_KERNEL(bias, kn_bias_args_t, n, 1, 32, 0)
-EO_KERNEL(kv_write, kn_kv_write_args_t, n, 1, 32, 0)
-EO_KERNEL(silu_mul, kn_silu_mul_args_t, n, 1, 32, 0)
-EO_KERNEL(gather, kn_gather_args_t, n, 1, 32, 0)
-EO_KERNEL(attention, kn_attn_cuda_args_t, a->n_kv_heads, n, 64,
-          kn_attn_smem_floats(a->n_heads / a->n_kv_heads, a->head_dim))
-EO_KERNEL(attention_prefill, kn_attn_prefill_args_t, a->a.n_kv_heads, n, 64,
-          kn_attn_prefill_smem_floats(a->q_tile, a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
-EO_KERNEL(kq_res_write, kn_kq_res_write_args_t, n, 1, 32, 0)
-EO_KERNEL(kq_quant, kn_kq_quant_args_t, n, 2 * a->g.n_kv, 32, 0)
-EO_KERNEL(kq_dequant, kn_kq_dequant_args_t, a->g.n_kv, 2 + 0 * n, 32, 0)
-EO_KERNEL(kq_attention, kn_kq_attn_args_t, a->a.n_kv_heads, n, 64,
-          kn_kq_attn_smem_floats(a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
-EO_KERNEL(wdequant, kn_wdequant_args_t, n, 1, 32, 0)
-
-static void
-run_kv_rotate(const kn_thr_t *t, float *sm, const void *a)
-{
-    kn_kv_rotate_body(t, sm, a);
-}
-
-static int
-eo_kv_rotate(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers)
-{
-    (void)ctx;
-    return kn_emu_launch(run_kv_rotate, a, n_heads, n_layers, 32, 0) == 0 ? ST_OK : ST_EINVAL;
-}
-
-static void
-run_add(const kn_thr_t *t, float *sm, const void *a)
-{
-    kn_add_body(t, sm, a);
-}
-
-static int
-eo_add(void *ctx, const kn_add_args_t *a)
-{
-    (void)ctx;
-    return kn_emu_launch(run_add, a, (int)((a->n + 127) / 128), 1, 32, 0) == 0 ? ST_OK : ST_EINVAL;
-}
-
-static int
-eo_gemm(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y, int32_t n_tok,
-        int32_t d_in, int32_t d_out)
-{
-    float *xf = xmalloc(sizeof(float) * (size_t)d_in);
-
-    (void)ctx;
-    for (int32_t t = 0; t < n_tok; t++) {
-        for (int32_t i = 0; i < d_in; i++) {
-            xf[i] = kn_ld16(x, (size_t)t * d_in + i, dt);
-        }
-        for (int32_t o = 0; o < d_out; o++) {
-            float acc = 0.0f;
-
-            for (int32_t i = 0; i < d_in; i++) {
-                acc += xf[i] * kn_ld16(w, (size_t)o * d_in + i, dt);
-            }
-            y[(size_t)t * d_out + o] = acc;
-        }
-    }
-    free(xf);
-    return ST_OK;
-}
-
-static int
-eo_allreduce(void *ctx, float *buf, size_t n)
-{
-    emu_ctx_t *c = ctx;
-
-    kn_comm_allreduce_sum(c->comm, c->rank, buf, n);
-    return ST_OK;
-}
-
-static const mdl_dev_ops_t emu_ops = {
-    .alloc = eo_alloc,
-    .free = eo_free,
-    .alloc_host = eo_alloc,
-    .free_host = eo_free,
-    .upload = eo_upload,
-    .copy = eo_copy,
-    .sync = eo_sync,
-    .embed = eo_embed,
-    .rmsnorm = eo_rmsnorm,
-    .rope = eo_rope,
-    .bias = eo_bias,
-    .kv_write = eo_kv_write,
-    .silu_mul = eo_silu_mul,
-    .add = eo_add,
-    .gather = eo_gather,
-    .attention = eo_attention,
-    .attention_prefill = eo_attention_prefill,
-    .kq_res_write = eo_kq_res_write,
-    .kq_quant = eo_kq_quant,
-    .kq_dequant = eo_kq_dequant,
-    .kq_attention = eo_kq_attention,
-    .kv_rotate = eo_kv_rotate,
-    .wdequant = eo_wdequant,
-    .gemm = eo_gemm,
-    .allreduce = eo_allreduce,
-};
-
-/* ---- an emulated device "runtime": T ranks on rank threads ---------------------- */
-
-typedef struct emu_dev {
-    int32_t tp;
-    mdl_dev_ops_t ops;
-    emu_ctx_t ctx[4];
-    mdl_dev_rank_t fw[4];
-    kn_comm_t *comm;
-    kn_ranks_t *threads;
-    const mdl_batch_t *b;
-    const kv_op_t *kv;
-    int32_t n_kv;
-} emu_dev_t;
-
-static int
-emu_rank_forward(void *arg, int r)
-{
-    emu_dev_t *e = arg;
-
-    return mdl_dev_rank_forward(&e->fw[r], e->b);
-}
-
-static int
-emu_rank_kv(void *arg, int r)
-{
-    emu_dev_t *e = arg;
-
-    return mdl_dev_rank_kv_ops(&e->fw[r], e->kv, e->n_kv);
-}
-
-/* T = rc->tp_size emulated ranks; wstage_cap and upload_host as
- * mdl_dev_rank_t's (0: the defaults). */
-static emu_dev_t *
-emu_dev_create_opt(const mdl_model_t *m, const mdl_runtime_config_t *rc, kn_dt_t dt,
-                   size_t wstage_cap, int upload_host)
-{
-    emu_dev_t *e = xcalloc(1, sizeof(*e));
-
-    e->tp = rc->tp_size;
-    e->ops = emu_ops;
-    if (e->tp == 1) {
-        e->ops.allreduce = NULL; /* as the CUDA backend at T = 1 */
-    }
-    ck_assert_int_eq(kn_comm_create(e->tp, &e->comm), ST_OK);
-    ck_assert_int_eq(kn_ranks_create(e->tp, &e->threads), ST_OK);
-    for (int32_t r = 0; r < e->tp; r++) {
-        e->ctx[r].comm = e->comm;
-        e->ctx[r].rank = r;
-        e->fw[r].wstage_cap = wstage_cap;
-        e->fw[r].upload_host = upload_host;
-        ck_assert_int_eq(mdl_dev_rank_init(&e->fw[r], &e->ops, &e->ctx[r], m, rc, r, dt), ST_OK);
-        ck_assert_int_eq(mdl_dev_rank_alloc_kv(&e->fw[r]), ST_OK);
-    }
-    return e;
-}
-
-static emu_dev_t *
-emu_dev_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, kn_dt_t dt)
-{
-    return emu_dev_create_opt(m, rc, dt, 0, 0);
-}
-
-static void
-emu_dev_destroy(emu_dev_t *e)
-{
-    for (int32_t r = 0; r < e->tp; r++) {
-        mdl_dev_rank_fini(&e->fw[r]);
-    }
-    kn_ranks_destroy(e->threads);
-    kn_comm_destroy(e->comm);
-    free(e);
-}
+#include "tests/cuda/dev_emu.h"
 
 /* ---- the script (as test_tp.c) ------------------------------------------------------ */
 
@@ -298,77 +63,8 @@ typedef struct tseq {
     int32_t table[MAXB];
 } tseq_t;
 
-/* The logits of one step, from the CPU runtime or an emulated device. */
-typedef struct side {
-    mdl_runtime_t *cpu; /* or */
-    emu_dev_t *dev;
-} side_t;
-
-static const float *
-side_forward(side_t *s, const mdl_batch_t *b)
-{
-    const float *l = NULL;
-
-    if (s->cpu != NULL) {
-        ck_assert_int_eq(mdl_forward(s->cpu, b, &l), ST_OK);
-        return l;
-    }
-    s->dev->b = b;
-    ck_assert_int_eq(kn_ranks_run(s->dev->threads, emu_rank_forward, s->dev), ST_OK);
-    return s->dev->fw[0].logits_host;
-}
-
 static void
-side_kv(side_t *s, const kv_op_t *ops, int32_t n)
-{
-    if (s->cpu != NULL) {
-        ck_assert_int_eq(mdl_runtime_kv_ops(s->cpu, ops, n), ST_OK);
-        return;
-    }
-    s->dev->kv = ops;
-    s->dev->n_kv = n;
-    ck_assert_int_eq(kn_ranks_run(s->dev->threads, emu_rank_kv, s->dev), ST_OK);
-}
-
-typedef struct cmp {
-    double nmse_bound;
-    double worst;
-    int32_t vocab;
-} cmp_t;
-
-static void
-compare(cmp_t *c, const float *ref, const float *got, int32_t rows)
-{
-    for (int32_t r = 0; r < rows; r++) {
-        const float *a = ref + (size_t)r * c->vocab, *g = got + (size_t)r * c->vocab;
-        double num = 0.0, den = 0.0;
-        int32_t best = 0, second = -1, gbest = 0;
-
-        for (int32_t i = 0; i < c->vocab; i++) {
-            num += ((double)g[i] - a[i]) * ((double)g[i] - a[i]);
-            den += (double)a[i] * a[i];
-            if (a[i] > a[best]) {
-                second = best;
-                best = i;
-            } else if (i > 0 && (second < 0 || a[i] > a[second])) {
-                second = i;
-            }
-            if (g[i] > g[gbest]) {
-                gbest = i;
-            }
-        }
-        if (num / den > c->worst) {
-            c->worst = num / den;
-        }
-        ck_assert_msg(num / den < c->nmse_bound, "row %d: logits NMSE %g", r, num / den);
-        ck_assert_msg(gbest == best || a[best] - a[second] < 0.1f,
-                      "row %d: argmax %d, reference %d (margin %g)", r, gbest, best,
-                      a[best] - a[second]);
-    }
-}
-
-static void
-step(side_t *ref, side_t *got, cmp_t *c, tseq_t *seqs, const int32_t *n_new)
+step(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, tseq_t *seqs, const int32_t *n_new)
 {
     int32_t tok[128], pos[128], slot[128], qs[NSEQ + 1], ctx[NSEQ], bt[NSEQ * MAXB], rows[NSEQ];
     int32_t n = 0, ns = 0;
@@ -409,20 +105,20 @@ step(side_t *ref, side_t *got, cmp_t *c, tseq_t *seqs, const int32_t *n_new)
     };
     float *lr = xmalloc(sizeof(float) * (size_t)ns * c->vocab);
 
-    memcpy(lr, side_forward(ref, &b), sizeof(float) * (size_t)ns * c->vocab);
-    compare(c, lr, side_forward(got, &b), ns);
+    memcpy(lr, emu_side_forward(ref, &b), sizeof(float) * (size_t)ns * c->vocab);
+    emu_compare(c, lr, emu_side_forward(got, &b), ns);
     free(lr);
 }
 
 static void
-both_kv(side_t *a, side_t *b, const kv_op_t *ops, int32_t n)
+both_kv(emu_side_t *a, emu_side_t *b, const kv_op_t *ops, int32_t n)
 {
-    side_kv(a, ops, n);
-    side_kv(b, ops, n);
+    emu_side_kv(a, ops, n);
+    emu_side_kv(b, ops, n);
 }
 
 static void
-run_script(side_t *ref, side_t *got, cmp_t *c)
+run_script(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c)
 {
     tseq_t seqs[NSEQ];
     int32_t next_blk;
@@ -491,8 +187,8 @@ vs_cpu(const mdl_model_t *m, kn_dt_t dt)
 {
     char err[256];
     mdl_runtime_config_t rc = script_config(1);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = dt == KN_DT_F16 ? 2e-6 : 5e-4, .vocab = m->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = dt == KN_DT_F16 ? 2e-6 : 5e-4, .vocab = m->cfg.vocab_size};
 
     ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create(m, &rc, dt);
@@ -567,7 +263,7 @@ kq_check_moves(emu_dev_t *e)
         {KV_OP_SWAP_IN, 6, NBLK - 3},    {KV_OP_SWAP_IN, 7, NBLK - 4},
     };
 
-    side_kv(&(side_t){.dev = e}, ops, 6);
+    emu_side_kv(&(emu_side_t){.dev = e}, ops, 6);
     ck_assert(kq_same(rk, 0, full, 0, NBLK - 1));
     ck_assert(kq_same(rk, 0, part, 0, NBLK - 2));
     ck_assert(kq_same(rk, 0, full, 1, 6));
@@ -581,7 +277,7 @@ kq_check_moves(emu_dev_t *e)
                        {KV_OP_DROP_SWAP, 7, 0},
                        {KV_OP_DROP_SWAP, 6, 0}};
 
-    side_kv(&(side_t){.dev = e}, drops, 4);
+    emu_side_kv(&(emu_side_t){.dev = e}, drops, 4);
     ck_assert_int_eq(dev->sl.n_free, free_dev);
     ck_assert_int_eq(swp->sl.n_free, free_swp);
 }
@@ -593,8 +289,8 @@ vs_cpu_kq(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
 {
     char err[256];
     mdl_runtime_config_t rc = script_config(1), rct = script_config(tp);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
 
     rc.kv_dtype = kv;
     rct.kv_dtype = kv;
@@ -614,8 +310,8 @@ static double
 vs_tp1(const mdl_model_t *m, int32_t tp)
 {
     mdl_runtime_config_t rc1 = script_config(1), rct = script_config(tp);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = 1e-5, .vocab = m->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = 1e-5, .vocab = m->cfg.vocab_size};
 
     ref.dev = emu_dev_create(m, &rc1, KN_DT_F16);
     got.dev = emu_dev_create(m, &rct, KN_DT_F16);
@@ -766,8 +462,8 @@ kq_flush_script(const mdl_model_t *m, mdl_kv_dtype_t kv, double bound)
                                .n_threads = 1,
                                .tp_size = 1,
                                .kv_dtype = kv};
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
     int32_t ids[18][16], done[18] = {0};
 
     ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
@@ -825,8 +521,8 @@ kq_flush_script(const mdl_model_t *m, mdl_kv_dtype_t kv, double bound)
                          .n_logits = ns};
         float *lr = xmalloc(sizeof(float) * (size_t)ns * c.vocab);
 
-        memcpy(lr, side_forward(&ref, &b), sizeof(float) * (size_t)ns * c.vocab);
-        compare(&c, lr, side_forward(&got, &b), ns);
+        memcpy(lr, emu_side_forward(&ref, &b), sizeof(float) * (size_t)ns * c.vocab);
+        emu_compare(&c, lr, emu_side_forward(&got, &b), ns);
         free(lr);
         if (p == 17) { /* 18 partial blocks, 14 slots: the 4 oldest were flushed */
             for (int32_t q = 0; q < 18; q++) {
@@ -948,7 +644,7 @@ END_TEST
  * back with DROP): with 14 residual slots the stream's partial tail,
  * written least recently, is flushed into codes. */
 static void
-stream_fillers(side_t *ref, side_t *got, cmp_t *c, int32_t *free_blk, int32_t *n_free)
+stream_fillers(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, int32_t *free_blk, int32_t *n_free)
 {
     kv_op_t drops[16];
 
@@ -968,8 +664,8 @@ stream_fillers(side_t *ref, side_t *got, cmp_t *c, int32_t *free_blk, int32_t *n
                          .n_logits = 1};
         float *lr = xmalloc(sizeof(float) * (size_t)c->vocab);
 
-        memcpy(lr, side_forward(ref, &b), sizeof(float) * (size_t)c->vocab);
-        compare(c, lr, side_forward(got, &b), 1);
+        memcpy(lr, emu_side_forward(ref, &b), sizeof(float) * (size_t)c->vocab);
+        emu_compare(c, lr, emu_side_forward(got, &b), 1);
         free(lr);
         drops[f] = (kv_op_t){KV_OP_DROP, blk, blk};
     }
@@ -983,7 +679,7 @@ stream_fillers(side_t *ref, side_t *got, cmp_t *c, int32_t *free_blk, int32_t *n
  * 1 copied (copy-on-write) to a fresh one: pending shifts and the tail's
  * slot move with the blocks. Old blocks are dropped and go back. */
 static void
-stream_move(side_t *ref, side_t *got, int32_t *table, int32_t n_blocks, int32_t *free_blk,
+stream_move(emu_side_t *ref, emu_side_t *got, int32_t *table, int32_t n_blocks, int32_t *free_blk,
             int32_t *n_free)
 {
     kv_op_t ops[4 * MAXB + 2];
@@ -1061,8 +757,8 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
     const int32_t total = 5 * (BS + 4 * BS);
     char err[256];
     mdl_runtime_config_t rc = script_config(1), rct = script_config(tp);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
     int32_t table[MAXB], n_blocks = 0, kv_len = 0, fed = 0, free_blk[NBLK], n_free = 0;
     int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)total);
     int64_t evicted = 0, shifts = 0;
@@ -1134,8 +830,8 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
                          .n_logits = 1};
         float *lr = xmalloc(sizeof(float) * (size_t)c.vocab);
 
-        memcpy(lr, side_forward(&ref, &b), sizeof(float) * (size_t)c.vocab);
-        compare(&c, lr, side_forward(&got, &b), 1);
+        memcpy(lr, emu_side_forward(&ref, &b), sizeof(float) * (size_t)c.vocab);
+        emu_compare(&c, lr, emu_side_forward(&got, &b), 1);
         free(lr);
         kv_len += n;
         fed += n;
@@ -1285,8 +981,8 @@ cpu_vs_dev(const mdl_model_t *cm, const mdl_model_t *dm, double bound, size_t ca
 {
     char err[256];
     mdl_runtime_config_t rc = script_config(1);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound, .vocab = cm->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = bound, .vocab = cm->cfg.vocab_size};
 
     ck_assert_msg(mdl_runtime_create(cm, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create_opt(dm, &rc, KN_DT_F16, cap, 0);
@@ -1393,8 +1089,8 @@ START_TEST(test_devemu_native_weights)
                 emu_dev_destroy(dflt);
                 staged = tp == 1 ? nat->fw[0].wstage_bytes : staged;
                 if (dt == KN_DT_F16) {
-                    side_t ref = {.dev = host}, got = {.dev = nat};
-                    cmp_t c = {.nmse_bound = 1e-30, .vocab = s.m.cfg.vocab_size};
+                    emu_side_t ref = {.dev = host}, got = {.dev = nat};
+                    emu_cmp_t c = {.nmse_bound = 1e-30, .vocab = s.m.cfg.vocab_size};
 
                     run_script(&ref, &got, &c);
                     ck_assert(c.worst == 0.0);
