@@ -10,9 +10,9 @@
  *   block ids, and every copy, swap, drop and shift the engine runs
  *   (spec_draft_kv_ops) runs on both buffers; paging, copy-on-write,
  *   prefix caching and swap apply to the draft's KV unchanged. Invariant:
- *   before every step's KV ops, every slot whose target KV is valid holds
- *   the draft's KV of the same token. It holds because the draft writes
- *   every slot the target writes:
+ *   wherever a forward reads or a KV op copies, swaps or drops the
+ *   target's KV, the draft's KV holds the same tokens. It holds because
+ *   the draft writes every slot the target writes:
  *
  *     1. mirror forward: the step's batch with each speculating row's k
  *        draft slots left out (prefill chunks and plain decodes as they
@@ -28,8 +28,10 @@
  *        by a one-token forward at its old slot before the step's KV ops
  *        copy, swap or drop the block. The slot is never a block's last
  *        (spec.h), so the block is not sealed, hashed or quantized before
- *        the draft's row is in it, and when the sequence is gone the
- *        write lands in a block no one reads before rewriting it.
+ *        the draft's row is in it; the block is the sequence's own (a
+ *        shared block is copied before any write), so no op of a step in
+ *        which the sequence decodes moves it; and when the sequence is
+ *        gone the write lands in a block no one reads before rewriting it.
  *
  *   Forwards of the draft per step with k drafts: k (the mirror and
  *   k - 1 one-token forwards); before the catch-up joined the mirror, a
