@@ -95,8 +95,9 @@ int spec_draft_kv_ops(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, con
 
 /* Steps 1 and 2 of DESIGN for the plan: writes the draft's KV of every
  * token the target writes this step except the last draft of each
- * speculating row (and the catch-ups spec_draft_kv_ops picked), samples the drafts (sched_set_draft) and keeps their
- * distributions for spec_draft_verify. Before the target's forward. */
+ * speculating row, and the catch-ups spec_draft_kv_ops picked; samples
+ * the drafts (sched_set_draft) and keeps their distributions for
+ * spec_draft_verify. Before the target's forward. */
 int spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ctx_t *smp);
 
 /* Verifies speculating sample i of the plan (n_draft > 0) against the
