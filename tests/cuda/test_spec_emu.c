@@ -266,8 +266,8 @@ END_TEST
 
 /* ---- engine: greedy streams --------------------------------------------------------- */
 
-#define N_JOBS 4
-#define N_GEN 40 /* at most; KVSERVE_TEST_SCALE < 1 (sanitizers): 16 */
+#define N_JOBS 4 /* at most (n_jobs) */
+#define N_GEN 40 /* at most; KVSERVE_TEST_SCALE < 1: 16 */
 #define MAX_PROMPT 96
 
 typedef struct job {
@@ -323,15 +323,26 @@ make_jobs(const mdl_model_t *m, job_t *jobs)
     free(ids);
 }
 
-/* Tokens per request: N_GEN, 16 under KVSERVE_TEST_SCALE < 1 (tools/test
- * sets 0.25 under the sanitizers, where emulation is slow). */
-static int32_t
-n_gen(void)
+/* KVSERVE_TEST_SCALE < 1: tools/test sets 0.25 under the sanitizers,
+ * where emulation is slow. */
+static int
+reduced(void)
 {
     const char *e = getenv("KVSERVE_TEST_SCALE");
 
-    return e != NULL && atof(e) < 1.0 ? 16 : N_GEN;
+    return e != NULL && atof(e) < 1.0;
 }
+
+/* Tokens per request: N_GEN, or 16 when reduced. */
+static int32_t
+n_gen(void)
+{
+    return reduced() ? 16 : N_GEN;
+}
+
+/* Requests per run: N_JOBS; the int8 test, when reduced, 2 (a 40-token
+ * prompt, then an 84-token one prefilled beside its decodes). */
+static int n_jobs = N_JOBS;
 
 static void
 collect(chan_t *outbox, out_t *res)
@@ -370,6 +381,7 @@ run(const mdl_model_t *m, const job_t *jobs, const char *device, mdl_kv_dtype_t 
     char err[256] = "";
     bm_stats_t bs;
     int next = 0, guard = 0;
+    const int nj = n_jobs;
 
     memset(&c, 0, sizeof(c));
     c.rt.device = device;
@@ -389,10 +401,11 @@ run(const mdl_model_t *m, const job_t *jobs, const char *device, mdl_kv_dtype_t 
     }
 
     memset(res, 0, sizeof(out_t) * N_JOBS);
+
     chan_init(&outbox, NULL, NULL);
     ck_assert_msg(engine_create(&c, m, &outbox, &eng, err, sizeof(err)) == ST_OK, "%s", err);
     do {
-        if (next < N_JOBS) {
+        if (next < nj) {
             eng_msg_submit_t *sm = xcalloc(1, sizeof(*sm));
 
             sm->hdr.type = ENG_MSG_SUBMIT;
@@ -412,9 +425,9 @@ run(const mdl_model_t *m, const job_t *jobs, const char *device, mdl_kv_dtype_t 
         ck_assert_int_ge(eng__iterate(eng, 0), 0);
         collect(&outbox, res);
         ck_assert_int_lt(++guard, 10000);
-    } while (next < N_JOBS || !sched_idle(eng__sched(eng)));
+    } while (next < nj || !sched_idle(eng__sched(eng)));
     collect(&outbox, res);
-    for (int i = 0; i < N_JOBS; i++) {
+    for (int i = 0; i < nj; i++) {
         ck_assert_msg(res[i].finished && res[i].n == n_gen(), "request %d: %d tokens", i + 1,
                       res[i].n);
     }
@@ -437,7 +450,7 @@ run(const mdl_model_t *m, const job_t *jobs, const char *device, mdl_kv_dtype_t 
 static void
 same(const out_t *a, const out_t *b, const char *what)
 {
-    for (int i = 0; i < N_JOBS; i++) {
+    for (int i = 0; i < n_jobs; i++) {
         int32_t at = 0;
 
         while (at < n_gen() && a[i].tok[at] == b[i].tok[at]) {
@@ -513,6 +526,7 @@ START_TEST(test_spec_emu_engine_int8)
     eng_stats_t st;
 
     make_jobs(m, jobs);
+    n_jobs = reduced() ? 2 : N_JOBS;
     mdl_backend_register_test(&emu_backend);
     run(m, jobs, "cuda-emu", MDL_KV_INT8, NULL, plain, &st);
     run(m, jobs, "cuda-emu", MDL_KV_INT8,
@@ -522,6 +536,7 @@ START_TEST(test_spec_emu_engine_int8)
     same(plain, spec, "cuda-emu int8, ngram");
     ck_assert_uint_gt(st.spec.accepted_tokens, 0);
     ck_assert_uint_lt(st.spec.accepted_tokens, st.spec.draft_tokens);
+    n_jobs = N_JOBS;
     mdl_backend_register_test(NULL);
     mdl_model_destroy(m);
 }
