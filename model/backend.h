@@ -51,6 +51,11 @@ typedef struct mdl_backend {
 extern const mdl_backend_t mdl_backend_cpu;
 /* model/backend_cuda.c, built with -Dcuda=enabled (KVSERVE_HAVE_CUDA). */
 extern const mdl_backend_t mdl_backend_cuda;
+/* Tests only: one more backend, found by its name after the built-in ones
+ * (tests/cuda/dev_emu.c registers the CUDA backend's forward pass on
+ * emulated device operations as "cuda-emu", so the engine runs on it).
+ * NULL removes it. Call before creating a runtime on it, from one thread. */
+void mdl_backend_register_test(const mdl_backend_t *be);
 /* model/backend_cuda.c: mdl_device_memory() for "cuda" (cudaMemGetInfo). */
 int mdl_cuda_device_memory(int32_t n_devices, size_t *total_bytes, size_t *in_use_bytes,
                            char *err, size_t errlen);

@@ -34,6 +34,13 @@ static const mdl_backend_t *const rt_backends[] = {
     &mdl_backend_cuda,
 #endif
 };
+static const mdl_backend_t *rt_test_backend; /* mdl_backend_register_test */
+
+void
+mdl_backend_register_test(const mdl_backend_t *be)
+{
+    rt_test_backend = be;
+}
 
 int
 mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_runtime_t **out,
@@ -52,6 +59,9 @@ mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_ru
         if (strcmp(rt_backends[i]->name, c.device) == 0) {
             be = rt_backends[i];
         }
+    }
+    if (be == NULL && rt_test_backend != NULL && strcmp(rt_test_backend->name, c.device) == 0) {
+        be = rt_test_backend;
     }
     if (be == NULL) {
         snprintf(err, errlen, "device '%s' is not available in this build", c.device);

@@ -518,7 +518,7 @@ engine_step(engine_t *e)
     ops = bm_pool_ops(e->pool, &n_ops);
     rc = n_ops > 0 ? mdl_runtime_kv_ops(e->rt, ops, (int32_t)n_ops) : ST_OK;
     if (rc == ST_OK && e->draft != NULL) {
-        rc = spec_draft_kv_ops(e->draft, ops, (int32_t)n_ops); /* the same block ids */
+        rc = spec_draft_kv_ops(e->draft, e->sched, &plan, ops, (int32_t)n_ops); /* same ids */
     }
     bm_pool_ops_clear(e->pool); /* every step (blockmgr's step contract) */
     if (rc != ST_OK) {
@@ -589,7 +589,7 @@ engine_step(engine_t *e)
         }
     }
     if (e->draft != NULL) {
-        rc = spec_draft_finish(e->draft, &plan, e->results);
+        rc = spec_draft_finish(e->draft, e->sched, &plan, e->results);
         if (rc != ST_OK) {
             engine_fail(e, rc, "draft forward");
             return 0;

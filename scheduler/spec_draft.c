@@ -15,6 +15,15 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 
+/* One catch-up: token at position pos of a sequence (the choice id /
+ * choice of sched seq) whose slot then was slot. */
+typedef struct spec_catchup {
+    const sched_seq_t *seq;
+    uint64_t id;
+    int32_t choice;
+    int32_t pos, token, slot;
+} spec_catchup_t;
+
 struct spec_draft {
     mdl_model_t *model;
     mdl_runtime_t *rt;
@@ -42,6 +51,14 @@ struct spec_draft {
     float *row;      /* [vocab] */
     float *p;        /* [vocab] */
     int32_t max_seqs;
+    int32_t bs; /* block size */
+    /* Catch-ups (spec_draft.h, step 3): the last draft of each row that
+     * accepted all k, recorded by spec_draft_finish, written by the next
+     * step's mirror (row_catch) or before its KV ops. */
+    int32_t n_def;
+    spec_catchup_t *def; /* [cap] */
+    int32_t *def_tables; /* [cap][max_blocks] each one's block table then */
+    int32_t *row_catch;  /* [max_seqs] plan batch row -> its catch-up in def, or -1 */
 };
 
 void
@@ -69,6 +86,9 @@ spec_draft_destroy(spec_draft_t *d)
     free(d->q);
     free(d->row);
     free(d->p);
+    free(d->def);
+    free(d->def_tables);
+    free(d->row_catch);
     free(d);
 }
 
@@ -133,6 +153,10 @@ spec_draft_create(const mdl_model_t *target, const spec_config_t *sc,
     d->q = xmalloc((size_t)d->cap * (size_t)d->k * (size_t)d->vocab * sizeof(float));
     d->row = xmalloc((size_t)d->vocab * sizeof(float));
     d->p = xmalloc((size_t)d->vocab * sizeof(float));
+    d->bs = drc.block_size;
+    d->def = xcalloc((size_t)d->cap, sizeof(*d->def));
+    d->def_tables = xcalloc((size_t)d->cap * (size_t)d->max_blocks, sizeof(int32_t));
+    d->row_catch = xmalloc((size_t)d->max_seqs * sizeof(int32_t));
     LOG_INFO("speculative decoding: draft model %s (%d layers, dim %d), k %d", sc->model,
              mdl_model_config(d->model)->n_layers, mdl_model_config(d->model)->dim, d->k);
     *out = d;
@@ -141,12 +165,6 @@ spec_draft_create(const mdl_model_t *target, const spec_config_t *sc,
 fail:
     spec_draft_destroy(d);
     return rc2;
-}
-
-int
-spec_draft_kv_ops(spec_draft_t *d, const kv_op_t *ops, int32_t n_ops)
-{
-    return n_ops > 0 ? mdl_runtime_kv_ops(d->rt, ops, n_ops) : ST_OK;
 }
 
 /* The plan batch row holding token index t. */
@@ -208,10 +226,10 @@ copy_table(spec_draft_t *d, const mdl_batch_t *b, int32_t r, int32_t e)
 }
 
 /* A forward of n rows of one token each (tokens, positions, slots and
- * ctx filled by the caller; tables rows 0 .. n - 1), with n_logits
- * logits rows 0 .. n_logits - 1. */
+ * ctx filled by the caller; tables rows 0 .. n - 1, max_blocks apart),
+ * with n_logits logits rows 0 .. n_logits - 1. */
 static int
-forward_singles(spec_draft_t *d, const mdl_batch_t *pb, int32_t n, int32_t n_logits,
+forward_singles(spec_draft_t *d, int32_t max_blocks, int32_t n, int32_t n_logits,
                 const float **logits)
 {
     mdl_batch_t b;
@@ -231,10 +249,83 @@ forward_singles(spec_draft_t *d, const mdl_batch_t *pb, int32_t n, int32_t n_log
     b.query_start = d->qstart;
     b.context_len = d->ctx;
     b.block_tables = d->tables;
-    b.max_blocks = pb->max_blocks;
+    b.max_blocks = max_blocks;
     b.logits_rows = d->lrows;
     b.n_logits = n_logits;
     return mdl_forward(d->rt, &b, logits);
+}
+
+/* The plan batch row in which catch-up f's sequence decodes right after
+ * it (its first token, the pending one, at f->pos + 1), or -1. */
+static int32_t
+catchup_row(sched_t *s, const sched_plan_t *plan, const spec_catchup_t *f)
+{
+    const mdl_batch_t *pb = &plan->batch;
+
+    for (int32_t i = 0; i < plan->n_samples; i++) {
+        const sched_sample_t *sm = &plan->samples[i];
+        sched_sample_view_t v;
+        int32_t first, r;
+
+        if (sm->seq != f->seq) {
+            continue;
+        }
+        sched_sample_view(s, plan, i, &v);
+        first = pb->logits_rows[sm->row];
+        r = row_of(pb, first);
+        if (v.id != f->id || v.choice != f->choice || pb->query_start[r] != first ||
+            pb->positions[first] != f->pos + 1) {
+            return -1;
+        }
+        return r;
+    }
+    return -1;
+}
+
+int
+spec_draft_kv_ops(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, const kv_op_t *ops,
+                  int32_t n_ops)
+{
+    const mdl_batch_t *pb = &plan->batch;
+    const float *logits = NULL;
+    int32_t n = 0, room = d->max_tokens - pb->n_tokens;
+
+    for (int32_t r = 0; r < pb->n_seqs; r++) {
+        d->row_catch[r] = -1;
+    }
+    for (int32_t i = 0; i < plan->n_samples; i++) {
+        room += plan->samples[i].n_draft; /* the mirror leaves the drafts out */
+    }
+    for (int32_t e = 0; e < d->n_def; e++) {
+        const spec_catchup_t *f = &d->def[e];
+        int32_t r = room > 0 ? catchup_row(s, plan, f) : -1;
+
+        if (r >= 0) {
+            d->row_catch[r] = e; /* the mirror writes it, in front of the row */
+            room--;
+            continue;
+        }
+        /* The sequence does not decode on this step (finished, cancelled,
+         * preempted, swapped out): its slot now, before the ops copy,
+         * swap or drop the block. */
+        d->tokens[n] = f->token;
+        d->positions[n] = f->pos;
+        d->slots[n] = f->slot;
+        d->ctx[n] = f->pos + 1;
+        memcpy(d->tables + (size_t)n * (size_t)d->max_blocks,
+               d->def_tables + (size_t)e * (size_t)d->max_blocks,
+               (size_t)d->max_blocks * sizeof(int32_t));
+        n++;
+    }
+    d->n_def = 0;
+    if (n > 0) {
+        int rc = forward_singles(d, d->max_blocks, n, 0, &logits);
+
+        if (rc != ST_OK) {
+            return rc;
+        }
+    }
+    return n_ops > 0 ? mdl_runtime_kv_ops(d->rt, ops, n_ops) : ST_OK;
 }
 
 int
@@ -268,11 +359,20 @@ spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ct
         kmax = sm->n_draft > kmax ? sm->n_draft : kmax;
     }
 
-    /* 1. The mirror: every row without its drafts. */
+    /* 1. The mirror: every row without its drafts, after its catch-up. */
     for (int32_t r = 0; r < pb->n_seqs; r++) {
         int32_t qs = pb->query_start[r], n = pb->query_start[r + 1] - qs - d->row_draft[r];
 
         d->qstart[r] = nt;
+        if (d->row_catch[r] >= 0) {
+            const spec_catchup_t *f = &d->def[d->row_catch[r]];
+            int32_t blk = pb->block_tables[(size_t)r * (size_t)pb->max_blocks + f->pos / d->bs];
+
+            d->tokens[nt] = f->token;
+            d->positions[nt] = f->pos;
+            d->slots[nt] = blk * d->bs + f->pos % d->bs; /* its block now (a copy moves it) */
+            nt++;
+        }
         memcpy(d->tokens + nt, pb->tokens + qs, (size_t)n * sizeof(int32_t));
         memcpy(d->positions + nt, pb->positions + qs, (size_t)n * sizeof(int32_t));
         memcpy(d->slots + nt, pb->slot_mapping + qs, (size_t)n * sizeof(int32_t));
@@ -281,7 +381,7 @@ spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ct
     }
     d->qstart[pb->n_seqs] = nt;
     for (int32_t e = 0; e < d->n_spec; e++) {
-        d->lrows[e] = d->qstart[d->prow[e]];
+        d->lrows[e] = d->qstart[d->prow[e] + 1] - 1; /* the pending token, the row's last */
     }
     memset(&b, 0, sizeof(b));
     b.n_tokens = nt;
@@ -327,7 +427,7 @@ spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ct
             copy_table(d, pb, d->prow[e], n);
             d->which[n++] = e;
         }
-        rc = forward_singles(d, pb, n, n, &logits);
+        rc = forward_singles(d, pb->max_blocks, n, n, &logits);
         if (rc != ST_OK) {
             return rc;
         }
@@ -399,17 +499,19 @@ spec_draft_verify(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, int32_t
 }
 
 int
-spec_draft_finish(spec_draft_t *d, const sched_plan_t *plan, const smp_result_t *results)
+spec_draft_finish(spec_draft_t *d, sched_t *s, const sched_plan_t *plan,
+                  const smp_result_t *results)
 {
     const mdl_batch_t *pb = &plan->batch;
-    const float *logits = NULL;
-    int32_t n = 0;
 
+    d->n_def = 0;
     for (int32_t e = 0; e < d->n_spec; e++) {
         const sched_sample_t *sm = &plan->samples[d->sample[e]];
         const smp_result_t *res = results + sm->res;
         const int32_t *dr = d->drafts + (size_t)e * (size_t)d->k;
-        int32_t acc = 0, pos = pb->positions[d->first[e]];
+        spec_catchup_t *f = &d->def[d->n_def];
+        sched_sample_view_t v;
+        int32_t acc = 0;
 
         while (acc < sm->n_draft && res[acc].token == dr[acc]) {
             acc++;
@@ -417,13 +519,21 @@ spec_draft_finish(spec_draft_t *d, const sched_plan_t *plan, const smp_result_t 
         if (acc < sm->n_draft) {
             continue;
         }
-        /* All accepted: the last draft's KV, which no forward wrote. */
-        d->tokens[n] = dr[sm->n_draft - 1];
-        d->positions[n] = pos + sm->n_draft;
-        d->slots[n] = pb->slot_mapping[d->first[e] + sm->n_draft];
-        d->ctx[n] = pos + sm->n_draft + 1;
-        copy_table(d, pb, d->prow[e], n);
-        n++;
+        /* All accepted: the last draft's KV, which no forward wrote; the
+         * next step writes it (spec_draft_kv_ops, spec_draft_propose). */
+        sched_sample_view(s, plan, d->sample[e], &v);
+        f->seq = sm->seq;
+        f->id = v.id;
+        f->choice = v.choice;
+        f->pos = pb->positions[d->first[e]] + sm->n_draft;
+        f->token = dr[sm->n_draft - 1];
+        f->slot = pb->slot_mapping[d->first[e] + sm->n_draft];
+        memset(d->def_tables + (size_t)d->n_def * (size_t)d->max_blocks, 0,
+               (size_t)d->max_blocks * sizeof(int32_t));
+        memcpy(d->def_tables + (size_t)d->n_def * (size_t)d->max_blocks,
+               pb->block_tables + (size_t)d->prow[e] * (size_t)pb->max_blocks,
+               (size_t)pb->max_blocks * sizeof(int32_t));
+        d->n_def++;
     }
-    return n > 0 ? forward_singles(d, pb, n, 0, &logits) : ST_OK;
+    return ST_OK;
 }

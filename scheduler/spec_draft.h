@@ -10,18 +10,32 @@
  *   block ids, and every copy, swap, drop and shift the engine runs
  *   (spec_draft_kv_ops) runs on both buffers; paging, copy-on-write,
  *   prefix caching and swap apply to the draft's KV unchanged. Invariant:
- *   after every step, every slot whose target KV is valid holds the
- *   draft's KV of the same token. It holds because the draft writes every
- *   slot the target writes, in the same step:
+ *   wherever a forward reads or a KV op copies, swaps or drops the
+ *   target's KV, the draft's KV holds the same tokens. It holds because
+ *   the draft writes every slot the target writes:
  *
  *     1. mirror forward: the step's batch with each speculating row's k
  *        draft slots left out (prefill chunks and plain decodes as they
  *        are), logits at each speculating row's pending token -> q_1;
  *     2. forwards 2 .. k: one token per speculating row (draft j - 1 at
  *        its reserved slot) -> q_j;
- *     3. after verification, one forward writes draft k of the rows that
- *        accepted all k drafts (it is the only accepted token the
- *        mirror and forwards 2 .. k did not write).
+ *     3. draft k of a row that accepted all k drafts (the only accepted
+ *        token the mirror and forwards 2 .. k did not write) is written
+ *        by the next step: as the first token of the sequence's row in
+ *        that step's mirror when it decodes there (its pending token is
+ *        the next position), so that no forward of its own runs; else
+ *        (finished, cancelled, preempted, swapped out, or no token room)
+ *        by a one-token forward at its old slot before the step's KV ops
+ *        copy, swap or drop the block. The slot is never a block's last
+ *        (spec.h), so the block is not sealed, hashed or quantized before
+ *        the draft's row is in it; the block is the sequence's own (a
+ *        shared block is copied before any write), so no op of a step in
+ *        which the sequence decodes moves it; and when the sequence is
+ *        gone the write lands in a block no one reads before rewriting it.
+ *
+ *   Forwards of the draft per step with k drafts: k (the mirror and
+ *   k - 1 one-token forwards); before the catch-up joined the mirror, a
+ *   step in which a row accepted all k ran k + 1.
  *
  *   Rejected drafts' slots are given back with the target's
  *   (bm_seq_truncate in sched.c); no draft ever takes a block's last slot
@@ -71,14 +85,19 @@ int spec_draft_create(const mdl_model_t *target, const spec_config_t *sc,
                       spec_draft_t **out, char *err, size_t errlen);
 void spec_draft_destroy(spec_draft_t *d);
 
-/* Runs the step's block copy / swap / drop / shift ops on the draft's KV
- * (call with the same ops as the target's mdl_runtime_kv_ops). */
-int spec_draft_kv_ops(spec_draft_t *d, const kv_op_t *ops, int32_t n_ops);
+/* After sched_step, every step (also one without tokens): picks the
+ * catch-ups (DESIGN step 3) that this plan's mirror writes, writes the
+ * others, then runs the step's block copy / swap / drop / shift ops on the
+ * draft's KV (call with the same ops as the target's
+ * mdl_runtime_kv_ops). */
+int spec_draft_kv_ops(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, const kv_op_t *ops,
+                      int32_t n_ops);
 
 /* Steps 1 and 2 of DESIGN for the plan: writes the draft's KV of every
  * token the target writes this step except the last draft of each
- * speculating row, samples the drafts (sched_set_draft) and keeps their
- * distributions for spec_draft_verify. Before the target's forward. */
+ * speculating row, and the catch-ups spec_draft_kv_ops picked; samples
+ * the drafts (sched_set_draft) and keeps their distributions for
+ * spec_draft_verify. Before the target's forward. */
 int spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ctx_t *smp);
 
 /* Verifies speculating sample i of the plan (n_draft > 0) against the
@@ -90,7 +109,9 @@ int spec_draft_verify(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, int
                       const float *logits, smp_ctx_t *smp, float *scratch, smp_result_t *out);
 
 /* Step 3 of DESIGN: after every sample's results are written (results as
- * given to sched_commit), before sched_commit. */
-int spec_draft_finish(spec_draft_t *d, const sched_plan_t *plan, const smp_result_t *results);
+ * given to sched_commit), before sched_commit: records the catch-ups of
+ * the rows that accepted all their drafts (no forward here). */
+int spec_draft_finish(spec_draft_t *d, sched_t *s, const sched_plan_t *plan,
+                      const smp_result_t *results);
 
 #endif /* SCHEDULER_SPEC_DRAFT_H */

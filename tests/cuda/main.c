@@ -1,11 +1,13 @@
 /* main.c - the emulated CUDA kernels and the CUDA backend's forward pass on
- * emulated device operations (run on CPU, suite cuda-emu). */
+ * emulated device operations, speculative decoding on it (run on CPU,
+ * suite cuda-emu). */
 #include <check.h>
 #include <stdlib.h>
 
 Suite *cuda_emu_suite(void);
 Suite *cuda_devemu_suite(void);
 Suite *cuda_emu_tq_suite(void);
+Suite *cuda_spec_emu_suite(void);
 
 int
 main(void)
@@ -15,6 +17,7 @@ main(void)
 
     srunner_add_suite(sr, cuda_devemu_suite());
     srunner_add_suite(sr, cuda_emu_tq_suite());
+    srunner_add_suite(sr, cuda_spec_emu_suite());
 
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);

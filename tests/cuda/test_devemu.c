@@ -42,537 +42,8 @@
 #include "model/model.h"
 #include "model/kv_policy.h"
 #include "model/model_int.h"
+#include "tests/cuda/dev_emu.h"
 #include "tests/cuda/kn_emu.h"
-
-/* ---- emulated device operations ------------------------------------------------ */
-
-/* The emulated device counts what a step asks of it (host-side launches,
- * copies, syncs) and, between graph_begin and graph_end, records every
- * operation with a copy of its arguments instead of running it -- what
- * CUDA stream capture does -- so graph_launch replays exactly the
- * recorded arguments: a replayed step sees new inputs only through the
- * device memory the recorded pointers name. alloc, upload and sync while
- * recording fail, as they break a CUDA capture. */
-typedef int (*emu_exec_fn)(void *ctx, const void *args, int32_t n);
-
-typedef struct emu_rec_op {
-    emu_exec_fn fn;
-    int32_t n;
-    union {
-        max_align_t align_;
-        unsigned char b[sizeof(kn_kq_attn_args_t) + 64];
-    } args;
-} emu_rec_op_t;
-
-typedef struct emu_graph {
-    emu_rec_op_t *ops;
-    size_t n, cap;
-} emu_graph_t;
-
-typedef struct emu_counts {
-    int64_t kernels, gemms, copies, syncs, allreduces, graph_launches;
-} emu_counts_t;
-
-typedef struct emu_ctx {
-    kn_comm_t *comm;
-    int rank;
-    emu_graph_t *rec; /* recording, or NULL */
-    int replaying;    /* inside graph_launch: replayed ops are not host launches */
-    int fail_record;  /* test hook: graph_end fails */
-    int64_t n_unsafe; /* alloc / upload / sync attempted while recording */
-    emu_counts_t cnt; /* host-side calls, eager only */
-    int64_t n_split_attn; /* attention ops run split-K, eager or replayed */
-} emu_ctx_t;
-
-/* Appends op (fn, args, n) to the recording; ST_OK. */
-static int
-emu_rec_push(emu_ctx_t *c, emu_exec_fn fn, const void *args, size_t size, int32_t n)
-{
-    emu_graph_t *g = c->rec;
-
-    ck_assert_uint_le(size, sizeof(((emu_rec_op_t *)0)->args.b));
-    if (g->n == g->cap) {
-        g->cap = g->cap == 0 ? 64 : 2 * g->cap;
-        g->ops = xrealloc(g->ops, sizeof(*g->ops) * g->cap);
-    }
-    g->ops[g->n].fn = fn;
-    g->ops[g->n].n = n;
-    memcpy(g->ops[g->n].args.b, args, size);
-    g->n++;
-    return ST_OK;
-}
-
-/* Runs op now, or records it; *counter counts eager host-side calls. */
-static int
-emu_op(void *ctx, emu_exec_fn fn, const void *args, size_t size, int32_t n, int64_t *counter)
-{
-    emu_ctx_t *c = ctx;
-
-    if (c->rec != NULL) {
-        return emu_rec_push(c, fn, args, size, n);
-    }
-    if (!c->replaying) {
-        (*counter)++;
-    }
-    return fn(ctx, args, n);
-}
-
-static int
-eo_alloc(void *ctx, void **p, size_t bytes)
-{
-    emu_ctx_t *c = ctx;
-
-    if (c != NULL && c->rec != NULL) {
-        c->n_unsafe++;
-        return ST_EINVAL;
-    }
-    *p = xcalloc(1, bytes);
-    return ST_OK;
-}
-
-static void
-eo_free(void *ctx, void *p)
-{
-    (void)ctx;
-    free(p);
-}
-
-static int
-eo_upload(void *ctx, void *dst, const void *src, size_t bytes)
-{
-    emu_ctx_t *c = ctx;
-
-    if (c != NULL && c->rec != NULL) {
-        c->n_unsafe++;
-        return ST_EINVAL;
-    }
-    memcpy(dst, src, bytes);
-    return ST_OK;
-}
-
-typedef struct eo_copy_args {
-    void *dst;
-    const void *src;
-    size_t bytes;
-} eo_copy_args_t;
-
-static int
-ex_copy(void *ctx, const void *av, int32_t n)
-{
-    const eo_copy_args_t *a = av;
-
-    (void)ctx;
-    (void)n;
-    memcpy(a->dst, a->src, a->bytes); /* the plan never overlaps a range with itself */
-    return ST_OK;
-}
-
-static int
-eo_copy(void *ctx, void *dst, const void *src, size_t bytes, kv_op_kind_t kind)
-{
-    eo_copy_args_t a = {dst, src, bytes};
-    emu_ctx_t *c = ctx;
-
-    (void)kind;
-    return emu_op(ctx, ex_copy, &a, sizeof(a), 0, &c->cnt.copies);
-}
-
-static int
-eo_sync(void *ctx)
-{
-    emu_ctx_t *c = ctx;
-
-    if (c->rec != NULL) {
-        c->n_unsafe++;
-        return ST_EINVAL;
-    }
-    c->cnt.syncs++;
-    return ST_OK;
-}
-
-#define EO_KERNEL(name, args_t, gx, gy, nthr, smem)                                                \
-    static void run_##name(const kn_thr_t *t, float *sm, const void *a)                            \
-    {                                                                                              \
-        kn_##name##_body(t, sm, a);                                                                \
-    }                                                                                              \
-    static int ex_##name(void *ctx, const void *av, int32_t n)                                     \
-    {                                                                                              \
-        const args_t *a = av;                                                                      \
-        (void)ctx;                                                                                 \
-        return kn_emu_launch(run_##name, a, (gx), (gy), (nthr), (smem)) == 0 ? ST_OK : ST_EINVAL;  \
-    }                                                                                              \
-    static int eo_##name(void *ctx, const args_t *a, int32_t n)                                    \
-    {                                                                                              \
-        emu_ctx_t *c = ctx;                                                                        \
-        return emu_op(ctx, ex_##name, a, sizeof(*a), n, &c->cnt.kernels);                          \
-    }
-
-EO_KERNEL(embed, kn_embed_args_t, n, 1, 32, 0)
-EO_KERNEL(rmsnorm, kn_rmsnorm_args_t, n, 1, 64, 2)
-EO_KERNEL(rope, kn_rope_args_t, n, 1, 32, 0)
-EO_KERNEL(bias, kn_bias_args_t, n, 1, 32, 0)
-EO_KERNEL(kv_write, kn_kv_write_args_t, n, 1, 32, 0)
-EO_KERNEL(silu_mul, kn_silu_mul_args_t, n, 1, 32, 0)
-EO_KERNEL(gather, kn_gather_args_t, n, 1, 32, 0)
-EO_KERNEL(attention_prefill, kn_attn_prefill_args_t, a->a.n_kv_heads, n, 64,
-          kn_attn_prefill_smem_floats(a->q_tile, a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
-EO_KERNEL(kq_res_write, kn_kq_res_write_args_t, n, 1, 32, 0)
-EO_KERNEL(kq_quant, kn_kq_quant_args_t, n, 2 * a->g.n_kv, 32, 0)
-EO_KERNEL(kq_dequant, kn_kq_dequant_args_t, a->g.n_kv, 2 + 0 * n, 32, 0)
-EO_KERNEL(kq_attention, kn_kq_attn_args_t, a->a.n_kv_heads, n, 64,
-          kn_kq_attn_smem_floats(a->a.n_heads / a->a.n_kv_heads, a->a.head_dim))
-EO_KERNEL(wdequant, kn_wdequant_args_t, n, 1, 32, 0)
-EO_KERNEL(tq_write, kn_tq_write_args_t, n, a->n_kv, 32, 0)
-EO_KERNEL(tq_shift, kn_tq_shift_args_t, a->n_kv, n, 32, 0)
-
-static void
-run_tq_attention(const kn_thr_t *t, float *sm, const void *a)
-{
-    kn_tq_attn_body(t, sm, a);
-}
-
-static int
-eo_tq_attention(void *ctx, const kn_tq_attn_args_t *a, int32_t n)
-{
-    int32_t group = a->n_heads / a->n_kv;
-
-    (void)ctx;
-    return kn_emu_launch(run_tq_attention, a, n, a->n_kv, (group + 31) / 32 * 32, 0) == 0
-               ? ST_OK
-               : ST_EINVAL;
-}
-
-/* Decode attention as kn_cuda_attention() launches it: one pass, or with
- * n_splits > 1 the split kernel and then the combine. */
-static void
-run_attention(const kn_thr_t *t, float *sm, const void *a)
-{
-    kn_attention_body(t, sm, a);
-}
-
-static void
-run_attention_split(const kn_thr_t *t, float *sm, const void *a)
-{
-    kn_attention_split_body(t, sm, a);
-}
-
-static void
-run_attention_combine(const kn_thr_t *t, float *sm, const void *a)
-{
-    kn_attention_combine_body(t, sm, a);
-}
-
-static int
-ex_attention(void *ctx, const void *av, int32_t n)
-{
-    const kn_attn_cuda_args_t *a = av;
-    size_t smem = kn_attn_smem_floats(a->n_heads / a->n_kv_heads, a->head_dim);
-
-    if (a->n_splits > 1) {
-        ((emu_ctx_t *)ctx)->n_split_attn++;
-        if (a->part == NULL || a->n_splits > KN_ATTN_MAX_SPLITS) {
-            return ST_EINVAL;
-        }
-        return kn_emu_launch(run_attention_split, a, a->n_kv_heads * a->n_splits, n, 64, smem) ==
-                           0 &&
-                       kn_emu_launch(run_attention_combine, a, a->n_heads, n, 32, 0) == 0
-                   ? ST_OK
-                   : ST_EINVAL;
-    }
-    return kn_emu_launch(run_attention, a, a->n_kv_heads, n, 64, smem) == 0 ? ST_OK : ST_EINVAL;
-}
-
-static int
-eo_attention(void *ctx, const kn_attn_cuda_args_t *a, int32_t n)
-{
-    emu_ctx_t *c = ctx;
-    return emu_op(ctx, ex_attention, a, sizeof(*a), n, &c->cnt.kernels);
-}
-
-static void
-run_kv_rotate(const kn_thr_t *t, float *sm, const void *a)
-{
-    kn_kv_rotate_body(t, sm, a);
-}
-
-typedef struct eo_rotate_args {
-    kn_kv_rotate_args_t a;
-    int32_t n_heads, n_layers;
-} eo_rotate_args_t;
-
-static int
-ex_kv_rotate(void *ctx, const void *av, int32_t n)
-{
-    const eo_rotate_args_t *r = av;
-
-    (void)ctx;
-    (void)n;
-    return kn_emu_launch(run_kv_rotate, &r->a, r->n_heads, r->n_layers, 32, 0) == 0 ? ST_OK
-                                                                                    : ST_EINVAL;
-}
-
-static int
-eo_kv_rotate(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers)
-{
-    eo_rotate_args_t r = {*a, n_heads, n_layers};
-    emu_ctx_t *c = ctx;
-
-    return emu_op(ctx, ex_kv_rotate, &r, sizeof(r), 0, &c->cnt.kernels);
-}
-
-static void
-run_add(const kn_thr_t *t, float *sm, const void *a)
-{
-    kn_add_body(t, sm, a);
-}
-
-static int
-ex_add(void *ctx, const void *av, int32_t n)
-{
-    const kn_add_args_t *a = av;
-
-    (void)ctx;
-    (void)n;
-    return kn_emu_launch(run_add, a, (int)((a->n + 127) / 128), 1, 32, 0) == 0 ? ST_OK : ST_EINVAL;
-}
-
-static int
-eo_add(void *ctx, const kn_add_args_t *a)
-{
-    emu_ctx_t *c = ctx;
-
-    return emu_op(ctx, ex_add, a, sizeof(*a), 0, &c->cnt.kernels);
-}
-
-typedef struct eo_gemm_args {
-    kn_dt_t dt;
-    const uint16_t *x, *w;
-    float *y;
-    int32_t n_tok, d_in, d_out, acc;
-} eo_gemm_args_t;
-
-static int
-ex_gemm(void *ctx, const void *av, int32_t n)
-{
-    const eo_gemm_args_t *a = av;
-    float *xf = xmalloc(sizeof(float) * (size_t)a->d_in);
-
-    (void)ctx;
-    (void)n;
-    for (int32_t t = 0; t < a->n_tok; t++) {
-        for (int32_t i = 0; i < a->d_in; i++) {
-            xf[i] = kn_ld16(a->x, (size_t)t * a->d_in + i, a->dt);
-        }
-        for (int32_t o = 0; o < a->d_out; o++) {
-            float acc = 0.0f;
-
-            for (int32_t i = 0; i < a->d_in; i++) {
-                acc += xf[i] * kn_ld16(a->w, (size_t)o * a->d_in + i, a->dt);
-            }
-            /* acc: the sum first, then y added, as the add kernel did */
-            a->y[(size_t)t * a->d_out + o] = a->acc ? a->y[(size_t)t * a->d_out + o] + acc : acc;
-        }
-    }
-    free(xf);
-    return ST_OK;
-}
-
-static int
-eo_gemm(void *ctx, kn_dt_t dt, const uint16_t *x, const uint16_t *w, float *y, int32_t n_tok,
-        int32_t d_in, int32_t d_out, int acc)
-{
-    eo_gemm_args_t a = {dt, x, w, y, n_tok, d_in, d_out, acc};
-    emu_ctx_t *c = ctx;
-
-    return emu_op(ctx, ex_gemm, &a, sizeof(a), 0, &c->cnt.gemms);
-}
-
-typedef struct eo_allreduce_args {
-    float *buf;
-    size_t n;
-} eo_allreduce_args_t;
-
-static int
-ex_allreduce(void *ctx, const void *av, int32_t n)
-{
-    const eo_allreduce_args_t *a = av;
-    emu_ctx_t *c = ctx;
-
-    (void)n;
-    kn_comm_allreduce_sum(c->comm, c->rank, a->buf, a->n);
-    return ST_OK;
-}
-
-static int
-eo_allreduce(void *ctx, float *buf, size_t n)
-{
-    eo_allreduce_args_t a = {buf, n};
-    emu_ctx_t *c = ctx;
-
-    return emu_op(ctx, ex_allreduce, &a, sizeof(a), 0, &c->cnt.allreduces);
-}
-
-static int
-eo_graph_begin(void *ctx)
-{
-    emu_ctx_t *c = ctx;
-
-    ck_assert_ptr_null(c->rec);
-    c->rec = xcalloc(1, sizeof(*c->rec));
-    return ST_OK;
-}
-
-static void
-eo_graph_free(void *ctx, void *graph)
-{
-    emu_graph_t *g = graph;
-
-    (void)ctx;
-    if (g != NULL) {
-        free(g->ops);
-        free(g);
-    }
-}
-
-static int
-eo_graph_end(void *ctx, void **graph)
-{
-    emu_ctx_t *c = ctx;
-    emu_graph_t *g = c->rec;
-
-    c->rec = NULL;
-    *graph = NULL;
-    if (c->fail_record) {
-        eo_graph_free(ctx, g);
-        return ST_EINVAL;
-    }
-    *graph = g;
-    return ST_OK;
-}
-
-static int
-eo_graph_launch(void *ctx, void *graph)
-{
-    emu_ctx_t *c = ctx;
-    emu_graph_t *g = graph;
-    int st = ST_OK;
-
-    c->cnt.graph_launches++;
-    c->replaying = 1;
-    for (size_t i = 0; i < g->n && st == ST_OK; i++) {
-        st = g->ops[i].fn(ctx, g->ops[i].args.b, g->ops[i].n);
-    }
-    c->replaying = 0;
-    return st;
-}
-
-static const mdl_dev_ops_t emu_ops = {
-    .alloc = eo_alloc,
-    .free = eo_free,
-    .alloc_host = eo_alloc,
-    .free_host = eo_free,
-    .upload = eo_upload,
-    .copy = eo_copy,
-    .sync = eo_sync,
-    .embed = eo_embed,
-    .rmsnorm = eo_rmsnorm,
-    .rope = eo_rope,
-    .bias = eo_bias,
-    .kv_write = eo_kv_write,
-    .silu_mul = eo_silu_mul,
-    .add = eo_add,
-    .gather = eo_gather,
-    .attention = eo_attention,
-    .attention_prefill = eo_attention_prefill,
-    .kq_res_write = eo_kq_res_write,
-    .kq_quant = eo_kq_quant,
-    .kq_dequant = eo_kq_dequant,
-    .kq_attention = eo_kq_attention,
-    .kv_rotate = eo_kv_rotate,
-    .tq_write = eo_tq_write,
-    .tq_attention = eo_tq_attention,
-    .tq_shift = eo_tq_shift,
-    .wdequant = eo_wdequant,
-    .gemm = eo_gemm,
-    .allreduce = eo_allreduce,
-    .graph_begin = eo_graph_begin,
-    .graph_end = eo_graph_end,
-    .graph_launch = eo_graph_launch,
-    .graph_free = eo_graph_free,
-};
-
-/* ---- an emulated device "runtime": T ranks on rank threads ---------------------- */
-
-typedef struct emu_dev {
-    int32_t tp;
-    mdl_dev_ops_t ops;
-    emu_ctx_t ctx[4];
-    mdl_dev_rank_t fw[4];
-    kn_comm_t *comm;
-    kn_ranks_t *threads;
-    const mdl_batch_t *b;
-    const kv_op_t *kv;
-    int32_t n_kv;
-} emu_dev_t;
-
-static int
-emu_rank_forward(void *arg, int r)
-{
-    emu_dev_t *e = arg;
-
-    return mdl_dev_rank_forward(&e->fw[r], e->b);
-}
-
-static int
-emu_rank_kv(void *arg, int r)
-{
-    emu_dev_t *e = arg;
-
-    return mdl_dev_rank_kv_ops(&e->fw[r], e->kv, e->n_kv);
-}
-
-/* T = rc->tp_size emulated ranks; wstage_cap and upload_host as
- * mdl_dev_rank_t's (0: the defaults). */
-static emu_dev_t *
-emu_dev_create_opt(const mdl_model_t *m, const mdl_runtime_config_t *rc, kn_dt_t dt,
-                   size_t wstage_cap, int upload_host)
-{
-    emu_dev_t *e = xcalloc(1, sizeof(*e));
-
-    e->tp = rc->tp_size;
-    e->ops = emu_ops;
-    if (e->tp == 1) {
-        e->ops.allreduce = NULL; /* as the CUDA backend at T = 1 */
-    }
-    ck_assert_int_eq(kn_comm_create(e->tp, &e->comm), ST_OK);
-    ck_assert_int_eq(kn_ranks_create(e->tp, &e->threads), ST_OK);
-    for (int32_t r = 0; r < e->tp; r++) {
-        e->ctx[r].comm = e->comm;
-        e->ctx[r].rank = r;
-        e->fw[r].wstage_cap = wstage_cap;
-        e->fw[r].upload_host = upload_host;
-        ck_assert_int_eq(mdl_dev_rank_init(&e->fw[r], &e->ops, &e->ctx[r], m, rc, r, dt), ST_OK);
-        ck_assert_int_eq(mdl_dev_rank_alloc_kv(&e->fw[r]), ST_OK);
-    }
-    return e;
-}
-
-static emu_dev_t *
-emu_dev_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, kn_dt_t dt)
-{
-    return emu_dev_create_opt(m, rc, dt, 0, 0);
-}
-
-static void
-emu_dev_destroy(emu_dev_t *e)
-{
-    for (int32_t r = 0; r < e->tp; r++) {
-        mdl_dev_rank_fini(&e->fw[r]);
-    }
-    kn_ranks_destroy(e->threads);
-    kn_comm_destroy(e->comm);
-    free(e);
-}
 
 /* ---- the script (as test_tp.c) ------------------------------------------------------ */
 
@@ -599,78 +70,8 @@ typedef struct tseq {
     int32_t table[MAXB];
 } tseq_t;
 
-/* The logits of one step, from the CPU runtime or an emulated device. */
-typedef struct side {
-    mdl_runtime_t *cpu; /* or */
-    emu_dev_t *dev;
-} side_t;
-
-static const float *
-side_forward(side_t *s, const mdl_batch_t *b)
-{
-    const float *l = NULL;
-
-    if (s->cpu != NULL) {
-        ck_assert_int_eq(mdl_forward(s->cpu, b, &l), ST_OK);
-        return l;
-    }
-    s->dev->b = b;
-    ck_assert_int_eq(kn_ranks_run(s->dev->threads, emu_rank_forward, s->dev), ST_OK);
-    return s->dev->fw[0].logits_host;
-}
-
 static void
-side_kv(side_t *s, const kv_op_t *ops, int32_t n)
-{
-    if (s->cpu != NULL) {
-        ck_assert_int_eq(mdl_runtime_kv_ops(s->cpu, ops, n), ST_OK);
-        return;
-    }
-    s->dev->kv = ops;
-    s->dev->n_kv = n;
-    ck_assert_int_eq(kn_ranks_run(s->dev->threads, emu_rank_kv, s->dev), ST_OK);
-}
-
-typedef struct cmp {
-    double nmse_bound;
-    double worst;
-    int32_t vocab;
-    float margin; /* argmax must agree where the reference's top-2 margin is above; 0: 0.1 */
-} cmp_t;
-
-static void
-compare(cmp_t *c, const float *ref, const float *got, int32_t rows)
-{
-    for (int32_t r = 0; r < rows; r++) {
-        const float *a = ref + (size_t)r * c->vocab, *g = got + (size_t)r * c->vocab;
-        double num = 0.0, den = 0.0;
-        int32_t best = 0, second = -1, gbest = 0;
-
-        for (int32_t i = 0; i < c->vocab; i++) {
-            num += ((double)g[i] - a[i]) * ((double)g[i] - a[i]);
-            den += (double)a[i] * a[i];
-            if (a[i] > a[best]) {
-                second = best;
-                best = i;
-            } else if (i > 0 && (second < 0 || a[i] > a[second])) {
-                second = i;
-            }
-            if (g[i] > g[gbest]) {
-                gbest = i;
-            }
-        }
-        if (num / den > c->worst) {
-            c->worst = num / den;
-        }
-        ck_assert_msg(num / den < c->nmse_bound, "row %d: logits NMSE %g", r, num / den);
-        ck_assert_msg(gbest == best || a[best] - a[second] < (c->margin > 0.0f ? c->margin : 0.1f),
-                      "row %d: argmax %d, reference %d (margin %g)", r, gbest, best,
-                      a[best] - a[second]);
-    }
-}
-
-static void
-step(side_t *ref, side_t *got, cmp_t *c, tseq_t *seqs, const int32_t *n_new)
+step(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, tseq_t *seqs, const int32_t *n_new)
 {
     int32_t tok[128], pos[128], slot[128], qs[NSEQ + 1], ctx[NSEQ], bt[NSEQ * MAXB], rows[NSEQ];
     int32_t n = 0, ns = 0;
@@ -731,20 +132,20 @@ step(side_t *ref, side_t *got, cmp_t *c, tseq_t *seqs, const int32_t *n_new)
 
     float *lr = xmalloc(sizeof(float) * (size_t)ns * c->vocab);
 
-    memcpy(lr, side_forward(ref, &b), sizeof(float) * (size_t)ns * c->vocab);
-    compare(c, lr, side_forward(got, &pb), ns);
+    memcpy(lr, emu_side_forward(ref, &b), sizeof(float) * (size_t)ns * c->vocab);
+    emu_compare(c, lr, emu_side_forward(got, &pb), ns);
     free(lr);
 }
 
 static void
-both_kv(side_t *a, side_t *b, const kv_op_t *ops, int32_t n)
+both_kv(emu_side_t *a, emu_side_t *b, const kv_op_t *ops, int32_t n)
 {
-    side_kv(a, ops, n);
-    side_kv(b, ops, n);
+    emu_side_kv(a, ops, n);
+    emu_side_kv(b, ops, n);
 }
 
 static void
-run_script(side_t *ref, side_t *got, cmp_t *c)
+run_script(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c)
 {
     tseq_t seqs[NSEQ];
     int32_t next_blk;
@@ -813,8 +214,8 @@ vs_cpu(const mdl_model_t *m, kn_dt_t dt)
 {
     char err[256];
     mdl_runtime_config_t rc = script_config(1);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = dt == KN_DT_F16 ? 2e-6 : 5e-4, .vocab = m->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = dt == KN_DT_F16 ? 2e-6 : 5e-4, .vocab = m->cfg.vocab_size};
 
     ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create(m, &rc, dt);
@@ -889,7 +290,7 @@ kq_check_moves(emu_dev_t *e)
         {KV_OP_SWAP_IN, 6, NBLK - 3},    {KV_OP_SWAP_IN, 7, NBLK - 4},
     };
 
-    side_kv(&(side_t){.dev = e}, ops, 6);
+    emu_side_kv(&(emu_side_t){.dev = e}, ops, 6);
     ck_assert(kq_same(rk, 0, full, 0, NBLK - 1));
     ck_assert(kq_same(rk, 0, part, 0, NBLK - 2));
     ck_assert(kq_same(rk, 0, full, 1, 6));
@@ -903,7 +304,7 @@ kq_check_moves(emu_dev_t *e)
                        {KV_OP_DROP_SWAP, 7, 0},
                        {KV_OP_DROP_SWAP, 6, 0}};
 
-    side_kv(&(side_t){.dev = e}, drops, 4);
+    emu_side_kv(&(emu_side_t){.dev = e}, drops, 4);
     ck_assert_int_eq(dev->sl.n_free, free_dev);
     ck_assert_int_eq(swp->sl.n_free, free_swp);
 }
@@ -951,7 +352,7 @@ tq_check_moves(emu_dev_t *e)
                      {KV_OP_SWAP_IN, 6, NBLK - 3},
                      {KV_OP_DROP, NBLK - 1, 0}};
 
-    side_kv(&(side_t){.dev = e}, ops, 4);
+    emu_side_kv(&(emu_side_t){.dev = e}, ops, 4);
     ck_assert(tq_same(rk, 0, 1, 0, NBLK - 1));
     ck_assert(tq_same(rk, 0, 1, 1, 6));
     ck_assert(tq_same(rk, 0, 1, 0, NBLK - 3));
@@ -964,8 +365,8 @@ vs_cpu_kq_margin(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bou
 {
     char err[256];
     mdl_runtime_config_t rc = script_config(1), rct = script_config(tp);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size, .margin = margin};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size, .margin = margin};
 
     rc.kv_dtype = kv;
     rct.kv_dtype = kv;
@@ -993,8 +394,8 @@ static double
 vs_tp1(const mdl_model_t *m, int32_t tp)
 {
     mdl_runtime_config_t rc1 = script_config(1), rct = script_config(tp);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = 1e-5, .vocab = m->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = 1e-5, .vocab = m->cfg.vocab_size};
 
     ref.dev = emu_dev_create(m, &rc1, KN_DT_F16);
     got.dev = emu_dev_create(m, &rct, KN_DT_F16);
@@ -1145,8 +546,8 @@ kq_flush_script(const mdl_model_t *m, mdl_kv_dtype_t kv, double bound)
                                .n_threads = 1,
                                .tp_size = 1,
                                .kv_dtype = kv};
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size};
     int32_t ids[18][16], done[18] = {0};
 
     ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
@@ -1204,8 +605,8 @@ kq_flush_script(const mdl_model_t *m, mdl_kv_dtype_t kv, double bound)
                          .n_logits = ns};
         float *lr = xmalloc(sizeof(float) * (size_t)ns * c.vocab);
 
-        memcpy(lr, side_forward(&ref, &b), sizeof(float) * (size_t)ns * c.vocab);
-        compare(&c, lr, side_forward(&got, &b), ns);
+        memcpy(lr, emu_side_forward(&ref, &b), sizeof(float) * (size_t)ns * c.vocab);
+        emu_compare(&c, lr, emu_side_forward(&got, &b), ns);
         free(lr);
         if (p == 17) { /* 18 partial blocks, 14 slots: the 4 oldest were flushed */
             for (int32_t q = 0; q < 18; q++) {
@@ -1334,8 +735,8 @@ greedy_tq(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t n_gen, double bound, 
 {
     char err[256];
     mdl_runtime_config_t rc = script_config(1);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size, .margin = 1e9f};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = bound, .vocab = m->cfg.vocab_size, .margin = 1e9f};
     int32_t ids_ref[MAXB * BS], ids_got[MAXB * BS], bt[MAXB], n = 16;
 
     *agree = 0;
@@ -1368,10 +769,10 @@ greedy_tq(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t n_gen, double bound, 
         mdl_batch_t bg = b;
 
         bg.tokens = ids_got + done;
-        lr = side_forward(&ref, &b);
+        lr = emu_side_forward(&ref, &b);
         memcpy(keep, lr, sizeof(float) * (size_t)c.vocab);
-        lr = side_forward(&got, &bg);
-        compare(&c, keep, lr, 1);
+        lr = emu_side_forward(&got, &bg);
+        emu_compare(&c, keep, lr, 1);
         for (int32_t i = 1; i < c.vocab; i++) {
             best[0] = keep[i] > keep[best[0]] ? i : best[0];
             best[1] = lr[i] > lr[best[1]] ? i : best[1];
@@ -1461,7 +862,7 @@ END_TEST
  * back with DROP): with 14 residual slots the stream's partial tail,
  * written least recently, is flushed into codes. */
 static void
-stream_fillers(side_t *ref, side_t *got, cmp_t *c, int32_t *free_blk, int32_t *n_free)
+stream_fillers(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, int32_t *free_blk, int32_t *n_free)
 {
     kv_op_t drops[16];
 
@@ -1481,8 +882,8 @@ stream_fillers(side_t *ref, side_t *got, cmp_t *c, int32_t *free_blk, int32_t *n
                          .n_logits = 1};
         float *lr = xmalloc(sizeof(float) * (size_t)c->vocab);
 
-        memcpy(lr, side_forward(ref, &b), sizeof(float) * (size_t)c->vocab);
-        compare(c, lr, side_forward(got, &b), 1);
+        memcpy(lr, emu_side_forward(ref, &b), sizeof(float) * (size_t)c->vocab);
+        emu_compare(c, lr, emu_side_forward(got, &b), 1);
         free(lr);
         drops[f] = (kv_op_t){KV_OP_DROP, blk, blk};
     }
@@ -1496,7 +897,7 @@ stream_fillers(side_t *ref, side_t *got, cmp_t *c, int32_t *free_blk, int32_t *n
  * 1 copied (copy-on-write) to a fresh one: pending shifts and the tail's
  * slot move with the blocks. Old blocks are dropped and go back. */
 static void
-stream_move(side_t *ref, side_t *got, int32_t *table, int32_t n_blocks, int32_t *free_blk,
+stream_move(emu_side_t *ref, emu_side_t *got, int32_t *table, int32_t n_blocks, int32_t *free_blk,
             int32_t *n_free)
 {
     kv_op_t ops[4 * MAXB + 2];
@@ -1574,8 +975,8 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
     const int32_t total = 5 * (BS + 4 * BS);
     char err[256];
     mdl_runtime_config_t rc = script_config(1), rct = script_config(tp);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound,
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = bound,
                .vocab = m->cfg.vocab_size,
                .margin = kv == MDL_KV_TQ3 || kv == MDL_KV_TQ4 ? TQ_MARGIN : 0.0f};
     int32_t table[MAXB], n_blocks = 0, kv_len = 0, fed = 0, free_blk[NBLK], n_free = 0;
@@ -1649,8 +1050,8 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
                          .n_logits = 1};
         float *lr = xmalloc(sizeof(float) * (size_t)c.vocab);
 
-        memcpy(lr, side_forward(&ref, &b), sizeof(float) * (size_t)c.vocab);
-        compare(&c, lr, side_forward(&got, &b), 1);
+        memcpy(lr, emu_side_forward(&ref, &b), sizeof(float) * (size_t)c.vocab);
+        emu_compare(&c, lr, emu_side_forward(&got, &b), 1);
         free(lr);
         kv_len += n;
         fed += n;
@@ -1806,8 +1207,8 @@ cpu_vs_dev(const mdl_model_t *cm, const mdl_model_t *dm, double bound, size_t ca
 {
     char err[256];
     mdl_runtime_config_t rc = script_config(1);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = bound, .vocab = cm->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = bound, .vocab = cm->cfg.vocab_size};
 
     ck_assert_msg(mdl_runtime_create(cm, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create_opt(dm, &rc, KN_DT_F16, cap, 0);
@@ -1914,8 +1315,8 @@ START_TEST(test_devemu_native_weights)
                 emu_dev_destroy(dflt);
                 staged = tp == 1 ? nat->fw[0].wstage_bytes : staged;
                 if (dt == KN_DT_F16) {
-                    side_t ref = {.dev = host}, got = {.dev = nat};
-                    cmp_t c = {.nmse_bound = 1e-30, .vocab = s.m.cfg.vocab_size};
+                    emu_side_t ref = {.dev = host}, got = {.dev = nat};
+                    emu_cmp_t c = {.nmse_bound = 1e-30, .vocab = s.m.cfg.vocab_size};
 
                     run_script(&ref, &got, &c);
                     ck_assert(c.worst == 0.0);
@@ -1973,7 +1374,7 @@ same_kv(const emu_dev_t *a, const emu_dev_t *b)
  * for order[k]; logits of ref and got compared; with kv_ref set, got's KV
  * pool must equal kv_ref's after the step (a padded row writes nothing). */
 static void
-gstep(side_t *ref, side_t *got, cmp_t *c, gseq_t *seqs, const int32_t *order, int32_t n_order,
+gstep(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, gseq_t *seqs, const int32_t *order, int32_t n_order,
       const int32_t *n_new, emu_dev_t *kv_ref)
 {
     int32_t tok[64], pos[64], slot[64], qs[GNS + 1], ctx[GNS], bt[GNS * MAXB], rows[GNS];
@@ -2012,8 +1413,8 @@ gstep(side_t *ref, side_t *got, cmp_t *c, gseq_t *seqs, const int32_t *order, in
     };
     float *lr = xmalloc(sizeof(float) * (size_t)n_order * c->vocab);
 
-    memcpy(lr, side_forward(ref, &b), sizeof(float) * (size_t)n_order * c->vocab);
-    compare(c, lr, side_forward(got, &b), n_order);
+    memcpy(lr, emu_side_forward(ref, &b), sizeof(float) * (size_t)n_order * c->vocab);
+    emu_compare(c, lr, emu_side_forward(got, &b), n_order);
     free(lr);
     if (kv_ref != NULL) {
         ck_assert_msg(same_kv(kv_ref, got->dev), "KV pools differ after a %d-sequence step",
@@ -2028,7 +1429,7 @@ gstep(side_t *ref, side_t *got, cmp_t *c, gseq_t *seqs, const int32_t *order, in
  * step (prefill chunk + decode) in between runs eagerly. Returns the
  * decode steps run. */
 static int32_t
-graph_script(side_t *ref, side_t *got, cmp_t *c, emu_dev_t *kv_ref)
+graph_script(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, emu_dev_t *kv_ref)
 {
     gseq_t seqs[GNS];
     static const int32_t pre[GNS] = {5, 3, 9, 1, 7, 2};
@@ -2121,8 +1522,8 @@ static void
 graphs_vs_eager(const mdl_model_t *m, int32_t tp, int fail_record, const char *what)
 {
     mdl_runtime_config_t r_eager = graph_config(1, 0), r_graph = graph_config(tp, 1);
-    side_t ref = {0}, got = {0};
-    cmp_t c = {.nmse_bound = tp == 1 ? 1e-30 : 1e-5, .vocab = m->cfg.vocab_size};
+    emu_side_t ref = {0}, got = {0};
+    emu_cmp_t c = {.nmse_bound = tp == 1 ? 1e-30 : 1e-5, .vocab = m->cfg.vocab_size};
     int32_t n_dec;
 
     ref.dev = emu_dev_create(m, &r_eager, KN_DT_F16);
@@ -2165,7 +1566,7 @@ graph_counts(const mdl_model_t *m)
 {
     mdl_runtime_config_t rc = graph_config(1, 1);
     emu_dev_t *e = emu_dev_create(m, &rc, KN_DT_F16);
-    side_t s = {.dev = e};
+    emu_side_t s = {.dev = e};
     gseq_t seq;
     const int32_t L = m->cfg.n_layers;
     const int bias = m->layers[0].bq != NULL;
@@ -2194,7 +1595,7 @@ graph_counts(const mdl_model_t *m)
                          .logits_rows = &row,
                          .n_logits = 1};
 
-        side_forward(&s, &b);
+        emu_side_forward(&s, &b);
         d[k].kernels = e->ctx[0].cnt.kernels - before.kernels;
         d[k].gemms = e->ctx[0].cnt.gemms - before.gemms;
         d[k].copies = e->ctx[0].cnt.copies - before.copies;
@@ -2271,12 +1672,12 @@ END_TEST
 START_TEST(test_devemu_graphs_vs_cpu)
 {
     mdl_runtime_config_t rc = graph_config(1, 1);
-    side_t ref = {0}, got = {0};
+    emu_side_t ref = {0}, got = {0};
     char err[256];
     synth_t s;
 
     synth_init(&s, 8, 2, 1);
-    cmp_t c = {.nmse_bound = 2e-6, .vocab = s.m.cfg.vocab_size};
+    emu_cmp_t c = {.nmse_bound = 2e-6, .vocab = s.m.cfg.vocab_size};
 
     ck_assert_msg(mdl_runtime_create(&s.m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create(&s.m, &rc, KN_DT_F16);

@@ -1,0 +1,557 @@
+/* test_spec_emu.c - speculative decoding (scheduler/spec.h, spec_draft.h)
+ * on the CUDA backend's forward pass over emulated device operations
+ * (tests/cuda/dev_emu.h), in the CPU build.
+ *
+ * A verification step is an ordinary varlen batch in which a speculating
+ * sequence has 1 + k query tokens and 1 + k logits rows, so the CUDA
+ * backend verifies by computing more logits rows: the engine sizes the
+ * runtime's logits rows (mdl_runtime_config_t.max_num_seqs) for
+ * max_num_seqs * (1 + k), which is what dev_fwd.c sizes its gathered
+ * rows and logits buffers by. Checks:
+ *
+ *   runtime: one batch with a speculating sequence (pending token + k
+ *   drafts, k + 1 logits rows), a plain decode and a prefill chunk, on
+ *   the emulated device (f16 and bf16 weights and KV) against the CPU
+ *   backend (NMSE and argmax bounds of test_devemu.c); the k + 1 rows
+ *   against k + 1 single-token decode steps of a second emulated device
+ *   that never saw the batch (same bounds); then rollback: one draft
+ *   accepted, the correction token written over the second draft's slot
+ *   and one more decode, against a fresh CPU runtime that prefilled the
+ *   accepted tokens only (the rejected drafts' KV, left beyond the
+ *   context, is never read);
+ *
+ *   engine: greedy requests on input-grounded prompts of
+ *   tests/fixtures/austen-persuasion-ch24.txt, arriving one per step
+ *   into a small token budget (prefill chunks share verification steps
+ *   with speculating decodes), on "cuda-emu" with an f16 KV cache: the
+ *   token streams with n-gram speculation and with a draft model (the
+ *   default model itself, and its q4_0 copy from mdl_quantize) equal the
+ *   streams without speculation on the emulated device, which equal the
+ *   CPU backend's; with an int8 KV cache, n-gram speculation equals no
+ *   speculation on the emulated device (rejected drafts roll back inside
+ *   a quantized cache's residual slots). Drafts are both accepted and
+ *   rejected, and after every run the KV pool is clean.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "blockmgr/blockmgr.h"
+#include "common/status.h"
+#include "common/xmalloc.h"
+#include "kvserve_config.h"
+#include "model/backend.h"
+#include "model/model.h"
+#include "scheduler/engine.h"
+#include "scheduler/engine_int.h"
+#include "scheduler/spec.h"
+#include "tests/cuda/dev_emu.h"
+#include "text/tokenizer.h"
+
+static const char *
+model_dir(void)
+{
+    const char *dir = getenv("KVSERVE_TEST_MODEL");
+
+    return dir != NULL ? dir : KVSERVE_SOURCE_ROOT "/models/austen-2.7m";
+}
+
+static mdl_model_t *
+load_model(void)
+{
+    mdl_model_t *m = NULL;
+    char err[256] = "";
+
+    ck_assert_msg(mdl_model_load(model_dir(), &m, err, sizeof(err)) == ST_OK, "%s", err);
+    return m;
+}
+
+/* ---- runtime: one verification batch ------------------------------------------------ */
+
+#define K 4
+#define BS 8
+#define MAXB 12
+
+typedef struct vseq {
+    int32_t ids[MAXB * BS];
+    int32_t done; /* tokens whose KV is written */
+    int32_t table[MAXB];
+} vseq_t;
+
+/* A batch of rows; row r takes n[r] tokens of seq[r] from its done
+ * count (then done += n[r]) and gives n_rows[r] logits rows, its last
+ * ones. */
+typedef struct vrow {
+    vseq_t *seq;
+    int32_t n, n_rows;
+} vrow_t;
+
+static const float *
+vstep(emu_side_t *side, const vrow_t *rows, int32_t n_rows)
+{
+    int32_t tok[64], pos[64], slot[64], qs[4], ctx[3], bt[3 * MAXB], lr[3 * (K + 1)];
+    int32_t n = 0, nl = 0;
+
+    ck_assert_int_le(n_rows, 3);
+    qs[0] = 0;
+    for (int32_t r = 0; r < n_rows; r++) {
+        vseq_t *q = rows[r].seq;
+
+        for (int32_t i = 0; i < rows[r].n; i++) {
+            int32_t ix = q->done + i;
+
+            tok[n] = q->ids[ix];
+            pos[n] = ix;
+            slot[n] = q->table[ix / BS] * BS + ix % BS;
+            n++;
+        }
+        for (int32_t j = rows[r].n - rows[r].n_rows; j < rows[r].n; j++) {
+            lr[nl++] = qs[r] + j;
+        }
+        q->done += rows[r].n;
+        ctx[r] = q->done;
+        memcpy(bt + r * MAXB, q->table, sizeof(q->table));
+        qs[r + 1] = n;
+    }
+    mdl_batch_t b = {
+        .n_tokens = n,
+        .tokens = tok,
+        .positions = pos,
+        .slot_mapping = slot,
+        .n_seqs = n_rows,
+        .query_start = qs,
+        .context_len = ctx,
+        .block_tables = bt,
+        .max_blocks = MAXB,
+        .logits_rows = lr,
+        .n_logits = nl,
+    };
+    return emu_side_forward(side, &b);
+}
+
+/* Returns the worst NMSE against the CPU backend; *solo_worst gets the
+ * worst of the verification rows against the single-token decodes. */
+static double
+verify_rows(const mdl_model_t *m, mdl_kv_dtype_t kv, double *solo_worst)
+{
+    const int32_t vocab = mdl_model_config(m)->vocab_size;
+    mdl_runtime_config_t rc = {.num_blocks = 32,
+                               .block_size = BS,
+                               .max_num_batched_tokens = 64,
+                               .max_num_seqs = 3 * (1 + K), /* logits rows, as the engine sizes */
+                               .max_blocks_per_seq = MAXB,
+                               .n_threads = 1,
+                               .tp_size = 1,
+                               .kv_dtype = kv};
+    mdl_runtime_config_t rcpu = rc;
+    kn_dt_t dt = kv == MDL_KV_F16 ? KN_DT_F16 : KN_DT_BF16;
+    emu_cmp_t c = {.nmse_bound = kv == MDL_KV_F16 ? 2e-6 : 5e-4, .vocab = vocab}, cs = c;
+    emu_side_t cpu = {0}, dev = {0}, solo = {0}, fresh = {0};
+    vseq_t a, b, cc, a_solo, a_fresh;
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    char err[256];
+    float *ver;
+
+    rcpu.kv_dtype = MDL_KV_F32;
+    ck_assert_msg(mdl_runtime_create(m, &rcpu, &cpu.cpu, err, sizeof(err)) == ST_OK, "%s", err);
+    ck_assert_msg(mdl_runtime_create(m, &rcpu, &fresh.cpu, err, sizeof(err)) == ST_OK, "%s", err);
+    dev.dev = emu_dev_create(m, &rc, dt);
+    solo.dev = emu_dev_create(m, &rc, dt);
+
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    memset(&cc, 0, sizeof(cc));
+    for (int32_t i = 0; i < MAXB * BS; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        a.ids[i] = 3 + (int32_t)((x >> 20) % (uint64_t)(vocab - 3));
+        b.ids[i] = 3 + (int32_t)((x >> 40) % (uint64_t)(vocab - 3));
+        cc.ids[i] = 3 + (int32_t)((x >> 8) % (uint64_t)(vocab - 3));
+    }
+    for (int32_t i = 0; i < MAXB; i++) {
+        a.table[i] = 1 + i;
+        b.table[i] = 1 + MAXB + i;
+        cc.table[i] = i < 6 ? 1 + 2 * MAXB + i : 0;
+    }
+
+    /* Prefill: A's 17 prompt tokens, B's 13. */
+    {
+        vrow_t r[2] = {{&a, 17, 1}, {&b, 13, 1}};
+        vseq_t a0 = a, b0 = b;
+        float *l = xmalloc(sizeof(float) * 2 * (size_t)vocab);
+
+        memcpy(l, vstep(&cpu, r, 2), sizeof(float) * 2 * (size_t)vocab);
+        a = a0;
+        b = b0;
+        emu_compare(&c, l, vstep(&dev, r, 2), 2);
+        a_solo = a0;
+        r[0].seq = &a_solo;
+        vstep(&solo, r, 1);
+        free(l);
+    }
+
+    /* The verification step: A's pending token (position 17) and K drafts
+     * (18 .. 21, inside block 2, its last slot 23 untouched), 1 + K rows;
+     * B's decode; C's first prefill chunk of 16 tokens. */
+    {
+        vrow_t r[3] = {{&a, 1 + K, 1 + K}, {&b, 1, 1}, {&cc, 16, 1}};
+        vseq_t a0 = a, b0 = b, c0 = cc;
+        int32_t nl = 1 + K + 2;
+        float *l = xmalloc(sizeof(float) * (size_t)nl * (size_t)vocab);
+        const float *g;
+
+        memcpy(l, vstep(&cpu, r, 3), sizeof(float) * (size_t)nl * (size_t)vocab);
+        a = a0;
+        b = b0;
+        cc = c0;
+        g = vstep(&dev, r, 3);
+        emu_compare(&c, l, g, nl);
+        ver = xmalloc(sizeof(float) * (size_t)nl * (size_t)vocab);
+        memcpy(ver, g, sizeof(float) * (size_t)nl * (size_t)vocab);
+        free(l);
+    }
+
+    /* The 1 + K rows against 1 + K single-token decodes of A alone. */
+    for (int32_t j = 0; j <= K; j++) {
+        vrow_t r = {&a_solo, 1, 1};
+
+        emu_compare(&cs, ver + (size_t)j * (size_t)vocab, vstep(&solo, &r, 1), 1);
+    }
+    ck_assert_int_eq(a_solo.done, a.done);
+
+    /* Rollback: draft 1 accepted, draft 2 rejected. A's KV now stands at
+     * 19 tokens; the correction token goes to position 19 (draft 2's slot),
+     * then one more decode. The reference prefilled only accepted tokens. */
+    a.done = 17 + 2;
+    a.ids[19] = a.ids[19] == 3 ? 4 : 3;
+    a.ids[20] = 5 + a.ids[20] % 7;
+    a_fresh = a;
+    a_fresh.done = 0;
+    for (int32_t i = 0; i < 2; i++) {
+        vrow_t rd = {&a, 1, 1};
+        vrow_t rf = {&a_fresh, i == 0 ? 20 : 1, 1};
+        float *l = xmalloc(sizeof(float) * (size_t)vocab);
+
+        memcpy(l, vstep(&fresh, &rf, 1), sizeof(float) * (size_t)vocab);
+        emu_compare(&c, l, vstep(&dev, &rd, 1), 1);
+        free(l);
+    }
+    ck_assert_int_eq(a.done, a_fresh.done);
+
+    free(ver);
+    emu_dev_destroy(dev.dev);
+    emu_dev_destroy(solo.dev);
+    mdl_runtime_destroy(cpu.cpu);
+    mdl_runtime_destroy(fresh.cpu);
+    *solo_worst = cs.worst;
+    return c.worst;
+}
+
+START_TEST(test_spec_emu_verify_rows)
+{
+    mdl_model_t *m = load_model();
+    double s16, sb16, f16 = verify_rows(m, MDL_KV_F16, &s16),
+                      bf16 = verify_rows(m, MDL_KV_BF16, &sb16);
+
+    fprintf(stderr,
+            "verification batch on the emulated device: worst NMSE against the CPU f16 %.3g, "
+            "bf16 %.3g; rows against single-token decodes f16 %.3g, bf16 %.3g\n",
+            f16, bf16, s16, sb16);
+    mdl_model_destroy(m);
+}
+END_TEST
+
+/* ---- engine: greedy streams --------------------------------------------------------- */
+
+#define N_JOBS 4 /* at most (n_jobs) */
+#define N_GEN 40 /* at most; KVSERVE_TEST_SCALE < 1: 16 */
+#define MAX_PROMPT 96
+
+typedef struct job {
+    int32_t prompt[MAX_PROMPT];
+    int32_t n_prompt;
+} job_t;
+
+typedef struct out {
+    int32_t tok[N_GEN];
+    int32_t n;
+    int finished;
+} out_t;
+
+/* Input-grounded prompts: a passage of the chapter, then its first two
+ * thirds again (the model continues by copying, so n-gram drafts are
+ * often accepted, and sometimes not). */
+static void
+make_jobs(const mdl_model_t *m, job_t *jobs)
+{
+    static const int32_t lens[N_JOBS] = {40, 84, 58, 72};
+    char path[1024];
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    FILE *f;
+    char *text;
+    long len;
+
+    snprintf(path, sizeof(path), "%s/tests/fixtures/austen-persuasion-ch24.txt",
+             KVSERVE_SOURCE_ROOT);
+    f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s", path);
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = xmalloc((size_t)len);
+    ck_assert_int_eq(fread(text, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    ck_assert_int_eq(tok_encode(mdl_model_tokenizer(m), text, (size_t)len, 0, &ids, &n_ids), ST_OK);
+    free(text);
+    ck_assert_uint_gt(n_ids, 2000);
+    for (int i = 0; i < N_JOBS; i++) {
+        job_t *j = &jobs[i];
+        int32_t half = (lens[i] - 1) * 3 / 5, from = 173 + 389 * i;
+
+        j->n_prompt = 0;
+        j->prompt[j->n_prompt++] =
+            mdl_model_config(m)->bos_id >= 0 ? mdl_model_config(m)->bos_id : ids[from - 1];
+        memcpy(j->prompt + j->n_prompt, ids + from, sizeof(int32_t) * (size_t)half);
+        j->n_prompt += half;
+        memcpy(j->prompt + j->n_prompt, ids + from, sizeof(int32_t) * (size_t)(lens[i] - 1 - half));
+        j->n_prompt += lens[i] - 1 - half;
+    }
+    free(ids);
+}
+
+/* KVSERVE_TEST_SCALE < 1: tools/test sets 0.25 under the sanitizers,
+ * where emulation is slow. */
+static int
+reduced(void)
+{
+    const char *e = getenv("KVSERVE_TEST_SCALE");
+
+    return e != NULL && atof(e) < 1.0;
+}
+
+/* Tokens per request: N_GEN, or 16 when reduced. */
+static int32_t
+n_gen(void)
+{
+    return reduced() ? 16 : N_GEN;
+}
+
+/* Requests per run: N_JOBS; the int8 test, when reduced, 2 (a 40-token
+ * prompt, then an 84-token one prefilled beside its decodes). */
+static int n_jobs = N_JOBS;
+
+static void
+collect(chan_t *outbox, out_t *res)
+{
+    for (msg_t *m = chan_take_all(outbox); m != NULL;) {
+        msg_t *next = m->next;
+
+        if (m->type == ENG_MSG_DELTA) {
+            eng_msg_delta_t *d = (eng_msg_delta_t *)m;
+            out_t *r = &res[d->id - 1];
+
+            for (int32_t i = 0; i < d->n_tokens; i++) {
+                ck_assert_int_lt(r->n, N_GEN);
+                r->tok[r->n++] = d->tok[i].token;
+            }
+        } else if (m->type == ENG_MSG_FINISHED) {
+            res[((eng_msg_finished_t *)m)->id - 1].finished = 1;
+        } else {
+            ck_assert_msg(m->type != ENG_MSG_ERROR, "engine error: %s",
+                          ((eng_msg_error_t *)m)->message);
+        }
+        eng_msg_free(m);
+        m = next;
+    }
+}
+
+/* One engine run of the jobs (submitted one per step) on device with KV
+ * dtype kv; spec: a --speculative-config JSON or NULL. */
+static void
+run(const mdl_model_t *m, const job_t *jobs, const char *device, mdl_kv_dtype_t kv,
+    const char *spec, out_t *res, eng_stats_t *st)
+{
+    eng_config_t c;
+    engine_t *eng;
+    chan_t outbox;
+    char err[256] = "";
+    bm_stats_t bs;
+    int next = 0, guard = 0;
+    const int nj = n_jobs;
+
+    memset(&c, 0, sizeof(c));
+    c.rt.device = device;
+    c.rt.kv_dtype = kv;
+    c.rt.n_threads = 1;
+    c.rt.block_size = 16;
+    c.rt.num_blocks = 48;
+    c.max_num_seqs = N_JOBS;
+    c.max_num_batched_tokens = 40; /* long prompts prefill in chunks beside decodes */
+    c.max_model_len = 256;
+    c.prefix_caching = 1;
+    c.n_tenants = 1;
+    c.tenants[0].weight = 1.0;
+    snprintf(c.tenants[0].name, sizeof(c.tenants[0].name), "default");
+    if (spec != NULL) {
+        ck_assert_msg(spec_config_parse(spec, &c.spec, err, sizeof(err)) == ST_OK, "%s", err);
+    }
+
+    memset(res, 0, sizeof(out_t) * N_JOBS);
+
+    chan_init(&outbox, NULL, NULL);
+    ck_assert_msg(engine_create(&c, m, &outbox, &eng, err, sizeof(err)) == ST_OK, "%s", err);
+    do {
+        if (next < nj) {
+            eng_msg_submit_t *sm = xcalloc(1, sizeof(*sm));
+
+            sm->hdr.type = ENG_MSG_SUBMIT;
+            sm->req.id = (uint64_t)next + 1;
+            sm->req.n_prompt = jobs[next].n_prompt;
+            sm->req.prompt = xmalloc(sizeof(int32_t) * (size_t)sm->req.n_prompt);
+            memcpy(sm->req.prompt, jobs[next].prompt, sizeof(int32_t) * (size_t)sm->req.n_prompt);
+            sm->req.sampling.temperature = 0.0f; /* greedy */
+            sm->req.sampling.top_p = 1.0f;
+            sm->req.sampling.repetition_penalty = 1.0f;
+            sm->req.n = 1;
+            sm->req.max_tokens = n_gen();
+            sm->req.ignore_eos = 1;
+            chan_send(engine_inbox(eng), &sm->hdr);
+            next++;
+        }
+        ck_assert_int_ge(eng__iterate(eng, 0), 0);
+        collect(&outbox, res);
+        ck_assert_int_lt(++guard, 10000);
+    } while (next < nj || !sched_idle(eng__sched(eng)));
+    collect(&outbox, res);
+    for (int i = 0; i < nj; i++) {
+        ck_assert_msg(res[i].finished && res[i].n == n_gen(), "request %d: %d tokens", i + 1,
+                      res[i].n);
+    }
+    /* The pool is clean: every block back, the bookkeeping consistent. */
+    bm_pool_check(eng__pool(eng));
+    bm_pool_stats(eng__pool(eng), &bs);
+    ck_assert_msg(bs.dev_used == 0 && bs.cpu_used == 0, "blocks in use: %u device, %u cpu",
+                  bs.dev_used, bs.cpu_used);
+    eng__stats(eng, st);
+    engine_stop(eng);
+    engine_destroy(eng);
+    for (msg_t *mm = chan_take_all(&outbox); mm != NULL;) {
+        msg_t *nx = mm->next;
+        eng_msg_free(mm);
+        mm = nx;
+    }
+    chan_fini(&outbox);
+}
+
+static void
+same(const out_t *a, const out_t *b, const char *what)
+{
+    for (int i = 0; i < n_jobs; i++) {
+        int32_t at = 0;
+
+        while (at < n_gen() && a[i].tok[at] == b[i].tok[at]) {
+            at++;
+        }
+        ck_assert_msg(at == n_gen(), "%s: request %d differs at token %d", what, i + 1, at);
+    }
+}
+
+static void
+report(const char *what, const eng_stats_t *st)
+{
+    fprintf(stderr, "%s: %llu verifications, %llu of %llu draft tokens accepted\n", what,
+            (unsigned long long)st->spec.drafts, (unsigned long long)st->spec.accepted_tokens,
+            (unsigned long long)st->spec.draft_tokens);
+}
+
+START_TEST(test_spec_emu_engine_f16)
+{
+    mdl_model_t *m = load_model();
+    static job_t jobs[N_JOBS];
+    static out_t cpu[N_JOBS], plain[N_JOBS], spec[N_JOBS];
+    char js[1400], q4[96], err[256] = "";
+    eng_stats_t st;
+
+    make_jobs(m, jobs);
+    mdl_backend_register_test(&emu_backend);
+    run(m, jobs, "cpu", MDL_KV_F32, NULL, cpu, &st);
+    run(m, jobs, "cuda-emu", MDL_KV_F16, NULL, plain, &st);
+    same(cpu, plain, "cuda-emu against cpu");
+
+    run(m, jobs, "cuda-emu", MDL_KV_F16,
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 3}", spec,
+        &st);
+    report("cuda-emu f16, ngram k=4", &st);
+    same(plain, spec, "cuda-emu, ngram");
+    ck_assert_uint_gt(st.spec.accepted_tokens, 0);
+    ck_assert_uint_lt(st.spec.accepted_tokens, st.spec.draft_tokens); /* rollbacks ran */
+
+    snprintf(js, sizeof(js),
+             "{\"method\": \"draft_model\", \"model\": \"%s\", \"num_speculative_tokens\": 3}",
+             model_dir());
+    run(m, jobs, "cuda-emu", MDL_KV_F16, js, spec, &st);
+    report("cuda-emu f16, draft = the model itself, k=3", &st);
+    same(plain, spec, "cuda-emu, draft self");
+    /* The same model on the same device: drafts are the target's argmax
+     * up to the rounding of a batched row. */
+    ck_assert_uint_gt(st.spec.drafts, 0);
+    ck_assert_uint_ge(st.spec.accepted_tokens * 100, st.spec.draft_tokens * 95);
+
+    snprintf(q4, sizeof(q4), "/tmp/kvs-spec-emu-%d-q4_0.gguf", (int)getpid());
+    ck_assert_msg(mdl_quantize(model_dir(), q4, MDL_QUANT_Q4_0, err, sizeof(err)) == ST_OK, "%s",
+                  err);
+    snprintf(js, sizeof(js),
+             "{\"method\": \"draft_model\", \"model\": \"%s\", \"num_speculative_tokens\": 3}", q4);
+    run(m, jobs, "cuda-emu", MDL_KV_F16, js, spec, &st);
+    unlink(q4);
+    report("cuda-emu f16, draft = q4_0 copy, k=3", &st);
+    same(plain, spec, "cuda-emu, draft q4_0");
+    ck_assert_uint_gt(st.spec.accepted_tokens, 0);
+    ck_assert_uint_lt(st.spec.accepted_tokens, st.spec.draft_tokens); /* rollbacks ran */
+
+    mdl_backend_register_test(NULL);
+    mdl_model_destroy(m);
+}
+END_TEST
+
+START_TEST(test_spec_emu_engine_int8)
+{
+    mdl_model_t *m = load_model();
+    static job_t jobs[N_JOBS];
+    static out_t plain[N_JOBS], spec[N_JOBS];
+    eng_stats_t st;
+
+    make_jobs(m, jobs);
+    n_jobs = reduced() ? 2 : N_JOBS;
+    mdl_backend_register_test(&emu_backend);
+    run(m, jobs, "cuda-emu", MDL_KV_INT8, NULL, plain, &st);
+    run(m, jobs, "cuda-emu", MDL_KV_INT8,
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 3}", spec,
+        &st);
+    report("cuda-emu int8, ngram k=4", &st);
+    same(plain, spec, "cuda-emu int8, ngram");
+    ck_assert_uint_gt(st.spec.accepted_tokens, 0);
+    ck_assert_uint_lt(st.spec.accepted_tokens, st.spec.draft_tokens);
+    n_jobs = N_JOBS;
+    mdl_backend_register_test(NULL);
+    mdl_model_destroy(m);
+}
+END_TEST
+
+Suite *
+cuda_spec_emu_suite(void)
+{
+    Suite *s = suite_create("cuda-spec-emu");
+    TCase *tc = tcase_create("spec");
+
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_spec_emu_verify_rows);
+    tcase_add_test(tc, test_spec_emu_engine_f16);
+    tcase_add_test(tc, test_spec_emu_engine_int8);
+    suite_add_tcase(s, tc);
+    return s;
+}
