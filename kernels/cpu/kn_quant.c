@@ -700,23 +700,55 @@ act_q8_row(const float *x, int32_t d_in, int32_t d_pad, int8_t *q, float *dl, fl
     }
 }
 
+/* Token t's 8-bit forms (act_q8_row, then the transposed copy qt). */
+static void
+act_q8_tok(kn_act_t *a, int32_t t)
+{
+    size_t o = (size_t)t * a->d_pad;
+
+    act_q8_row(a->x + (size_t)t * a->d_in, a->d_in, a->d_pad, a->q + o, a->dl + o / 4,
+               a->s16 + o / 16, a->d32 + o / 32, a->s32 + o / 32, a->c32 + o / 32);
+    for (size_t s = 0; s < (size_t)a->d_pad; s += KN_QK) {
+        for (int i = 0; i < 8; i++) {
+            for (int j = 0; j < 8; j++) {
+                memcpy(a->qt + o + s + 32 * i + 4 * j, a->q + o + s + 32 * j + 4 * i, 4);
+            }
+        }
+    }
+}
+
+/* kn_act_quantize_q8's region: a share of the tokens. */
+static void
+act_q8_region(void *arg, int chunk, int n_chunks)
+{
+    kn_act_t *a = arg;
+    int32_t per = (a->n_tok + n_chunks - 1) / n_chunks;
+    int32_t t0 = chunk * per < a->n_tok ? chunk * per : a->n_tok;
+    int32_t t1 = t0 + per < a->n_tok ? t0 + per : a->n_tok;
+
+    for (int32_t t = t0; t < t1; t++) {
+        act_q8_tok(a, t);
+    }
+}
+
+/* Elements from which the activation quantizer splits its tokens over the
+ * team (a batch-32 step spent 2% of its time there, serial). */
+#define KN_QACT_PAR (1L << 15)
+
 void
 kn_act_quantize_q8(kn_act_t *a)
 {
     if (a->have_q8) {
         return;
     }
-    for (int32_t t = 0; t < a->n_tok; t++) {
-        size_t o = (size_t)t * a->d_pad;
+    int nt = (long)a->n_tok * a->d_pad >= KN_QACT_PAR ? kn_cpu_threads() : 1;
 
-        act_q8_row(a->x + (size_t)t * a->d_in, a->d_in, a->d_pad, a->q + o, a->dl + o / 4,
-                   a->s16 + o / 16, a->d32 + o / 32, a->s32 + o / 32, a->c32 + o / 32);
-        for (size_t s = 0; s < (size_t)a->d_pad; s += KN_QK) {
-            for (int i = 0; i < 8; i++) {
-                for (int j = 0; j < 8; j++) {
-                    memcpy(a->qt + o + s + 32 * i + 4 * j, a->q + o + s + 32 * j + 4 * i, 4);
-                }
-            }
+    if (nt > 1 && a->n_tok > 1) {
+        /* Each token's codes depend on that token alone: the split changes no bit. */
+        kn__pool_run(nt, a->n_tok < nt * 4 ? a->n_tok : nt * 4, act_q8_region, a);
+    } else {
+        for (int32_t t = 0; t < a->n_tok; t++) {
+            act_q8_tok(a, t);
         }
     }
     a->have_q8 = 1;
@@ -806,7 +838,7 @@ kn_embed_w(const kn_weight_t *w, const int32_t *tokens, int32_t n_tok, float *ou
 /* Multiply-adds below which a product stays on the calling thread (as
  * kn_cpu_matmul's KN_PAR_GEMM), and chunks per thread of a region. */
 #define KN_QPAR (1L << 19)
-#define KN_QCHUNKS 4
+#define KN_QCHUNKS 16
 
 typedef struct kn_qjob {
     kn_qrows_fn fn;

@@ -119,7 +119,8 @@ typedef struct kn_act {
 size_t kn_act_bytes(int32_t n_tok, int32_t d_in);
 void kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf);
 /* Makes the 8-bit form now; idempotent. kn_matmul_w() calls it on first
- * use by a Q weight. */
+ * use by a Q weight. From 2^15 elements the tokens are split over the
+ * kernel thread team (each token's forms depend on that token alone). */
 void kn_act_quantize_q8(kn_act_t *a);
 
 /* y (n_tok, w->rows) = x W^T (+ bias) (+ y when accumulate); w->cols ==
