@@ -366,7 +366,7 @@ spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ct
         d->qstart[r] = nt;
         if (d->row_catch[r] >= 0) {
             const spec_catchup_t *f = &d->def[d->row_catch[r]];
-            int32_t blk = pb->block_tables[(size_t)r * (size_t)pb->max_blocks + f->pos / d->bs];
+            int32_t blk = mdl_batch_table(pb, r)[f->pos / d->bs];
 
             d->tokens[nt] = f->token;
             d->positions[nt] = f->pos;
@@ -531,7 +531,7 @@ spec_draft_finish(spec_draft_t *d, sched_t *s, const sched_plan_t *plan,
         memset(d->def_tables + (size_t)d->n_def * (size_t)d->max_blocks, 0,
                (size_t)d->max_blocks * sizeof(int32_t));
         memcpy(d->def_tables + (size_t)d->n_def * (size_t)d->max_blocks,
-               pb->block_tables + (size_t)d->prow[e] * (size_t)pb->max_blocks,
+               mdl_batch_table(pb, d->prow[e]),
                (size_t)pb->max_blocks * sizeof(int32_t));
         d->n_def++;
     }

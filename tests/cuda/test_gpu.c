@@ -403,8 +403,25 @@ test_tq_quant(void)
             CU(cudaMemcpy(kh, kc_d, (size_t)nb * ks, cudaMemcpyDeviceToHost));
             CU(cudaMemcpy(vh, vc_d, (size_t)nb * vs, cudaMemcpyDeviceToHost));
             for (size_t r = 0; r < (size_t)nb * n_kv * bs; r++) {
-                bad += memcmp(kh + r * krow, kr + r * krow, krow) != 0;
-                bad += memcmp(vh + r * vrow, vr + r * vrow, vrow) != 0;
+                for (int kind = 0; kind < 2; kind++) {
+                    const uint8_t *dv = kind == 0 ? kh + r * krow : vh + r * vrow;
+                    const uint8_t *hv = kind == 0 ? kr + r * krow : vr + r * vrow;
+                    size_t rl = kind == 0 ? krow : vrow;
+
+                    if (memcmp(dv, hv, rl) == 0) {
+                        continue;
+                    }
+                    if (bad++ == 0) { /* the first difference, byte by byte */
+                        fprintf(stderr, "tq%d %s row %zu (%zu bytes) differs at:", bits,
+                                kind == 0 ? "key" : "value", r, rl);
+                        for (size_t i = 0; i < rl; i++) {
+                            if (dv[i] != hv[i]) {
+                                fprintf(stderr, " [%zu] %02x/%02x", i, dv[i], hv[i]);
+                            }
+                        }
+                        fprintf(stderr, " (device/cpu)\n");
+                    }
+                }
             }
             EXPECT(bad == 0, "tq%d %dx%dx%d: %d of %d device rows differ from the CPU encoder",
                    bits, n_kv, bs, hd, bad, 2 * nb * n_kv * bs);
