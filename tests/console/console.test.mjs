@@ -378,15 +378,32 @@ test('a tiny KV pool with swap on: cells on the cpu tier', async () => {
     const page = await openConsole(tiny.base, { admin: ADMIN });
     const first = await until(() => kvSummary(page, 'cpu'), 10000, 'a cpu tier');
     assert.ok(first.blocks > 0, 'the cpu tier has no blocks');
-    // 12 sequences of 200 tokens need 156 blocks: the scheduler swaps some out.
-    const busy = load(tiny.base, '', { requests: 12, n: 1, len: 200 });
+    // 12 sequences of 200 tokens need 156 blocks: the scheduler swaps some
+    // out. A swapped sequence can come back between two polls of the map
+    // (a loaded CI machine once saw none in 30 s), so the load is sent
+    // again, one batch at a time, until a poll catches a cpu-tier cell.
+    const loads = [];
+    let running = 0;
+    const more = () => {
+      running++;
+      loads.push(load(tiny.base, '', { requests: 12, n: 1, len: 200 }).finally(() => {
+        running--;
+      }));
+    };
+    more();
     const cpu = await until(async () => {
       const s = await kvSummary(page, 'cpu');
-      return s && s.used > 0 ? s : null;
-    }, 30000, 'used cells on the cpu tier');
+      if (s && s.used > 0) {
+        return s;
+      }
+      if (running === 0) {
+        more();
+      }
+      return null;
+    }, 60000, 'used cells on the cpu tier');
     assert.ok(cpu.used > 0);
     await shot(page, 'console-swap');
-    await busy;
+    await Promise.all(loads);
     await page.context().close();
   } finally {
     assert.equal((await tiny.stop()).code, 0);
