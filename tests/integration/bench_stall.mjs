@@ -9,6 +9,7 @@
 // own work does not delay the event loop that times the streams.
 //
 //   KVSERVE_BIN=build/cli/kvserve node tests/integration/bench_stall.mjs [PHASE_S]
+//   (KVSERVE_STALL_FLAGS='--threads 1' adds serve flags, e.g. to leave a core to the loop)
 import fs from 'node:fs';
 import http from 'node:http';
 import { Worker, isMainThread, parentPort, workerData } from 'node:worker_threads';
@@ -115,13 +116,13 @@ if (!isMainThread) {
   await bigPrompts(workerData.port, workerData.phaseMs, stats);
   parentPort.postMessage(stats);
 } else {
-  const srv = await startServer([]);
+  const srv = await startServer((process.env.KVSERVE_STALL_FLAGS || '').split(' ').filter(Boolean));
   try {
     const a = await phase(srv, false);
     const b = await phase(srv, true);
     const row = (name, p) => console.log(`${name}: ${p.gaps.length} gaps, p50 `
       + `${pct(p.gaps, 50).toFixed(2)} ms, p99 ${pct(p.gaps, 99).toFixed(2)} ms, max `
-      + `${Math.max(...p.gaps).toFixed(2)} ms; loop thread CPU ${p.loopMs} ms`);
+      + `${p.gaps.reduce((a, b) => Math.max(a, b), 0).toFixed(2)} ms; loop thread CPU ${p.loopMs} ms`);
     console.log(`stall bench: ${STREAMS} streams, ${PHASE_S} s per phase, default flags`);
     row('alone          ', a);
     row('with 8 MiB ones', b);

@@ -4,13 +4,17 @@
 // OpenAPI schemas of the Kubernetes API), PodMonitor with
 // `@kubernetes-models/prometheus-operator`, KEDA's ScaledObject with
 // `@kubernetes-models/keda`, and InferencePool against the Gateway API
-// Inference Extension's CRD (its openAPIV3Schema, with ajv) when
-// KVS_INFERENCEPOOL_CRD names the CRD file. A broken copy of each object
+// Inference Extension's CRD (its openAPIV3Schema, with ajv): the copy in
+// tests/fixtures/k8s/ (Apache-2.0, from kubernetes-sigs/gateway-api-inference-
+// extension, see the README there), or the file KVS_INFERENCEPOOL_CRD names.
+// The CRD's CEL rules (x-kubernetes-validations) need an API server and are
+// not checked. A broken copy of each object
 // must fail, so the validators are known to bite. Exits 77 (skip) when the
 // npm packages are not installed.
 //
 // Environment: KVS_K8S_NODE_MODULES  where the packages are [<root>/node_modules]
-//              KVS_INFERENCEPOOL_CRD inference.networking.k8s.io_inferencepools.yaml
+//              KVS_INFERENCEPOOL_CRD another copy of
+//                                    inference.networking.k8s.io_inferencepools.yaml
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -61,9 +65,11 @@ function strict(schema) {
   return schema;
 }
 
-let crdValidate = null;
-if (process.env.KVS_INFERENCEPOOL_CRD) {
-  const crd = yaml.load(fs.readFileSync(process.env.KVS_INFERENCEPOOL_CRD, 'utf8'));
+let crdValidate;
+const crdFile = process.env.KVS_INFERENCEPOOL_CRD ||
+  path.join(root, 'tests', 'fixtures', 'k8s', 'inference.networking.k8s.io_inferencepools.yaml');
+{
+  const crd = yaml.load(fs.readFileSync(crdFile, 'utf8'));
   const v1 = crd.spec.versions.find((v) => v.name === 'v1');
   const ajv = new Ajv({ strict: false, allErrors: true, validateFormats: false, logger: false });
   const schema = strict(v1.schema.openAPIV3Schema);
@@ -73,9 +79,6 @@ if (process.env.KVS_INFERENCEPOOL_CRD) {
 
 async function validate(doc) {
   if (doc.apiVersion === 'inference.networking.k8s.io/v1' && doc.kind === 'InferencePool') {
-    if (crdValidate === null) {
-      return 'skipped (set KVS_INFERENCEPOOL_CRD to the CRD file)';
-    }
     if (!crdValidate(doc)) {
       throw new Error(JSON.stringify(crdValidate.errors));
     }
@@ -122,6 +125,18 @@ for (const f of fs.readdirSync(dir).filter((x) => x.endsWith('.yaml')).sort()) {
         if (!rejected) {
           console.log(`${what}: a broken copy was NOT rejected`);
           failures++;
+        }
+        if (doc.kind === 'InferencePool') {
+          // The CRD's own constraints: a required field gone, a misspelt one.
+          for (const [why, edit] of [['no selector', (d) => delete d.spec.selector],
+            ['unknown field', (d) => { d.spec.targetPort = d.spec.targetPorts; }]]) {
+            const d = structuredClone(doc);
+            edit(d);
+            if (crdValidate(d)) {
+              console.log(`${what}: a copy with ${why} was NOT rejected`);
+              failures++;
+            }
+          }
         }
       }
       n++;
