@@ -56,6 +56,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/kn_shared.h"
 
@@ -225,6 +226,50 @@ kn_tq_kres(const uint8_t *row, const kn_tq_fmt_t *f, int32_t hd)
     return (float)row[f->side + 2] * (1.0f / 255.0f) * sqrtf((float)hd);
 }
 
+/* f32 -> f16 bits, rounded to nearest even, in integer operations only:
+ * the same bits as the CPU's kn_f32_to_f16(). The row encoder stores its
+ * f16 scales through this and not the device's __float2half_rn: nvcc 13
+ * for sm_90 stored the low byte of that conversion's result as a value
+ * conversion of the float (saturated, truncated), on every tq3 key row,
+ * while -G builds and every intermediate were right (found on an H200;
+ * the PTX was correct, so it is ptxas). */
+KN_SHARED_FN uint16_t
+kn_tq_f16_bits(float x)
+{
+    uint32_t u, sign, a;
+
+#if defined(__CUDACC__)
+    u = __float_as_uint(x);
+#else
+    memcpy(&u, &x, sizeof(u));
+#endif
+    sign = (u >> 16) & 0x8000u;
+    a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) { /* inf or nan */
+        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
+    }
+    if (a >= 0x477ff000u) { /* rounds to >= 65520: infinity */
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    if (a < 0x38800000u) { /* below 2^-14: a subnormal half (units of 2^-24) or zero */
+        const uint32_t e = a >> 23;
+        uint32_t m, sh, r, rem, half;
+
+        if (e < 102u) { /* below 2^-25: rounds to zero */
+            return (uint16_t)sign;
+        }
+        m = (a & 0x7fffffu) | 0x800000u;
+        sh = 126u - e; /* 14 .. 24 */
+        r = m >> sh;
+        rem = m & ((1u << sh) - 1u);
+        half = 1u << (sh - 1u);
+        r += rem > half || (rem == half && (r & 1u));
+        return (uint16_t)(sign | r);
+    }
+    a += 0xc8000fffu + ((a >> 13) & 1u); /* rebias the exponent, round to nearest even */
+    return (uint16_t)(sign | (a >> 13));
+}
+
 /* Encodes x (hd floats) into row (kn_tq_row_bytes long) for the layer's
  * and head's signs sg (hd, +-1) and, for sketched keys, sketch matrix S
  * (hd x hd, row-major; unused otherwise). bits: the dtype's width, 3 or 4.
@@ -277,7 +322,7 @@ kn_tq_encode_row(int32_t hd, int bits, int kind, const float *sg, const float *S
         return;
     }
     if (!f.sketch) {
-        uint16_t h = kn_f32_to_f16(sigma);
+        uint16_t h = kn_tq_f16_bits(sigma);
 
         row[f.side] = (uint8_t)(h & 0xff);
         row[f.side + 1] = (uint8_t)(h >> 8);
@@ -292,7 +337,7 @@ kn_tq_encode_row(int32_t hd, int bits, int kind, const float *sg, const float *S
         row[f.nfull * pb + i / 8] |= (uint8_t)((d >= 0.0f) << (i % 8));
     }
     {
-        uint16_t h = kn_f32_to_f16(n);
+        uint16_t h = kn_tq_f16_bits(n);
         float r = sqrtf(e2 / (float)hd) * 255.0f;
 
         row[f.side] = (uint8_t)(h & 0xff);
