@@ -62,7 +62,7 @@ bench_usage(FILE *f)
                "  --block-size K              tokens per KV block (default 16)\n"
                "  --swap-blocks C             CPU swap tier blocks (default 0: recompute)\n"
                "  --prefix-caching            enable the prefix cache (default off)\n"
-               "  --threads T                 CPU threads for the forward (default: all cores)\n"
+               "  --threads T                 CPU threads for the forward (default: one per physical core)\n"
                "  --device D                  cpu (default) or cuda (the first GPU; bf16 KV by\n"
                "                              default, as serve)\n"
                "  --enforce-eager             cuda: every step eagerly, no decode graphs\n"

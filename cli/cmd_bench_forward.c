@@ -55,7 +55,7 @@ bf_usage(FILE *f)
                "  --prompt-len P   prompt tokens per sequence (default 128)\n"
                "  --decode D       decode steps (default 64)\n"
                "  --batch B[,B...] batch sizes (default 1,8,32)\n"
-               "  --threads N      CPU threads (default: every core)\n"
+               "  --threads N      CPU threads (default: one per physical core)\n"
                "  --kv-cache-dtype X  f32 f16 bf16 fp8_e4m3 int8 int4 tq3 tq4 (default f32)\n"
                "  --dtype T        weights: auto (the file's type), f32, bf16, f16 (default auto)\n"
                "  --help           this text\n");

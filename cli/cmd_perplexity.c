@@ -510,7 +510,7 @@ usage(FILE *f)
             "  --stride N            window start step (default ctx / 2)\n"
             "  --chunk N             tokens per forward step (default 64)\n"
             "  --block-size N        tokens per KV block (default 16)\n"
-            "  --threads N           CPU threads (default: all cores)\n"
+            "  --threads N           CPU threads (default: one per physical core)\n"
             "  --agree N             also: greedy agreement with an f32 KV cache over N\n"
             "                        prompts (default 0: off)\n"
             "  --prompt-len N        agreement prompt tokens (default 64)\n"

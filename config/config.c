@@ -124,7 +124,7 @@ static const opt_t opts[] = {
      "fair share: charge per generated token (a decode step each)"},
     {"pooling", OT_ENUM, F(pooling), 0, 0, "last|mean", "P",
      "/v1/embeddings pooling of the final hidden states: last token or mean"},
-    {"threads", OT_I32, F(threads), 0, 4096, NULL, "N", "CPU threads (0: all cores)"},
+    {"threads", OT_I32, F(threads), 0, 4096, NULL, "N", "CPU threads (0: one per physical core it may run on)"},
     {"speculative-config", OT_STR, F(speculative_config), 0, 0, NULL, "JSON",
      "speculative decoding, vLLM's JSON ({\"method\": \"ngram\", ...})"},
     {"log-level", OT_LOGLVL, F(log_level), 0, 0, NULL, "L", "error|warn|info|debug|trace"},
@@ -1125,9 +1125,18 @@ opt_format(const opt_t *o, const void *base, char *buf, size_t len)
         snprintf(buf, len, "%lld", (long long)*(const int64_t *)p);
         break;
     case OT_DBL:
-    case OT_DUR:
-        snprintf(buf, len, "%.17g", *(const double *)p);
+    case OT_DUR: { /* the shortest form that reads back as the same double: 0.9, not
+                    * 0.90000000000000002 */
+        const double v = *(const double *)p;
+
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(buf, len, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v) {
+                break;
+            }
+        }
         break;
+    }
     case OT_BOOL:
         snprintf(buf, len, "%s", *(const int *)p ? "true" : "false");
         break;

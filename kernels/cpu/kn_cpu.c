@@ -12,7 +12,6 @@
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/status.h"
 #include "kernels/cpu/kn_int.h"
@@ -65,9 +64,7 @@ kn_cpu_init(int n_threads)
         kn_inited = 1;
     }
     if (n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-
-        n_threads = n > 0 ? (int)n : 1;
+        n_threads = kn_cpu_default_threads();
     }
     kn_nthreads = n_threads;
     openblas_set_num_threads(1);

@@ -42,9 +42,10 @@ typedef enum kn_isa {
 } kn_isa_t;
 
 /* Detects the best ISA (once), selects it, sets the thread count used by
- * the kernels (n_threads <= 0: every online core) and puts OpenBLAS in
- * single-threaded mode: kernels split GEMMs over their own thread team
- * so that two thread pools never compete for the cores. Idempotent. */
+ * the kernels (n_threads <= 0: one per physical core the process may run
+ * on, kn_cpus.c) and puts OpenBLAS in single-threaded mode: kernels split
+ * GEMMs over their own thread team so that two thread pools never compete
+ * for the cores. Idempotent. */
 void kn_cpu_init(int n_threads);
 /* Threads the kernels use (after kn_cpu_init). */
 int kn_cpu_threads(void);

@@ -43,6 +43,10 @@ typedef void (*kn_chunk_fn)(void *arg, int chunk, int n_chunks);
  * another region already running, runs every chunk on the caller. */
 void kn__pool_run(int team, int n_chunks, kn_chunk_fn fn, void *arg);
 
+/* Threads a default run uses: one per physical core of the affinity mask
+ * (kn_cpus.c). */
+int kn_cpu_default_threads(void);
+
 extern const kn_impl_t kn__impl_generic;
 extern const kn_impl_t kn__impl_avx2;
 extern const kn_impl_t kn__impl_avx512;

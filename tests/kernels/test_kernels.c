@@ -3,6 +3,8 @@
  * shapes on both sides of the parallel thresholds. */
 #include <check.h>
 #include <math.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +103,65 @@ check_matmul(int32_t n_tok, int32_t d_in, int32_t d_out, int with_bias, int accu
     free(y1);
     free(y2);
 }
+
+/* The lowest SMT sibling of cpu, from sysfs (cpu itself when unknown). */
+static int
+sibling0(int cpu)
+{
+    char path[96];
+    FILE *f;
+    int s = cpu;
+
+    snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list",
+             cpu);
+    f = fopen(path, "r");
+    if (f != NULL) {
+        if (fscanf(f, "%d", &s) != 1) {
+            s = cpu;
+        }
+        fclose(f);
+    }
+    return s;
+}
+
+/* The default thread count follows the affinity mask, one per core: one
+ * CPU gives 1, two CPUs of different cores give 2, the whole mask at most
+ * its CPU count. */
+START_TEST(test_default_threads)
+{
+    cpu_set_t all, one;
+    int first = -1, other = -1;
+
+    ck_assert_int_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+    kn_cpu_init(0);
+    ck_assert_int_ge(kn_cpu_threads(), 1);
+    ck_assert_int_le(kn_cpu_threads(), CPU_COUNT(&all));
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &all)) {
+            continue;
+        }
+        if (first < 0) {
+            first = c;
+        } else if (other < 0 && sibling0(c) != sibling0(first)) {
+            other = c;
+        }
+    }
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+    kn_cpu_init(0);
+    ck_assert_int_eq(kn_cpu_threads(), 1);
+    if (other >= 0) {
+        CPU_SET(other, &one);
+        ck_assert_int_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+        kn_cpu_init(0);
+        ck_assert_int_eq(kn_cpu_threads(), 2);
+    }
+    ck_assert_int_eq(sched_setaffinity(0, sizeof(all), &all), 0);
+    kn_cpu_init(2);
+    ck_assert_int_eq(kn_cpu_threads(), 2);
+}
+END_TEST
 
 START_TEST(test_matmul)
 {
@@ -401,6 +462,7 @@ kernels_cpu_suite(void)
 
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_isa_detect);
+    tcase_add_test(tc, test_default_threads);
     tcase_add_test(tc, test_matmul);
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_rope);
