@@ -5,8 +5,8 @@
  *
  * For each thread count (default 1 and 2): the machine's streaming read
  * bandwidth (a vectorized sum over 512 MB), then per weight type the
- * Llama-1B-ish shapes 2048 x 2048 (attention projections) and 8192 x 2048
- * (FFN up / gate) at n_tok 1, 8 and 32. Each call reads a different copy
+ * Llama-1B-ish shapes 2048 x 2048 (attention projections), 8192 x 2048
+ * (FFN up / gate) and 2048 x 8192 (FFN down) at n_tok 1, 8 and 32. Each call reads a different copy
  * of the weight out of enough copies to fill 256 MB, so GEMV streams from
  * memory as in a decode step, not from the last-level cache. Prints the
  * time per call of the best pass over all copies (after a warm-up pass),
@@ -112,7 +112,7 @@ main(int argc, char **argv)
     int threads[8], n_threads = 0, isa = -1, only_ntok = 0, hot = 0;
     const char *only_type = NULL;
     double ms_budget = 300;
-    static const int32_t shapes[2][2] = {{2048, 2048}, {8192, 2048}};
+    static const int32_t shapes[3][2] = {{2048, 2048}, {8192, 2048}, {2048, 8192}};
     static const int32_t n_toks[3] = {1, 8, 32};
 
     for (int i = 1; i < argc; i++) {
@@ -145,14 +145,14 @@ main(int argc, char **argv)
     uint64_t *rbuf = malloc(READ_BYTES);
     uint8_t *pool = malloc(POOL_BYTES);
     float *src = malloc(sizeof(float) * 2048 * 2048);
-    float *x = malloc(sizeof(float) * 32 * 2048), *y = malloc(sizeof(float) * 32 * 8192);
-    void *abuf = malloc(kn_act_bytes(32, 2048));
+    float *x = malloc(sizeof(float) * 32 * 8192), *y = malloc(sizeof(float) * 32 * 8192);
+    void *abuf = malloc(kn_act_bytes(32, 8192));
 
     memset(rbuf, 1, READ_BYTES);
     for (size_t i = 0; i < 2048 * 2048; i++) {
         src[i] = frand();
     }
-    for (size_t i = 0; i < 32 * 2048; i++) {
+    for (size_t i = 0; i < 32 * 8192; i++) {
         x[i] = frand();
     }
     for (int ti = 0; ti < n_threads; ti++) {
@@ -173,9 +173,10 @@ main(int argc, char **argv)
             for (int32_t r = 0; r < 2048; r++) {
                 kn_quant_row((kn_wtype_t)t, src + (size_t)r * 2048, pool + rb * r, 2048);
             }
-            for (int s = 0; s < 2; s++) {
+            for (int s = 0; s < 3; s++) {
                 int32_t rows = shapes[s][0], cols = shapes[s][1];
-                size_t mat = rb * (size_t)rows;
+                /* wider rows: consecutive 2048-column rows end to end */
+                size_t rbm = rb * (size_t)(cols / 2048), mat = rbm * (size_t)rows;
                 int copies = hot ? 1 : (int)(POOL_BYTES / mat);
 
                 for (size_t off = rb * 2048; off + rb * 2048 <= (size_t)copies * mat;
@@ -196,7 +197,7 @@ main(int argc, char **argv)
                         double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID), dt, dc;
 
                         for (int c = 0; c < copies; c++) {
-                            kn_weight_t w = {(kn_wtype_t)t, pool + (size_t)c * mat, rb, rows, cols};
+                            kn_weight_t w = {(kn_wtype_t)t, pool + (size_t)c * mat, rbm, rows, cols};
 
                             kn_act_init(&act, x, n_tok, cols, abuf);
                             kn_matmul_w(&act, &w, NULL, y, 0);
