@@ -124,6 +124,12 @@ kn_cpu_set_isa(kn_isa_t isa)
     return ST_OK;
 }
 
+const kn_impl_t *
+kn__impl_cur(void)
+{
+    return kn_impl;
+}
+
 const char *
 kn_isa_name(kn_isa_t isa)
 {
