@@ -54,6 +54,7 @@
 #include "common/xmalloc.h"
 #include "kernels/comm.h"
 #include "kernels/cpu/kn_cpu.h"
+#include "kernels/cpu/kn_fused.h"
 #include "kernels/cpu/kn_quant.h"
 #include "model/backend.h"
 #include "model/host_kv.h"
@@ -393,15 +394,30 @@ cpu_input(cpu_rank_t *rk, const float *in, int32_t n, int32_t d_in)
     return &rk->act;
 }
 
-/* x (n, dim) += sum over the ranks of in (n, d_in) w^T, w a row-parallel
- * shard (dim, d_in): fused into the GEMM at T = 1, else each rank's
- * partial product is all-reduced first. */
+/* The act to quantize along with the op that makes the input of weights
+ * w[0 .. n): a when one of them is a Q type, else NULL (the 8-bit form is
+ * then never read). Making it there, in the op's region, rather than
+ * lazily in the product's, saves a region (kn_fused.h); the bits are the
+ * same. */
+static kn_act_t *
+cpu_q8_for(kn_act_t *a, int n, const kn_weight_t *const w[])
+{
+    for (int i = 0; i < n; i++) {
+        if (w[i]->type >= KN_W_Q8_0 && w[i]->type < KN_W_NTYPES) {
+            return a;
+        }
+    }
+    return NULL;
+}
+
+/* x (n, dim) += sum over the ranks of a's input (n, d_in) w^T, w a
+ * row-parallel shard (dim, d_in): fused into the GEMM at T = 1, else each
+ * rank's partial product is all-reduced first. */
 static void
-cpu_row_parallel(cpu_state_t *s, cpu_rank_t *rk, int r, const float *in, const kn_weight_t *w,
+cpu_row_parallel(cpu_state_t *s, cpu_rank_t *rk, int r, kn_act_t *a, const kn_weight_t *w,
                  float *x, int32_t n)
 {
     const int32_t dim = s->c.dim;
-    kn_act_t *a = cpu_input(rk, in, n, w->cols);
 
     if (s->tp == 1) {
         kn_matmul_w(a, w, NULL, x, 1);
@@ -420,20 +436,17 @@ cpu_mlp(cpu_state_t *s, cpu_rank_t *rk, int r, const mdl_layer_t *L, const cpu_l
 {
     const mdl_config_t *c = &s->c;
     const int32_t n_f = rk->sh.n_f;
+    /* gate and up in one parallel region over their shared input */
+    const kn_weight_t *const ws[2] = {&cl->w_gate, &cl->w_up};
+    float *const ys[2] = {rk->gate, rk->up};
+    const kn_weight_t *const wd[1] = {&cl->w_down};
+    kn_act_t *a = cpu_input(rk, h, n, c->dim);
 
-    kn_act_t *a;
-
-    kn_cpu_rmsnorm(x, L->ffn_norm, h, n, c->dim, c->norm_eps);
-    a = cpu_input(rk, h, n, c->dim);
-    {
-        /* gate and up in one parallel region over their shared input */
-        const kn_weight_t *const ws[2] = {&cl->w_gate, &cl->w_up};
-        float *const ys[2] = {rk->gate, rk->up};
-
-        kn_matmul_w_n(a, 2, ws, NULL, ys, 0);
-    }
-    kn_cpu_silu_mul(rk->gate, rk->up, rk->gate, (size_t)n * n_f);
-    cpu_row_parallel(s, rk, r, rk->gate, &cl->w_down, x, n);
+    kn_cpu_rmsnorm_act(x, L->ffn_norm, h, n, c->dim, c->norm_eps, cpu_q8_for(a, 2, ws));
+    kn_matmul_w_n(a, 2, ws, NULL, ys, 0);
+    a = cpu_input(rk, rk->gate, n, n_f);
+    kn_cpu_silu_mul_act(rk->gate, rk->up, n, n_f, cpu_q8_for(a, 1, wd));
+    cpu_row_parallel(s, rk, r, a, &cl->w_down, x, n);
 }
 
 /* The last layer's sub-batch, before the ranks run: each row that needs
@@ -519,7 +532,7 @@ cpu_last_layer(cpu_state_t *s, cpu_rank_t *rk, int r, const mdl_layer_t *L,
         .scale = 1.0f / sqrtf((float)hd),
     };
     host_kv_attend(&rk->kv, c->n_layers - 1, &aa);
-    cpu_row_parallel(s, rk, r, rk->sub_att, &cl->wo, rk->hrows, n);
+    cpu_row_parallel(s, rk, r, cpu_input(rk, rk->sub_att, n, lq), &cl->wo, rk->hrows, n);
     cpu_mlp(s, rk, r, L, cl, rk->hrows, rk->sub_h, n);
 }
 
@@ -560,29 +573,27 @@ cpu_rank_forward(void *arg, int r)
         const cpu_layer_t *cl = &rk->layers[l];
         int last = l == c->n_layers - 1 && s->sub;
 
-        kn_act_t *a;
+        /* q (not on the last layer of a sub-batch), k and v: one parallel region */
+        const kn_weight_t *const ws[3] = {&cl->wk, &cl->wv, &cl->wq};
+        const float *const bs[3] = {cl->bk, cl->bv, cl->bq};
+        float *const ys[3] = {rk->k, rk->v, rk->q};
+        kn_act_t *a = cpu_input(rk, rk->h, T, dim);
 
-        kn_cpu_rmsnorm(rk->x, L->attn_norm, rk->h, T, dim, c->norm_eps);
-        a = cpu_input(rk, rk->h, T, dim);
-        {
-            /* q (not on the last layer of a sub-batch), k and v: one parallel region */
-            const kn_weight_t *const ws[3] = {&cl->wk, &cl->wv, &cl->wq};
-            const float *const bs[3] = {cl->bk, cl->bv, cl->bq};
-            float *const ys[3] = {rk->k, rk->v, rk->q};
-
-            kn_matmul_w_n(a, last ? 2 : 3, ws, bs, ys, 0);
-        }
-        kn_cpu_rope(rk->k, T, sh->n_kv, hd, rk->cos_t, rk->sin_t);
+        kn_cpu_rmsnorm_act(rk->x, L->attn_norm, rk->h, T, dim, c->norm_eps,
+                           cpu_q8_for(a, last ? 2 : 3, ws));
+        kn_matmul_w_n(a, last ? 2 : 3, ws, bs, ys, 0);
+        /* q's rotation (the last layer's sub-batch rotates its own rows) with k's */
+        kn_cpu_rope_qk(last ? NULL : rk->q, sh->n_q, rk->k, sh->n_kv, T, hd, rk->cos_t,
+                       rk->sin_t);
         /* All new K/V of this layer land before any attention reads. */
         host_kv_write(&rk->kv, l, rk->k, rk->v, b->slot_mapping, T);
         if (last) {
             cpu_last_layer(s, rk, r, L, cl);
             break;
         }
-        kn_cpu_rope(rk->q, T, sh->n_q, hd, rk->cos_t, rk->sin_t);
         host_kv_attend(&rk->kv, l, &aa);
         host_kv_mass_attend(&rk->kv, l, &aa, b->mass_rows); /* H2O / SnapKV, else nothing */
-        cpu_row_parallel(s, rk, r, rk->att, &cl->wo, rk->x, T);
+        cpu_row_parallel(s, rk, r, cpu_input(rk, rk->att, T, sh->n_q * hd), &cl->wo, rk->x, T);
         cpu_mlp(s, rk, r, L, cl, rk->x, rk->h, T);
     }
     host_kv_end_step(&rk->kv);
@@ -604,8 +615,12 @@ cpu_rank_forward(void *arg, int r)
                    sizeof(float) * (size_t)dim);
         }
     }
-    kn_cpu_rmsnorm(rk->hrows, m->out_norm, rk->hrows, b->n_logits, dim, c->norm_eps);
-    kn_matmul_w(cpu_input(rk, rk->hrows, b->n_logits, dim), &m->lm_head, NULL, s->logits, 0);
+    const kn_weight_t *const wl[1] = {&m->lm_head};
+    kn_act_t *a = cpu_input(rk, rk->hrows, b->n_logits, dim);
+
+    kn_cpu_rmsnorm_act(rk->hrows, m->out_norm, rk->hrows, b->n_logits, dim, c->norm_eps,
+                       cpu_q8_for(a, 1, wl));
+    kn_matmul_w(a, &m->lm_head, NULL, s->logits, 0);
     return ST_OK;
 }
 

@@ -2,12 +2,14 @@
  *
  * DESIGN. One thread team: OpenBLAS is put in single-threaded mode and
  * every parallel kernel runs a region on the kernel team (kn_pool.c: spin
- * briefly, then sleep; see there why not OpenMP's) of kn_cpu_threads()
- * threads, each working on its own slice (GEMMs split their output rows,
- * and each slice is one single-threaded cblas call). A region is started
- * only when the work is large enough to amortize it (the KN_PAR_*
- * thresholds): a decode step of a small model runs entirely on the calling
- * thread, where fork and join costs would exceed the arithmetic.
+ * briefly, yield, then sleep; see there why not OpenMP's) of
+ * kn_cpu_threads() threads, each working on its own slice (GEMMs split
+ * their output rows, and each slice is one single-threaded cblas call). A
+ * region is started only when the work is large enough to amortize it (the
+ * KN_PAR_* thresholds): a decode step of a small model runs entirely on the
+ * calling thread, where fork and join costs would exceed the arithmetic.
+ * Steps that feed a weight product (rmsnorm, silu * up) make its 8-bit
+ * activations in the same region (kn_fused.c).
  */
 #include <cblas.h>
 #include <math.h>
@@ -119,6 +121,12 @@ kn_cpu_set_isa(kn_isa_t isa)
     kn_impl = impl;
     kn_isa_cur = isa;
     return ST_OK;
+}
+
+const kn_impl_t *
+kn__impl_cur(void)
+{
+    return kn_impl;
 }
 
 const char *

@@ -34,6 +34,9 @@ typedef struct kn_impl {
                        int32_t d_out, int32_t r0, int32_t r1, int accumulate);
 } kn_impl_t;
 
+/* The table of the ISA in use (kn_cpu_set_isa). */
+const kn_impl_t *kn__impl_cur(void);
+
 /* One chunk of a fork-join region: chunk c of n_chunks. */
 typedef void (*kn_chunk_fn)(void *arg, int chunk, int n_chunks);
 

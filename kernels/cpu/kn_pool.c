@@ -15,8 +15,22 @@
  *     worker costs nothing (the caller just does its chunks too);
  *   - the caller waits only for chunks already claimed, never for a
  *     worker to show up;
- *   - idle workers spin for a few microseconds (enough to catch the next
- *     region of the same step) and then sleep on a futex.
+ *   - a thread that waits (an idle worker for the next region, the
+ *     caller for chunks other members still run) spins on `pause` for
+ *     some tens of microseconds (a decode step's serial gaps between
+ *     regions are a few), then calls sched_yield() for up to a couple of
+ *     milliseconds, then sleeps on a futex. A yield returns at once when
+ *     nothing else wants the core, so on a quiet host it costs a syscall's
+ *     latency; on a loaded one (more runnable threads than cores) it hands
+ *     the core to whoever holds the work we wait for, where a pure spin
+ *     burnt the caller's or the worker's time slice: measured on a shared
+ *     2-core host, the worker joined only half of a batch-1 decode's
+ *     regions and the caller spent 7% of the step waiting for a
+ *     descheduled worker's chunk.
+ *
+ * Layout: the word idle workers poll (gen), the claim word (next, CASed by
+ * every member for every chunk) and the done counter sit on cache lines of
+ * their own, so claims do not invalidate the pollers' line.
  *
  * Claims are generation-tagged: `next` holds (generation << 32 | next
  * chunk), and a worker claims with a compare-and-swap that names the
@@ -33,7 +47,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sched.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernels/cpu/kn_int.h"
@@ -49,20 +65,30 @@
 #endif
 
 #define KN_POOL_MAX 64
-#define KN_SPIN_WORKER 20000  /* pause iterations before a worker sleeps */
-#define KN_SPIN_MASTER 200000 /* before the caller sleeps on claimed chunks */
+/* Waiting: pause iterations (about 25 ns each on current x86 cores, up to
+ * 50 on some), then sched_yield() rounds until the time below, then a
+ * futex sleep. */
+#define KN_SPIN_PAUSE 2000
+#define KN_YIELD_WORKER_NS 2000000L /* an idle worker: 2 ms */
+#define KN_YIELD_MASTER_NS 5000000L /* the caller, on claimed chunks: 5 ms */
+
+#define KN_LINE 64
 
 static struct {
     pthread_mutex_t run_mu; /* one region at a time; guards spawning too */
     int n_workers;
-    _Atomic uint32_t gen;  /* futex word: bumped when a region opens */
-    _Atomic uint64_t next; /* gen << 32 | next unclaimed chunk */
-    _Atomic uint32_t done; /* futex word: chunks finished */
-    _Atomic int sleepers;  /* workers in (or entering) futex wait */
-    _Atomic int master_waiting;
     kn_chunk_fn fn; /* valid while a chunk of the region is claimed */
     void *arg;
     _Atomic uint32_t n_chunks;
+    /* polled by idle workers */
+    _Alignas(KN_LINE) _Atomic uint32_t gen; /* futex word: bumped when a region opens */
+    _Atomic int sleepers;                   /* workers in (or entering) futex wait */
+    /* claimed by every member */
+    _Alignas(KN_LINE) _Atomic uint64_t next; /* gen << 32 | next unclaimed chunk */
+    /* counted by every member, polled by the caller */
+    _Alignas(KN_LINE) _Atomic uint32_t done; /* futex word: chunks finished */
+    _Atomic int master_waiting;
+    char pad_[KN_LINE - sizeof(uint32_t) - sizeof(int)];
 } kn_pool = {
     .run_mu = PTHREAD_MUTEX_INITIALIZER,
 };
@@ -87,13 +113,44 @@ kn_pause(void)
 #endif
 }
 
-/* Claims and runs chunks of generation g until none is left. Returns the
- * number of chunks this thread finished. */
+static long
+kn_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* One round of waiting, before a futex sleep: round i < KN_SPIN_PAUSE is
+ * a pause; later rounds yield the core until yield_ns have passed since
+ * the first of them (*t0, set here). Returns 0 when it is time to sleep. */
+static int
+kn_wait_round(int i, long *t0, long yield_ns)
+{
+    if (i < KN_SPIN_PAUSE) {
+        kn_pause();
+        return 1;
+    }
+    if (i == KN_SPIN_PAUSE) {
+        *t0 = kn_now_ns();
+    } else if (kn_now_ns() - *t0 >= yield_ns) {
+        return 0;
+    }
+    sched_yield();
+    return 1;
+}
+
+/* Claims and runs chunks of generation g until none is left, then counts
+ * them in done all at once (one write of the shared counter per member
+ * and region, not per chunk; the region stays open until then, since
+ * done cannot reach n_chunks before). Returns the number of chunks this
+ * thread finished. */
 static uint32_t
 kn_pool_work(uint32_t g)
 {
     uint64_t v = atomic_load(&kn_pool.next);
-    uint32_t ran = 0;
+    uint32_t ran = 0, n = 0;
 
     for (;;) {
         if ((uint32_t)(v >> 32) != g) {
@@ -110,14 +167,14 @@ kn_pool_work(uint32_t g)
         }
         /* Claimed: the region stays open until this chunk is done, so its
          * fields cannot change under us. */
-        uint32_t n = atomic_load_explicit(&kn_pool.n_chunks, memory_order_relaxed);
-
+        n = atomic_load_explicit(&kn_pool.n_chunks, memory_order_relaxed);
         kn_pool.fn(kn_pool.arg, (int)c, (int)n);
         ran++;
-        if (atomic_fetch_add(&kn_pool.done, 1) + 1 == n && atomic_load(&kn_pool.master_waiting)) {
-            kn_futex_wake((void *)&kn_pool.done);
-        }
         v = atomic_load(&kn_pool.next);
+    }
+    if (ran > 0 && atomic_fetch_add(&kn_pool.done, ran) + ran == n &&
+        atomic_load(&kn_pool.master_waiting)) {
+        kn_futex_wake((void *)&kn_pool.done);
     }
     return ran;
 }
@@ -132,10 +189,11 @@ kn_worker_main(void *p)
     for (;;) {
         uint32_t g;
         int spins = 0;
+        long t0 = 0;
 
         while ((g = atomic_load(&kn_pool.gen)) == seen) {
-            if (++spins < KN_SPIN_WORKER) {
-                kn_pause();
+            if (kn_wait_round(spins, &t0, KN_YIELD_WORKER_NS)) {
+                spins++;
                 continue;
             }
             atomic_fetch_add(&kn_pool.sleepers, 1);
@@ -244,11 +302,12 @@ kn__pool_run(int team, int n_chunks, kn_chunk_fn fn, void *arg)
 
     /* Everything is claimed; wait for chunks other members still run. */
     int spins = 0;
+    long t0 = 0;
     uint32_t d;
 
     while ((d = atomic_load(&kn_pool.done)) != (uint32_t)n_chunks) {
-        if (++spins < KN_SPIN_MASTER) {
-            kn_pause();
+        if (kn_wait_round(spins, &t0, KN_YIELD_MASTER_NS)) {
+            spins++;
             continue;
         }
         atomic_store(&kn_pool.master_waiting, 1);

@@ -731,6 +731,14 @@ act_q8_region(void *arg, int chunk, int n_chunks)
     }
 }
 
+void
+kn_act_quantize_q8_rows(kn_act_t *a, int32_t t0, int32_t t1)
+{
+    for (int32_t t = t0; t < t1; t++) {
+        act_q8_tok(a, t);
+    }
+}
+
 /* Elements from which the activation quantizer splits its tokens over the
  * team (a batch-32 step spent 2% of its time there, serial). */
 #define KN_QACT_PAR (1L << 15)

@@ -122,6 +122,11 @@ void kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void 
  * use by a Q weight. From 2^15 elements the tokens are split over the
  * kernel thread team (each token's forms depend on that token alone). */
 void kn_act_quantize_q8(kn_act_t *a);
+/* The 8-bit forms of tokens [t0, t1) only, for a caller that splits the
+ * tokens over the team itself (kernels/cpu/kn_fused.h: fused with the op
+ * that produces them); the same bits as kn_act_quantize_q8. Once every
+ * token is made the caller sets a->have_q8 = 1. */
+void kn_act_quantize_q8_rows(kn_act_t *a, int32_t t0, int32_t t1);
 
 /* y (n_tok, w->rows) = x W^T (+ bias) (+ y when accumulate); w->cols ==
  * a->d_in; y must not alias x. F32 calls kn_cpu_matmul(). Allocates
