@@ -3,9 +3,10 @@
  * DESIGN. One thread team: OpenBLAS is put in single-threaded mode and
  * every parallel kernel runs a region on the kernel team (kn_pool.c: spin
  * briefly, then sleep; see there why not OpenMP's) of kn_cpu_threads()
- * threads, each working on its own slice (GEMMs split their output rows,
- * and each slice is one single-threaded cblas call). A region is started
- * only when the work is large enough to amortize it (the KN_PAR_*
+ * threads, each working on its own slice (GEMMs split their output rows;
+ * a slice is the GEMV of kn_gemv_f32.c for one token, the few-row GEMM up
+ * to KN_SMALL_M tokens, else one single-threaded cblas call). A region is
+ * started only when the work is large enough to amortize it (the KN_PAR_*
  * thresholds): a decode step of a small model runs entirely on the calling
  * thread, where fork and join costs would exceed the arithmetic.
  */
@@ -14,11 +15,15 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "kernels/cpu/kn_gemv_f32.h"
 #include "kernels/cpu/kn_int.h"
 #include "kernels/kn_shared.h"
 
 /* Work (multiply-adds or elements) below which a kernel stays serial. */
 #define KN_PAR_GEMM (1L << 19)
+/* The same for one token (the GEMV, kn_gemv_f32.c): a matrix of 1 MB is
+ * split, since one core streams it well below the memory's bandwidth. */
+#define KN_PAR_GEMV (1L << 18)
 #define KN_PAR_ELEM (1L << 16)
 #define KN_PAR_ATTN (1L << 16)
 /* Up to this many token rows, GEMMs use the kernel's own few-row GEMM:
@@ -168,11 +173,10 @@ kn_matmul_rows(const float *x, const float *w, const float *bias, float *y, int3
         }
         beta = 1.0f;
     }
-    if (n_tok >= 2 && n_tok <= KN_SMALL_M) {
+    if (n_tok <= KN_GEMV_MAX_M) {
+        kn__gemv_f32_for(kn_isa_cur)(x, w, y, n_tok, d_in, d_out, r0, r1, beta != 0.0f);
+    } else if (n_tok <= KN_SMALL_M) {
         kn_impl->gemm_small(x, w, y, n_tok, d_in, d_out, r0, r1, beta != 0.0f);
-    } else if (n_tok == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, d_in, 1.0f, w + (size_t)r0 * d_in, d_in, x,
-                    1, beta, y + r0, 1);
     } else {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tok, rows, d_in, 1.0f, x, d_in,
                     w + (size_t)r0 * d_in, d_in, beta, y + r0, d_out);
@@ -221,7 +225,8 @@ void
 kn_cpu_matmul(const float *x, const float *w, const float *bias, float *y, int32_t n_tok,
               int32_t d_in, int32_t d_out, int accumulate)
 {
-    int nt = kn_team((long)n_tok * d_in * d_out, KN_PAR_GEMM);
+    long par = n_tok <= KN_GEMV_MAX_M ? KN_PAR_GEMV : KN_PAR_GEMM;
+    int nt = kn_team((long)n_tok * d_in * d_out, par);
     kn_matmul_job_t j = {x, w, bias, y, n_tok, d_in, d_out, accumulate};
 
     if (nt <= 1 || d_out < 32) {
