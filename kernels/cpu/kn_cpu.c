@@ -4,11 +4,12 @@
  * every parallel kernel runs a region on the kernel team (kn_pool.c: spin
  * briefly, then sleep; see there why not OpenMP's) of kn_cpu_threads()
  * threads, each working on its own slice (GEMMs split their output rows;
- * a slice is the GEMV of kn_gemv_f32.c for one token, the few-row GEMM up
- * to KN_SMALL_M tokens, else one single-threaded cblas call). A region is
- * started only when the work is large enough to amortize it (the KN_PAR_*
- * thresholds): a decode step of a small model runs entirely on the calling
- * thread, where fork and join costs would exceed the arithmetic.
+ * a slice is the GEMV of kn_gemv_f32.c up to KN_GEMV_MAX_M tokens, the
+ * few-row GEMM up to KN_SMALL_M, else one single-threaded cblas call). A
+ * region is started only when the work is large enough to amortize it
+ * (the KN_PAR_* thresholds): a decode step of a small model runs entirely
+ * on the calling thread, where fork and join costs would exceed the
+ * arithmetic.
  */
 #include <cblas.h>
 #include <math.h>
@@ -21,8 +22,10 @@
 
 /* Work (multiply-adds or elements) below which a kernel stays serial. */
 #define KN_PAR_GEMM (1L << 19)
-/* The same for one token (the GEMV, kn_gemv_f32.c): a matrix of 1 MB is
- * split, since one core streams it well below the memory's bandwidth. */
+/* Weight elements from which the GEMV (kn_gemv_f32.c, up to KN_GEMV_MAX_M
+ * tokens) splits a matrix whatever the token count: one core streams
+ * 1 MB well below the memory's bandwidth (the 135M shape's q and o
+ * projections, 576 x 576, ran on one thread at one token). */
 #define KN_PAR_GEMV (1L << 18)
 #define KN_PAR_ELEM (1L << 16)
 #define KN_PAR_ATTN (1L << 16)
@@ -225,10 +228,12 @@ void
 kn_cpu_matmul(const float *x, const float *w, const float *bias, float *y, int32_t n_tok,
               int32_t d_in, int32_t d_out, int accumulate)
 {
-    long par = n_tok <= KN_GEMV_MAX_M ? KN_PAR_GEMV : KN_PAR_GEMM;
-    int nt = kn_team((long)n_tok * d_in * d_out, par);
+    int nt = kn_team((long)n_tok * d_in * d_out, KN_PAR_GEMM);
     kn_matmul_job_t j = {x, w, bias, y, n_tok, d_in, d_out, accumulate};
 
+    if (n_tok <= KN_GEMV_MAX_M && (long)d_in * d_out >= KN_PAR_GEMV) {
+        nt = kn_nthreads; /* the GEMV streams the weights: split by their size */
+    }
     if (nt <= 1 || d_out < 32) {
         kn_matmul_rows(x, w, bias, y, n_tok, d_in, d_out, accumulate, 0, d_out);
         return;

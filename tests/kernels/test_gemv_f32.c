@@ -101,19 +101,19 @@ check_close(const float *y, const double *ref, const double *bound, size_t n, co
     }
 }
 
-/* Every shape through kn_cpu_matmul (n_tok = 1, the GEMV path and its
- * split over the team) and through the kernel directly on a row slice
+/* Every shape through kn_cpu_matmul (1 and 3 tokens: the GEMV path and
+ * its split over the team) and through the kernel directly on a row slice
  * (rows outside the slice must stay untouched). */
 static void
 check_shape(int32_t d_out, int32_t k, int outliers)
 {
-    float *x = make_data((size_t)k, outliers);
+    float *x = make_data((size_t)3 * k, outliers);
     float *w = make_data((size_t)d_out * k, outliers);
     float *bias = make_data((size_t)d_out, outliers);
-    float *y0 = make_data((size_t)d_out, outliers);
-    float *y = malloc(sizeof(float) * (size_t)d_out);
-    double *ref = malloc(sizeof(double) * (size_t)d_out);
-    double *bound = malloc(sizeof(double) * (size_t)d_out);
+    float *y0 = make_data((size_t)3 * d_out, outliers);
+    float *y = malloc(sizeof(float) * 3 * (size_t)d_out);
+    double *ref = malloc(sizeof(double) * 3 * (size_t)d_out);
+    double *bound = malloc(sizeof(double) * 3 * (size_t)d_out);
     char what[96];
 
     kn_cpu_init(0);
@@ -121,16 +121,16 @@ check_shape(int32_t d_out, int32_t k, int outliers)
         ck_assert_int_eq(kn_cpu_set_isa((kn_isa_t)isa), ST_OK);
         for (int nt = 1; nt <= 2; nt++) {
             kn_cpu_init(nt);
-            for (int mode = 0; mode < 3; mode++) { /* plain, bias, bias + accumulate */
+            for (int mode = 0; mode < 4; mode++) { /* plain, bias, + accumulate, 3 tokens */
                 const float *b = mode >= 1 ? bias : NULL;
-                int acc = mode == 2;
+                int acc = mode >= 2, m = mode == 3 ? 3 : 1;
 
                 snprintf(what, sizeof(what), "matmul %dx%d outliers %d mode %d", d_out, k, outliers,
                          mode);
-                memcpy(y, y0, sizeof(float) * (size_t)d_out);
-                ref_gemv(x, w, b, y0, ref, bound, 1, k, d_out, acc);
-                kn_cpu_matmul(x, w, b, y, 1, k, d_out, acc);
-                check_close(y, ref, bound, (size_t)d_out, what);
+                memcpy(y, y0, sizeof(float) * (size_t)m * d_out);
+                ref_gemv(x, w, b, y0, ref, bound, m, k, d_out, acc);
+                kn_cpu_matmul(x, w, b, y, m, k, d_out, acc);
+                check_close(y, ref, bound, (size_t)m * d_out, what);
             }
             /* A slice [r0, r1) that starts and ends inside a pass. */
             {
@@ -210,12 +210,13 @@ START_TEST(test_gemv_threads)
 }
 END_TEST
 
-/* A token alone (the GEMV) against the same token in a batch (the few-row
- * GEMM, 2..32 tokens): bit for bit on AVX2 and AVX-512, whose kernels share
- * the per-row arithmetic; within the bound on the generic level. */
+/* A token alone (the GEMV) against the same token in a batch (the GEMV up
+ * to KN_GEMV_MAX_M tokens, then the few-row GEMM up to 32): bit for bit on
+ * AVX2 and AVX-512, whose kernels share the per-row arithmetic; within the
+ * bound on the generic level. */
 START_TEST(test_gemv_alone_vs_batch)
 {
-    static const int32_t shapes[][3] = {{37, 53, 3}, {576, 576, 8}, {130, 1539, 5}};
+    static const int32_t shapes[][3] = {{37, 53, 3}, {576, 576, 8}, {130, 1539, 5}, {1031, 577, 4}};
 
     kn_cpu_init(0);
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
