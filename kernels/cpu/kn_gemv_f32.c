@@ -8,10 +8,11 @@
  * per row. The rows of a pass are adjacent in memory, so the next pass's
  * rows start right after this pass's last row: each step also prefetches
  * the line of the next pass that sits KN_GEMV_ROWS lines further on, and
- * the whole next pass is in flight before this one ends. With m > 1
- * tokens, every token walks the pass's rows (from L1 after the first).
- * Rows past r1 in the last pass read row r0 again (cache-hot) and their
- * sums are dropped, so every row takes the same path.
+ * the whole next pass is in flight before this one ends (the generic
+ * level does not prefetch). With m > 1 tokens, every token walks the
+ * pass's rows (from L1 / L2 after the first). Rows past r1 in the last
+ * pass read the pass's first row again (cache-hot) and their sums are
+ * dropped, so every row takes the same path.
  *
  * Thread: no state.
  */
@@ -21,9 +22,10 @@
 #include "kernels/cpu/kn_gemv_f32.h"
 
 /* Rows per pass: 8 vector accumulators plus x fit in AVX2's 16 registers,
- * 16 in AVX-512's 32. More rows per pass measured faster on AVX-512 (16
- * streams: 1.6x OpenBLAS's sgemv on one Zen 4 core, 8 streams 1.55x, 4
- * streams 1.4x). */
+ * 16 in AVX-512's 32. On one Zen 4 core (CPU time, a 135M-shape decode
+ * step's matrices from memory) AVX-512 ran 1.5-1.65x OpenBLAS's sgemv
+ * with 16 or 8 rows, 1.45x with 4; one row at a time with the same
+ * prefetch was as fast as 16: the prefetch matters more than the rows. */
 #ifndef KN_GEMV_ROWS
 #define KN_GEMV_ROWS 8
 #endif
