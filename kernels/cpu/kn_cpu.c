@@ -4,23 +4,31 @@
  * every parallel kernel runs a region on the kernel team (kn_pool.c: spin
  * briefly, yield, then sleep; see there why not OpenMP's) of
  * kn_cpu_threads() threads, each working on its own slice (GEMMs split
- * their output rows, and each slice is one single-threaded cblas call). A
- * region is started only when the work is large enough to amortize it (the
- * KN_PAR_* thresholds): a decode step of a small model runs entirely on the
- * calling thread, where fork and join costs would exceed the arithmetic.
- * Steps that feed a weight product (rmsnorm, silu * up) make its 8-bit
- * activations in the same region (kn_fused.c).
+ * their output rows; a slice is the GEMV of kn_gemv_f32.c up to
+ * KN_GEMV_MAX_M tokens, the few-row GEMM up to KN_SMALL_M, else one
+ * single-threaded cblas call). A region is started only when the work is
+ * large enough to amortize it (the KN_PAR_* thresholds): a decode step of
+ * a small model runs entirely on the calling thread, where fork and join
+ * costs would exceed the arithmetic. Steps that feed a weight product
+ * (rmsnorm, silu * up) make its 8-bit activations in the same region
+ * (kn_fused.c).
  */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "common/status.h"
+#include "kernels/cpu/kn_gemv_f32.h"
 #include "kernels/cpu/kn_int.h"
 #include "kernels/kn_shared.h"
 
 /* Work (multiply-adds or elements) below which a kernel stays serial. */
 #define KN_PAR_GEMM (1L << 19)
+/* Weight elements from which the GEMV (kn_gemv_f32.c, up to KN_GEMV_MAX_M
+ * tokens) splits a matrix whatever the token count: one core streams
+ * 1 MB well below the memory's bandwidth (the 135M shape's q and o
+ * projections, 576 x 576, ran on one thread at one token). */
+#define KN_PAR_GEMV (1L << 18)
 #define KN_PAR_ELEM (1L << 16)
 #define KN_PAR_ATTN (1L << 16)
 /* Up to this many token rows, GEMMs use the kernel's own few-row GEMM:
@@ -176,11 +184,10 @@ kn_matmul_rows(const float *x, const float *w, const float *bias, float *y, int3
         }
         beta = 1.0f;
     }
-    if (n_tok >= 2 && n_tok <= KN_SMALL_M) {
+    if (n_tok <= KN_GEMV_MAX_M) {
+        kn__gemv_f32_for(kn_isa_cur)(x, w, y, n_tok, d_in, d_out, r0, r1, beta != 0.0f);
+    } else if (n_tok <= KN_SMALL_M) {
         kn_impl->gemm_small(x, w, y, n_tok, d_in, d_out, r0, r1, beta != 0.0f);
-    } else if (n_tok == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, d_in, 1.0f, w + (size_t)r0 * d_in, d_in, x,
-                    1, beta, y + r0, 1);
     } else {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_tok, rows, d_in, 1.0f, x, d_in,
                     w + (size_t)r0 * d_in, d_in, beta, y + r0, d_out);
@@ -232,6 +239,9 @@ kn_cpu_matmul(const float *x, const float *w, const float *bias, float *y, int32
     int nt = kn_team((long)n_tok * d_in * d_out, KN_PAR_GEMM);
     kn_matmul_job_t j = {x, w, bias, y, n_tok, d_in, d_out, accumulate};
 
+    if (n_tok <= KN_GEMV_MAX_M && (long)d_in * d_out >= KN_PAR_GEMV) {
+        nt = kn_nthreads; /* the GEMV streams the weights: split by their size */
+    }
     if (nt <= 1 || d_out < 32) {
         kn_matmul_rows(x, w, bias, y, n_tok, d_in, d_out, accumulate, 0, d_out);
         return;

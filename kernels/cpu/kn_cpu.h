@@ -1,8 +1,9 @@
 /* kn_cpu.h - CPU kernels for the Llama forward pass.
  *
  * Every kernel has two implementations with one contract:
- *   kn_cpu_<op>()      the fast path: OpenBLAS for GEMMs, SIMD code chosen
- *                      at run time from cpuid (generic C, AVX2+FMA or
+ *   kn_cpu_<op>()      the fast path: OpenBLAS for GEMMs of many tokens
+ *                      (own GEMV and few-row GEMM below that), SIMD code
+ *                      chosen at run time from cpuid (generic C, AVX2+FMA or
  *                      AVX-512, compiled with target attributes, never
  *                      -march=native) and the kernel thread team (kn_pool.c)
  *                      once the work is large enough to pay for a fork;
