@@ -444,8 +444,9 @@ cmd_bench(int argc, char **argv)
         mdl_model_destroy(model);
         return 2;
     }
-    if (cfg.kv_score.kind != MDL_KVP_FULL && kv_dtype != MDL_KV_AUTO && kv_dtype != MDL_KV_F32) {
-        fprintf(stderr, "kvserve bench: --kv-policy %s needs an f32 KV cache\n", kv_policy);
+    if (cfg.kv_score.kind != MDL_KVP_FULL && !mdl_kv_mass_fits(device, kv_dtype)) {
+        fprintf(stderr, "kvserve bench: --kv-policy %s needs an f32 KV cache on cpu, f16 / bf16 "
+                "on cuda\n", kv_policy);
         mdl_model_destroy(model);
         return 2;
     }

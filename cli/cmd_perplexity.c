@@ -23,7 +23,9 @@
  * position beyond that, and every token is scored, past the context.
  *
  * Every run is one sequence of scheduler/kv_stream.h: its blocks come from
- * the block manager and its evictions are the scheduler's.
+ * the block manager and its evictions are the scheduler's. --device cuda
+ * runs the tested runtime on the CUDA backend (H2O / SnapKV with an f16 or
+ * bf16 cache there: model/dev_mass.c); the --agree reference stays on cpu.
  */
 #define LOG_MODULE "perplexity"
 
@@ -45,6 +47,7 @@
 
 typedef struct ppl_opts {
     const char *model;
+    const char *device; /* the tested runtime's (the --agree reference runs on cpu) */
     const char *file;
     mdl_kv_dtype_t dtype;
     const char *policy;
@@ -73,7 +76,7 @@ run_destroy(ppl_run_t *r)
 }
 
 static int
-run_create(const mdl_model_t *m, const ppl_opts_t *o, mdl_kv_dtype_t dtype,
+run_create(const mdl_model_t *m, const ppl_opts_t *o, const char *device, mdl_kv_dtype_t dtype,
            const mdl_kv_policy_t *pol, int32_t max_ctx, ppl_run_t *r)
 {
     const mdl_config_t *c = mdl_model_config(m);
@@ -84,7 +87,7 @@ run_create(const mdl_model_t *m, const ppl_opts_t *o, mdl_kv_dtype_t dtype,
     memset(r, 0, sizeof(*r));
     r->vocab = c->vocab_size;
     mdl_runtime_config_t rc_cfg = {
-        .device = "cpu",
+        .device = device,
         .tp_size = 1,
         .n_threads = o->threads,
         .block_size = o->block_size,
@@ -98,7 +101,8 @@ run_create(const mdl_model_t *m, const ppl_opts_t *o, mdl_kv_dtype_t dtype,
     };
     rc = mdl_runtime_create(m, &rc_cfg, &r->rt, err, sizeof(err));
     if (rc != ST_OK) {
-        fprintf(stderr, "kvserve perplexity: %s KV cache: %s\n", mdl_kv_dtype_name(dtype), err);
+        fprintf(stderr, "kvserve perplexity: %s, %s KV cache: %s\n", device,
+                mdl_kv_dtype_name(dtype), err);
         return rc;
     }
     rc = sched_stream_create(r->rt, pol, o->block_size, max_ctx, o->chunk, r->vocab, &r->ks);
@@ -492,8 +496,11 @@ usage(FILE *f)
             "  --model PATH          Hugging Face directory or .gguf file\n"
             "                        (default models/austen-2.7m)\n"
             "  --file TEXT           the text to score (UTF-8)\n"
+            "  --device D            cpu (default) or cuda: the tested runtime (--agree's\n"
+            "                        f32 reference stays on cpu)\n"
             "  --kv-cache-dtype X    auto f32 f16 bf16 fp8_e4m3 int8 int4 tq3 tq4\n"
-            "                        (default auto: f32)\n"
+            "                        (default auto: f32 on cpu, bf16 on cuda; h2o and\n"
+            "                        snapkv need f32 on cpu, f16 / bf16 on cuda)\n"
             "  --kv-policy P         full (default) or sink=S,window=W in tokens, whole\n"
             "                        blocks: stream the whole text through attention sinks\n"
             "                        and a rolling window instead of strided windows;\n"
@@ -541,6 +548,7 @@ cmd_perplexity(int argc, char **argv)
 {
     ppl_opts_t o = {
         .model = "models/austen-2.7m",
+        .device = "cpu",
         .dtype = MDL_KV_AUTO,
         .policy = "full",
         .chunk = 64,
@@ -575,6 +583,9 @@ cmd_perplexity(int argc, char **argv)
             o.model = v;
         } else if (strcmp(a, "--file") == 0) {
             o.file = v;
+        } else if (strcmp(a, "--device") == 0) {
+            o.device = v;
+            bad = strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0;
         } else if (strcmp(a, "--kv-cache-dtype") == 0) {
             bad = mdl_kv_dtype_parse(v, &o.dtype) != ST_OK;
         } else if (strcmp(a, "--kv-policy") == 0) {
@@ -630,6 +641,9 @@ cmd_perplexity(int argc, char **argv)
     }
     const mdl_config_t *c = mdl_model_config(m);
 
+    if (o.dtype == MDL_KV_AUTO && strcmp(o.device, "cuda") == 0) {
+        o.dtype = MDL_KV_BF16; /* what the runtime picks there (model/runtime.c) */
+    }
     if (o.ctx <= 0 || o.ctx > c->max_pos) {
         o.ctx = c->max_pos;
     }
@@ -697,7 +711,7 @@ cmd_perplexity(int argc, char **argv)
                             "model's context of %d\n", o.decode_ctx, o.gen_len, c->max_pos);
             goto out;
         }
-        if (run_create(m, &o, o.dtype, &full, o.decode_ctx + o.gen_len, &run) != ST_OK) {
+        if (run_create(m, &o, o.device, o.dtype, &full, o.decode_ctx + o.gen_len, &run) != ST_OK) {
             goto out;
         }
         printf("KV cache %s, block %d: %.1f bytes/token (f32 %.1f)\n", mdl_kv_dtype_name(o.dtype),
@@ -705,7 +719,8 @@ cmd_perplexity(int argc, char **argv)
         status = decode_bench(&run, &o, toks, (int32_t)n_toks) == ST_OK ? 0 : 1;
         goto out;
     }
-    if (run_create(m, &o, o.dtype, &o.pol, o.pol.window > 0 ? stream_ctx : o.ctx, &run) != ST_OK) {
+    if (run_create(m, &o, o.device, o.dtype, &o.pol, o.pol.window > 0 ? stream_ctx : o.ctx,
+                   &run) != ST_OK) {
         goto out;
     }
     printf("model %s: %d layers, %d KV heads x %d, context %d\n", o.model, c->n_layers,
@@ -784,7 +799,7 @@ cmd_perplexity(int argc, char **argv)
             fprintf(stderr, "kvserve perplexity: --agree runs without a --kv-policy\n");
             goto out;
         }
-        if (run_create(m, &o, MDL_KV_F32, &full, o.ctx, &ref) != ST_OK) {
+        if (run_create(m, &o, "cpu", MDL_KV_F32, &full, o.ctx, &ref) != ST_OK) {
             goto out;
         }
         rc = greedy_agreement(&ref, &run, &o, toks, (int32_t)n_toks, &match, &total, &kl);

@@ -112,6 +112,8 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     if (e->rt.kv_dtype == MDL_KV_AUTO && strcmp(cfg->device, "cuda") == 0) {
         e->rt.kv_dtype = MDL_KV_BF16; /* what the runtime picks (model/runtime.c) */
     }
+    /* As engine_create decides it: the pool sizing counts the mass. */
+    e->rt.kv_mass = mdl_kv_mass_fits(cfg->device, e->rt.kv_dtype);
     e->rt.gpu_memory_utilization = (float)cfg->gpu_memory_utilization;
     e->rt.cuda_graphs = !cfg->enforce_eager;
     {
@@ -237,17 +239,18 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
         char why[256] = "";
 
         /* H2O / SnapKV (model/kv_policy.h): the cpu backend with an f32
-         * KV cache keeps the attention mass they score by. */
+         * KV cache, or cuda with f16 / bf16, keeps the attention mass
+         * they score by. */
         if (mdl_kv_policy_parse(cfg->kv_policy, cfg->block_size, &e->kv_score, why,
                                 sizeof(why)) != ST_OK) {
             LOG_ERROR("--kv-policy: %s", why);
             return ST_EINVAL;
         }
-        if (e->kv_score.budget > ctx || strcmp(cfg->device, "cuda") == 0 ||
-            (e->rt.kv_dtype != MDL_KV_AUTO && e->rt.kv_dtype != MDL_KV_F32)) {
-            LOG_ERROR("--kv-policy %s needs a budget within the context of %d tokens, the cpu "
-                      "device and an f32 KV cache (--kv-cache-dtype %s)",
-                      cfg->kv_policy, ctx, mdl_kv_dtype_name(e->rt.kv_dtype));
+        if (e->kv_score.budget > ctx || !mdl_kv_mass_fits(cfg->device, e->rt.kv_dtype)) {
+            LOG_ERROR("--kv-policy %s needs a budget within the context of %d tokens and the "
+                      "cpu device with an f32 KV cache or cuda with f16 / bf16 (--device %s, "
+                      "--kv-cache-dtype %s)",
+                      cfg->kv_policy, ctx, cfg->device, mdl_kv_dtype_name(e->rt.kv_dtype));
             return ST_EUNSUPPORTED;
         }
     }

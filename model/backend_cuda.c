@@ -32,7 +32,11 @@
  * being filled (model/dev_fwd.c). --kv-policy works as on the cpu backend
  * (kv_shift_ops): KV_OP_SHIFT re-rotates 16-bit blocks and residual slots
  * in place (kn_cuda_kv_rotate) and records a pending shift for quantized
- * blocks, applied to the query by the attention kernel.
+ * blocks, applied to the query by the attention kernel. H2O / SnapKV
+ * (kv_mass, f16 / bf16 KV): the attention mass beside the pool, a mass
+ * kernel after each layer's attention for the rows that accumulate, the
+ * mass read back in one gather per call, KV_OP_COPY_SLOT as a move kernel
+ * (model/dev_mass.c, kernels/cuda/kn_mass_body.h).
  *
  * Memory, per device, all allocated in create(): weights (bf16, or f16
  * with --kv-cache-dtype f16; uploaded in their file's type through a
@@ -125,6 +129,7 @@ typedef struct cu_state {
     const mdl_batch_t *b;
     const kv_op_t *ops;
     int32_t n_ops;
+    const struct cu_mass_job *mass_job; /* kv_mass */
     char *err; /* create() only */
     size_t errlen;
 } cu_state_t;
@@ -226,6 +231,9 @@ CU_OP_KERNEL(wdequant, kn_wdequant_args_t)
 CU_OP_KERNEL(tq_write, kn_tq_write_args_t)
 CU_OP_KERNEL(tq_attention, kn_tq_attn_args_t)
 CU_OP_KERNEL(tq_shift, kn_tq_shift_args_t)
+CU_OP_KERNEL(attn_mass, kn_attn_mass_args_t)
+CU_OP_KERNEL(mass_gather, kn_mass_gather_args_t)
+CU_OP_KERNEL(kv_move, kn_kv_move_args_t)
 
 static int
 cu_op_kv_rotate(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers)
@@ -343,7 +351,8 @@ cu_op_graph_free(void *ctx, void *graph)
     .kq_quant = cu_op_kq_quant, .kq_dequant = cu_op_kq_dequant,                                    \
     .kq_attention = cu_op_kq_attention, .kv_rotate = cu_op_kv_rotate,                          \
     .tq_write = cu_op_tq_write, .tq_attention = cu_op_tq_attention, .tq_shift = cu_op_tq_shift,    \
-    .wdequant = cu_op_wdequant, .gemm = cu_op_gemm
+    .wdequant = cu_op_wdequant, .gemm = cu_op_gemm, .attn_mass = cu_op_attn_mass,                \
+    .mass_gather = cu_op_mass_gather, .kv_move = cu_op_kv_move
 
 /* Graphs at T = 1 only: NCCL can be captured too, but that is not
  * checked on a device yet (the dev_fwd.c side is: tests/cuda at T = 2). */
@@ -533,6 +542,12 @@ cu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, ch
                  c->head_dim, c->n_heads / c->n_kv_heads, KN_ATTN_MAX_HEAD_DIM, KN_ATTN_MAX_GROUP);
         return ST_EUNSUPPORTED;
     }
+    if (rc->kv_mass && rc->kv_dtype != MDL_KV_BF16 && rc->kv_dtype != MDL_KV_F16) {
+        snprintf(err, errlen, "cuda: attention-score eviction (h2o, snapkv) needs an f16 or bf16 "
+                 "KV cache, not %s (a compaction moves single tokens; quantized blocks share "
+                 "their scales)", mdl_kv_dtype_name(rc->kv_dtype));
+        return ST_EUNSUPPORTED;
+    }
     st = mdl_tp_shard(c, rc->tp_size, 0, &sh, err, errlen);
     if (st != ST_OK) {
         return st;
@@ -642,6 +657,37 @@ cu_forward(void *state, const mdl_batch_t *b, const float **logits)
     return ST_OK;
 }
 
+typedef struct cu_mass_job {
+    const int32_t *slots;
+    int32_t n;
+    float *out;
+} cu_mass_job_t;
+
+static int
+cu_rank_kv_mass(void *arg, int r)
+{
+    cu_state_t *s = arg;
+    cu_rank_t *rk = &s->ranks[r];
+    const cu_mass_job_t *j = s->mass_job;
+
+    CU_CHECK(cudaSetDevice(rk->dev));
+    return mdl_dev_rank_kv_mass(&rk->fw, j->slots, j->n, j->out, s->c.n_kv_heads);
+}
+
+/* Every rank writes its KV heads' columns (model/dev_mass.c). */
+static int
+cu_kv_mass(void *state, const int32_t *slots, int32_t n, float *out)
+{
+    cu_state_t *s = state;
+    cu_mass_job_t j = {slots, n, out};
+    int rc;
+
+    s->mass_job = &j;
+    rc = kn_ranks_run(s->threads, cu_rank_kv_mass, s);
+    s->mass_job = NULL;
+    return rc;
+}
+
 int
 mdl_cuda_device_memory(int32_t n_devices, size_t *total_bytes, size_t *in_use_bytes, char *err,
                        size_t errlen)
@@ -696,4 +742,5 @@ const mdl_backend_t mdl_backend_cuda = {
     .forward = cu_forward,
     .kv_drop_ops = 1, /* quantized KV: a dropped partial block gives its residual slot back */
     .kv_shift_ops = 1,
+    .kv_mass = cu_kv_mass,
 };

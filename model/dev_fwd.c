@@ -467,6 +467,9 @@ mdl_dev_rank_init(mdl_dev_rank_t *rk, const mdl_dev_ops_t *ops, void *ctx, const
             return st;
         }
     }
+    if ((st = mdl__dev_mass_init(rk)) != ST_OK) { /* h2o / snapkv: checks, stage rows */
+        return st;
+    }
     if ((st = dev_alloc(rk, &rk->x, sizeof(float) * T * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->part, sizeof(float) * T * dim)) != ST_OK ||
         (st = dev_alloc(rk, &rk->qkv, sizeof(float) * T * lqkv)) != ST_OK ||
@@ -518,7 +521,7 @@ mdl_dev_rank_kv_bytes(const mdl_dev_rank_t *rk)
              dev_kq_slot_bytes(&rk->m->cfg, rk->rc.block_size, rk->sh.n_kv);
         b += sizeof(int32_t) * (size_t)rk->rc.num_blocks; /* pending SHIFT per block */
     }
-    return b;
+    return b + mdl__dev_mass_bytes(&rk->m->cfg, &rk->rc, rk->sh.n_kv, rk->rc.num_blocks);
 }
 
 /* A tier's residual slots (device or pinned) and bookkeeping. */
@@ -597,6 +600,9 @@ mdl_dev_rank_alloc_kv(mdl_dev_rank_t *rk)
                       rk->kq.v_stride, rk->kqt[0].sl.n_slots, res_bytes >> 20);
         }
     }
+    if (st == ST_OK) {
+        st = mdl__dev_mass_alloc(rk);
+    }
     return st;
 }
 
@@ -633,6 +639,7 @@ mdl_dev_rank_fini(mdl_dev_rank_t *rk)
     o->free(rk->ctx, rk->wst_dev);
     dev_kq_tier_fini(rk, 0);
     dev_kq_tier_fini(rk, 1);
+    mdl__dev_mass_fini(rk);
     free(rk->kq_filled);
     o->free_host(rk->ctx, rk->logits_host);
     o->free_host(rk->ctx, rk->stage_host);
@@ -969,8 +976,18 @@ dev_kq_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
     return dev_emit_copies(rk, ops + p0, n_ops - p0);
 }
 
+/* A run of copy / swap ops over a 16-bit pool: the blocks, then their
+ * attention mass (h2o / snapkv, model/dev_mass.c). */
+static int
+dev_emit_copies16(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
+{
+    DEV_TRY(dev_emit_copies(rk, ops, n_ops));
+    return mdl__dev_mass_block_ops(rk, ops, n_ops);
+}
+
 /* 16-bit pool: copies in runs, SHIFT rotates the block's key rows of
- * every layer in place, in op order. */
+ * every layer in place, KV_OP_COPY_SLOT runs move single tokens (with
+ * their mass), in op order. */
 static int
 dev_ops16(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
 {
@@ -982,13 +999,25 @@ dev_ops16(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
     for (int32_t i = 0; i < n_ops; i++) {
         const kv_op_t *o = &ops[i];
 
+        if (o->kind == KV_OP_COPY_SLOT) { /* h2o / snapkv compaction: a run of moves */
+            int32_t k = 1;
+
+            while (i + k < n_ops && ops[i + k].kind == KV_OP_COPY_SLOT) {
+                k++;
+            }
+            DEV_TRY(dev_emit_copies16(rk, ops + p0, i - p0));
+            DEV_TRY(mdl__dev_mass_moves(rk, ops + i, k));
+            i += k - 1;
+            p0 = i + 1;
+            continue;
+        }
         if (o->kind != KV_OP_SHIFT) {
             continue;
         }
         if (o->dst < 0) {
             return ST_EINVAL;
         }
-        DEV_TRY(dev_emit_copies(rk, ops + p0, i - p0));
+        DEV_TRY(dev_emit_copies16(rk, ops + p0, i - p0));
         p0 = i + 1;
         if (o->dst != 0) {
             kn_kv_rotate_args_t ra = {NULL,
@@ -1004,7 +1033,7 @@ dev_ops16(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops)
             DEV_TRY(rk->ops->kv_rotate(rk->ctx, &ra, rk->sh.n_kv, rk->m->cfg.n_layers));
         }
     }
-    return dev_emit_copies(rk, ops + p0, n_ops - p0);
+    return dev_emit_copies16(rk, ops + p0, n_ops - p0);
 }
 
 /* The (layer, kind) region of the device pool of a tq rank. */
@@ -1109,7 +1138,8 @@ mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
         kn_rmsnorm_args_t na = {rk->x, L->attn_norm, rk->h16, dim, dim, c->norm_eps, dt};
         /* q and k heads are adjacent in a qkv row: one rotation for both. */
         kn_rope_args_t ra = {rk->q, d + p->o_pos, rk->inv_freq, sh->n_q + sh->n_kv, hd, lqkv};
-        kn_kv_write_args_t kw = {kc, vc, rk->k, rk->v, d + p->o_slot, sh->n_kv, hd, bs, lqkv, dt};
+        kn_kv_write_args_t kw = {kc, vc, rk->k, rk->v, d + p->o_slot, sh->n_kv, hd, bs, lqkv, dt,
+                                 rk->mass != NULL ? rk->mass + (size_t)l * rk->mass_cells : NULL};
         kn_attn_cuda_args_t aa = {
             rk->h16,     rk->q,
             kc,          vc,
@@ -1182,6 +1212,9 @@ mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
         } else {
             DEV_TRY(o->kv_write(cx, &kw, T));
             DEV_TRY(o->attention(cx, &aa, T)); /* decodes only */
+        }
+        if (p->mass) { /* h2o / snapkv: the rows' probabilities into the mass (dev_mass.c) */
+            DEV_TRY(mdl__dev_mass_layer(rk, p, &aa, l));
         }
         /* Row-parallel projections: at T = 1 the GEMM adds into x itself;
          * at T > 1 the partial is all-reduced first. */
@@ -1296,6 +1329,15 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
             t0->shift_dirty = 0;
         }
     }
+    p.o_mass = n_int;
+    p.mass = rk->mass != NULL && b->mass_rows != NULL;
+    if (p.mass) { /* h2o / snapkv: which rows accumulate attention mass */
+        for (int32_t t = 0; t < T; t++) {
+            h[p.o_mass + (size_t)t] = b->mass_rows[t] != 0;
+        }
+        n_int += (size_t)T;
+        rk->n_mass_steps++;
+    }
     DEV_TRY(o->copy(cx, rk->stage_dev, h, sizeof(int32_t) * n_int, KV_OP_SWAP_IN));
     DEV_TRY(mdl__dev_fwd_run(rk, &p));
     if (rk->rank == 0 && b->n_logits > 0) {
@@ -1359,6 +1401,14 @@ dev_rank_bytes(const mdl_config_t *c, const mdl_runtime_config_t *rc, const mdl_
 
         dev_tq_floats(c, dev_tq_bits(rc->kv_dtype), sh->n_kv, &n_sg, &n_S);
         res = dev_grain(f * n_sg) + (n_S > 0 ? dev_grain(f * n_S) : 0);
+    }
+    if (rc->kv_mass) { /* h2o / snapkv: mass rows, a mass read's and the moves' staging */
+        size_t cap = (size_t)rc->max_blocks_per_seq * (size_t)rc->block_size;
+
+        stage_len += T;
+        res += 2 * dev_grain(sizeof(int32_t) * cap) +
+               dev_grain(f * cap * (size_t)c->n_layers * (size_t)sh->n_kv) +
+               dev_grain(f * (size_t)rc->block_size * (size_t)sh->n_kv);
     }
     /* x, part, qkv, gate|up, h16, split-K partials, hrows, staging, logits */
     *a = res + dev_grain(f * kn_attn_split_floats(sh->n_q, sh->n_kv, c->head_dim, (int32_t)T)) +
@@ -1428,6 +1478,7 @@ mdl_kv_blocks_for_budget(const mdl_config_t *c, const mdl_runtime_config_t *rc,
             }
             out->block_bytes = (size_t)c->n_layers * (ks + vs);
         }
+        out->block_bytes += mdl__dev_mass_bytes(c, rc, sh.n_kv, 1); /* h2o / snapkv */
         need = w + a + out->reserve_bytes;
         n = need < out->budget_bytes ? (int64_t)((out->budget_bytes - need) / out->block_bytes) : 0;
         if (r == 0 || n < best) {

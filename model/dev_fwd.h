@@ -30,6 +30,7 @@
 #include "kernels/cpu/kv_slots.h"
 #include "kernels/cuda/kn_cuda_body.h"
 #include "kernels/cuda/kn_kvcopy.h"
+#include "kernels/cuda/kn_mass_body.h"
 #include "model/model.h"
 #include "model/tp.h"
 
@@ -77,6 +78,13 @@ typedef struct mdl_dev_ops {
     /* KV_OP_SHIFT: key rows rotated by -a->delta in place, grid
      * (n_heads, n_layers) (kn_kv_rotate_body). */
     int (*kv_rotate)(void *ctx, const kn_kv_rotate_args_t *a, int32_t n_heads, int32_t n_layers);
+    /* H2O / SnapKV (kn_mass_body.h, model/dev_mass.c): the mass of the
+     * rows that accumulate, one layer (grid n_kv, n_seqs); the mass of n
+     * slots (grid n); KV_OP_COPY_SLOT moves (grid n_kv, n_layers). NULL:
+     * a runtime with kv_mass is refused. */
+    int (*attn_mass)(void *ctx, const kn_attn_mass_args_t *a, int32_t n_seqs);
+    int (*mass_gather)(void *ctx, const kn_mass_gather_args_t *a, int32_t n);
+    int (*kv_move)(void *ctx, const kn_kv_move_args_t *a, int32_t n_layers);
     /* Weight upload: n rows of blocks in their file type (device staging)
      * -> 16-bit rows, grid n (kn_wdequant_body). */
     int (*wdequant)(void *ctx, const kn_wdequant_args_t *a, int32_t n);
@@ -194,8 +202,25 @@ typedef struct mdl_dev_rank {
     int32_t n_buckets;
     int32_t graph_rows[MDL_DEV_MAX_BUCKETS];
     void *graph[MDL_DEV_MAX_BUCKETS];
+    /* The same for decode steps with rows that accumulate attention mass
+     * (H2O / SnapKV): their graphs also run the mass kernels. */
+    void *graph_mass[MDL_DEV_MAX_BUCKETS];
     int graphs_off, graph_failed;
     int64_t n_graph_captures, n_graph_steps, n_eager_steps;
+    /* H2O / SnapKV (rc.kv_mass, model/dev_mass.c; 16-bit KV only): the
+     * accumulated attention mass, [n_layers][num_blocks * block_size]
+     * [n_kv] f32 device (this rank's KV heads), counted with the KV pool;
+     * the staging of a mass read (up to mass_cap slots: slots and their
+     * n_layers * n_kv floats, device and pinned) and of slot moves
+     * (mass_cap pairs, device; host copy in mass_moves). */
+    float *mass;
+    size_t mass_cells; /* floats per layer */
+    int32_t mass_cap;
+    int32_t *mass_slots_dev, *mass_slots_pin;
+    float *mass_out_dev, *mass_out_pin;
+    int32_t *mass_moves_dev, *mass_moves;
+    float *mass_zero; /* (block_size * n_kv) zeros, device: SWAP_IN's cells */
+    int64_t n_mass_steps; /* steps that ran the mass kernels (tests) */
     /* Weight upload (mdl_dev_rank_init). In, set by the caller or left 0:
      * wstage_cap bounds each staging buffer (bytes; 0: MDL_DEV_WSTAGE),
      * upload_host forces the host path (tests). Out: wstage_bytes, the
@@ -231,6 +256,14 @@ int mdl_dev_rank_alloc_kv(mdl_dev_rank_t *rk);
 /* Frees everything; safe on a partly initialized rank. */
 void mdl_dev_rank_fini(mdl_dev_rank_t *rk);
 
+/* H2O / SnapKV: out[i][layer][rk->sh.kv0 + h] = the accumulated mass of
+ * slots[i] (validated), for this rank's n_kv heads h, in a row of
+ * n_kv_all heads per layer; other columns are left alone. One gather
+ * kernel, one copy back and a sync per call (mass_cap slots at a time).
+ * ST_EUNSUPPORTED without rc.kv_mass. */
+int mdl_dev_rank_kv_mass(mdl_dev_rank_t *rk, const int32_t *slots, int32_t n, float *out,
+                         int32_t n_kv_all);
+
 /* Validated ops, enqueued in order on the stream (the next forward runs
  * behind them; its sync, or fini, waits for them). KV_OP_SHIFT (dst >= 0, else
  * ST_EINVAL) re-rotates the keys of a 16-bit block, or of a quantized
@@ -259,6 +292,8 @@ typedef struct mdl_dev_step {
     int32_t T, S, n_logits, max_blocks;
     size_t o_pos, o_slot, o_qs, o_ctx, o_rows, o_bt, o_tiles, o_rs, o_own, o_jobs;
     int32_t n_tiles, q_tile, n_jobs;
+    size_t o_mass; /* mass rows (T), with mass */
+    int mass;      /* rows accumulate attention mass: the mass kernels run */
     int kq; /* fp8 / int8 / int4 blocks (residual slots) */
     int tq; /* tq3 / tq4 blocks (rows encoded in place) */
 } mdl_dev_step_t;
@@ -267,6 +302,24 @@ typedef struct mdl_dev_step {
  * with n_logits > 0 the final norm and LM head into logits_dev (not the
  * copy to the host, not a sync). */
 int mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p);
+/* model/dev_mass.c. Init: checks rc.kv_mass against the KV dtype and the
+ * ops (ST_EUNSUPPORTED, logged) and sizes the staging; alloc: the
+ * accumulator and staging (called by mdl_dev_rank_alloc_kv); bytes: what
+ * alloc takes for n_blocks (device); fini frees. */
+int mdl__dev_mass_init(mdl_dev_rank_t *rk);
+int mdl__dev_mass_alloc(mdl_dev_rank_t *rk);
+size_t mdl__dev_mass_bytes(const mdl_config_t *c, const mdl_runtime_config_t *rc, int32_t n_kv,
+                           int32_t n_blocks);
+void mdl__dev_mass_fini(mdl_dev_rank_t *rk);
+/* The mass side of a run of copy / swap ops (16-bit pool, after their
+ * block copies are enqueued): COPY copies the blocks' cells, SWAP_IN
+ * zeroes them (the swap tier keeps no mass). */
+int mdl__dev_mass_block_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops);
+/* A run of KV_OP_COPY_SLOT ops (16-bit pool), in order. */
+int mdl__dev_mass_moves(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops);
+/* The mass kernel of layer l after its attention (p->mass set). */
+int mdl__dev_mass_layer(mdl_dev_rank_t *rk, const mdl_dev_step_t *p,
+                        const kn_attn_cuda_args_t *aa, int32_t l);
 /* Sets up the buckets (init); no device call. */
 void mdl__dev_graph_init(mdl_dev_rank_t *rk);
 /* Whether b is a step the graphs take (decode only, a bucket fits it). */

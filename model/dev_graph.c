@@ -13,6 +13,7 @@
  *
  *   stage = tokens[B] | positions[B] | slots[B] | query_start[B + 1] |
  *           context_len[B] | logits_rows[B] | block_tables[B][max_blocks_per_seq]
+ *           [| mass_rows[B]]
  *
  * Rows n .. B-1 are padding: token 0 at position 0, slot -1 (kv_write
  * skips it: a padded row writes no KV anywhere), context length 1 over
@@ -29,6 +30,11 @@
  * pair their all-reduces. Pointers in a graph are the rank's fixed
  * buffers and weights and the KV pool: copies, swaps and shifts change
  * block contents, never addresses, so graphs live as long as the rank.
+ *
+ * A step with rows that accumulate attention mass (H2O / SnapKV,
+ * model/dev_mass.c) stages its mass rows (padding: 0) and runs the
+ * bucket's second graph, recorded with the mass kernels (graph_mass), so
+ * steps without such rows launch none of them.
  *
  * Per decode step with a graph: one host staging copy, one upload, one
  * graph launch, one logits copy of n_logits rows, one sync.
@@ -111,13 +117,22 @@ dev_graph_stage(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t B, mdl_dev_ste
     for (int32_t s = 0; s <= B; s++) {
         h[p->o_qs + s] = s;
     }
+    p->o_mass = p->o_tiles;
+    p->mass = rk->mass != NULL && b->mass_rows != NULL;
+    if (p->mass) {
+        for (int32_t s = 0; s < B; s++) {
+            h[p->o_mass + s] = s < n && b->mass_rows[s] != 0;
+        }
+        rk->n_mass_steps++;
+        return p->o_mass + (size_t)B;
+    }
     return p->o_tiles;
 }
 
 /* Records the bucket's step into rk->graph[bi]; on failure turns replays
  * off for the rank. Runs nothing on the device. */
 static void
-dev_graph_capture(mdl_dev_rank_t *rk, int32_t bi, const mdl_dev_step_t *p)
+dev_graph_capture(mdl_dev_rank_t *rk, int32_t bi, const mdl_dev_step_t *p, void **slot)
 {
     const mdl_dev_ops_t *o = rk->ops;
     void *g = NULL;
@@ -139,7 +154,7 @@ dev_graph_capture(mdl_dev_rank_t *rk, int32_t bi, const mdl_dev_step_t *p)
         rk->graph_failed = 1;
         return;
     }
-    rk->graph[bi] = g;
+    *slot = g;
     rk->n_graph_captures++;
     LOG_DEBUG("rank %d: decode graph of %d sequences recorded", rk->rank, rk->graph_rows[bi]);
 }
@@ -163,15 +178,17 @@ mdl__dev_graph_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
         ST_OK) {
         return st;
     }
-    if (rk->graph[bi] != NULL) {
-        st = o->graph_launch(cx, rk->graph[bi]);
+    void **slot = p.mass ? &rk->graph_mass[bi] : &rk->graph[bi];
+
+    if (*slot != NULL) {
+        st = o->graph_launch(cx, *slot);
         rk->n_graph_steps++;
     } else {
         /* First step of the bucket (or replays off): eagerly, then record. */
         st = mdl__dev_fwd_run(rk, &p);
         rk->n_eager_steps++;
         if (st == ST_OK && !rk->graph_failed) {
-            dev_graph_capture(rk, bi, &p);
+            dev_graph_capture(rk, bi, &p, slot);
         }
     }
     if (st == ST_OK && rk->rank == 0 && b->n_logits > 0) {
@@ -191,6 +208,9 @@ mdl__dev_graph_fini(mdl_dev_rank_t *rk)
         if (rk->graph[i] != NULL && rk->ops->graph_free != NULL) {
             rk->ops->graph_free(rk->ctx, rk->graph[i]);
         }
-        rk->graph[i] = NULL;
+        if (rk->graph_mass[i] != NULL && rk->ops->graph_free != NULL) {
+            rk->ops->graph_free(rk->ctx, rk->graph_mass[i]);
+        }
+        rk->graph[i] = rk->graph_mass[i] = NULL;
     }
 }

@@ -208,7 +208,8 @@ typedef struct mdl_runtime_config {
     size_t dev_reserve_bytes;
     /* H2O / SnapKV (model/kv_policy.h): keep each cached token's attention
      * mass per layer and KV head (mdl_runtime_kv_mass), and take
-     * KV_OP_COPY_SLOT. cpu backend, f32 KV cache only. */
+     * KV_OP_COPY_SLOT. cpu backend with an f32 KV cache, cuda with f16 /
+     * bf16 (mdl_kv_mass_fits). */
     int kv_mass;
     /* cuda: nonzero runs decode-only steps (one new token per sequence,
      * 16-bit KV, tp_size 1) as CUDA graphs captured per batch-size bucket
@@ -293,6 +294,12 @@ int mdl_runtime_kv_ops(mdl_runtime_t *rt, const kv_op_t *ops, int32_t n_ops);
  * scheduler's eviction policy, like the logits. ST_EINVAL for a slot out of
  * range; ST_EUNSUPPORTED without kv_mass. */
 int mdl_runtime_kv_mass(mdl_runtime_t *rt, const int32_t *slots, int32_t n, float *out);
+/* Whether a runtime on device (NULL: cpu) with KV dtype dt can keep the
+ * attention mass of H2O / SnapKV (kv_mass): cpu with f32 (or auto), cuda
+ * and the test backends named cuda-* with f16 / bf16 (auto on cuda: bf16).
+ * Quantized caches cannot: a compaction moves single tokens between
+ * blocks whose codes share scales. */
+int mdl_kv_mass_fits(const char *device, mdl_kv_dtype_t dt);
 /* Floats per slot that mdl_runtime_kv_mass writes (n_layers * n_kv_heads),
  * 0 for a runtime without kv_mass. */
 int32_t mdl_runtime_kv_mass_heads(const mdl_runtime_t *rt);

@@ -101,7 +101,8 @@ mdl_runtime_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, mdl_ru
     }
 
     if (c.kv_mass && be->kv_mass == NULL) {
-        snprintf(err, errlen, "attention-score eviction (h2o, snapkv) needs the cpu backend");
+        snprintf(err, errlen, "attention-score eviction (h2o, snapkv) needs the cpu or cuda "
+                 "backend");
         return ST_EUNSUPPORTED;
     }
 
@@ -360,6 +361,18 @@ mdl_runtime_kv_mass(mdl_runtime_t *rt, const int32_t *slots, int32_t n, float *o
         }
     }
     return n > 0 ? rt->be->kv_mass(rt->state, slots, n, out) : ST_OK;
+}
+
+int
+mdl_kv_mass_fits(const char *device, mdl_kv_dtype_t dt)
+{
+    if (device == NULL || strcmp(device, "cpu") == 0) {
+        return dt == MDL_KV_AUTO || dt == MDL_KV_F32;
+    }
+    if (strncmp(device, "cuda", 4) == 0) {
+        return dt == MDL_KV_AUTO || dt == MDL_KV_BF16 || dt == MDL_KV_F16;
+    }
+    return 0;
 }
 
 int32_t

@@ -752,10 +752,9 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     }
 
     /* H2O / SnapKV requests need the attention mass beside the KV: the
-     * cpu backend keeps it for an f32 cache (1 float per token, layer
-     * and KV head), so any request may choose them. */
-    c->rt.kv_mass = (c->rt.device == NULL || strcmp(c->rt.device, "cpu") == 0) &&
-                    (c->rt.kv_dtype == MDL_KV_AUTO || c->rt.kv_dtype == MDL_KV_F32);
+     * cpu backend keeps it for an f32 cache, cuda for f16 / bf16 (1 float
+     * per token, layer and KV head), so any request may choose them. */
+    c->rt.kv_mass = mdl_kv_mass_fits(c->rt.device, c->rt.kv_dtype);
     rc = mdl_runtime_create(model, &c->rt, &e->rt, err, errlen);
     if (rc != ST_OK) {
         goto fail;

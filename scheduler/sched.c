@@ -751,7 +751,7 @@ sched_submit(sched_t *s, eng_request_t *req, void *udata)
         if (s->cfg.kv_mass == NULL) {
             return submit_fail(s, ST_EUNSUPPORTED,
                                "kv policies h2o and snapkv need the cpu backend with an f32 KV "
-                               "cache");
+                               "cache or cuda with f16 / bf16");
         }
     }
 

@@ -11,7 +11,9 @@
  * the quantized-KV block quantizer (a thread per key channel pair or
  * value row); a warp for the tq3 / tq4 row writer (two threads work: K
  * and V), the tq block shift (a thread per row) and the tq attention (a
- * thread per query head of the group).
+ * thread per query head of the group); 128 for the H2O / SnapKV mass
+ * (threads over a sequence's keys) and the slot moves (over a row's K and
+ * V elements), 64 for the mass gather.
  */
 #include <cuda_runtime.h>
 
@@ -65,6 +67,44 @@ KN_KERNEL(wdequant, kn_wdequant_args_t)
 KN_KERNEL(tq_write, kn_tq_write_args_t)
 KN_KERNEL(tq_attn, kn_tq_attn_args_t)
 KN_KERNEL(tq_shift, kn_tq_shift_args_t)
+KN_KERNEL(attn_mass, kn_attn_mass_args_t)
+KN_KERNEL(mass_gather, kn_mass_gather_args_t)
+KN_KERNEL(kv_move, kn_kv_move_args_t)
+
+extern "C" cudaError_t
+kn_cuda_attn_mass(cudaStream_t s, const kn_attn_mass_args_t *a, int32_t n_seqs)
+{
+    dim3 grid((unsigned)a->a.n_kv_heads, (unsigned)n_seqs);
+
+    if (n_seqs <= 0) {
+        return cudaSuccess;
+    }
+    k_attn_mass<<<grid, KN_ATTN_THREADS, sizeof(float) * kn_mass_smem_floats(a->a.head_dim), s>>>(
+        *a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_mass_gather(cudaStream_t s, const kn_mass_gather_args_t *a, int32_t n)
+{
+    if (n <= 0) {
+        return cudaSuccess;
+    }
+    k_mass_gather<<<n, KN_COMBINE_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t
+kn_cuda_kv_move(cudaStream_t s, const kn_kv_move_args_t *a, int32_t n_layers)
+{
+    dim3 grid((unsigned)a->n_kv, (unsigned)n_layers);
+
+    if (a->n_moves <= 0 || n_layers <= 0) {
+        return cudaSuccess;
+    }
+    k_kv_move<<<grid, KN_ATTN_THREADS, 0, s>>>(*a);
+    return cudaGetLastError();
+}
 
 extern "C" cudaError_t
 kn_cuda_embed(cudaStream_t s, const kn_embed_args_t *a, int32_t n_tok)

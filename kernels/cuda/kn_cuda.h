@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/kn_cuda_body.h"
+#include "kernels/cuda/kn_mass_body.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -68,6 +69,13 @@ cudaError_t kn_cuda_kv_rotate(cudaStream_t s, const kn_kv_rotate_args_t *a, int3
 cudaError_t kn_cuda_tq_write(cudaStream_t s, const kn_tq_write_args_t *a, int32_t n_tok);
 cudaError_t kn_cuda_tq_attention(cudaStream_t s, const kn_tq_attn_args_t *a, int32_t n_tok);
 cudaError_t kn_cuda_tq_shift(cudaStream_t s, const kn_tq_shift_args_t *a, int32_t n_layers);
+/* H2O / SnapKV (kn_mass_body.h): the attention mass of the rows that
+ * accumulate, one layer, grid (n_kv_heads, n_seqs); the mass of n slots,
+ * grid n; KV_OP_COPY_SLOT moves over a 16-bit pool, grid (n_kv, n_layers),
+ * nothing for 0 moves. */
+cudaError_t kn_cuda_attn_mass(cudaStream_t s, const kn_attn_mass_args_t *a, int32_t n_seqs);
+cudaError_t kn_cuda_mass_gather(cudaStream_t s, const kn_mass_gather_args_t *a, int32_t n);
+cudaError_t kn_cuda_kv_move(cudaStream_t s, const kn_kv_move_args_t *a, int32_t n_layers);
 /* dst (n_rows, n_cols) 16-bit <- rows of weight blocks in their file type;
  * grid n_rows. */
 cudaError_t kn_cuda_wdequant(cudaStream_t s, const kn_wdequant_args_t *a, int32_t n_rows);

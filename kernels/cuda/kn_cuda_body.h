@@ -361,6 +361,10 @@ typedef struct kn_kv_write_args {
     int32_t block_size;
     int32_t kv_stride;
     kn_dt_t dt;
+    /* H2O / SnapKV (kn_mass_body.h): the layer's mass accumulator
+     * [slot][n_kv_heads], whose cells of a written slot are zeroed (a new
+     * token has no mass yet); NULL: none. */
+    float *mass;
 } kn_kv_write_args_t;
 
 KN_DEV void
@@ -382,6 +386,9 @@ kn_kv_write_body(const kn_thr_t *t, float *smem, const kn_kv_write_args_t *a)
 
         kn_st16(a->k_cache, dst, a->k[src], a->dt);
         kn_st16(a->v_cache, dst, a->v[src], a->dt);
+    }
+    for (int32_t h = t->tid; a->mass != NULL && h < a->n_kv_heads; h += t->nthr) {
+        a->mass[(size_t)s * a->n_kv_heads + h] = 0.0f;
     }
 }
 

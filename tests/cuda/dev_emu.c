@@ -169,6 +169,10 @@ EO_KERNEL(kq_attention, kn_kq_attn_args_t, a->a.n_kv_heads, n, 64,
 EO_KERNEL(wdequant, kn_wdequant_args_t, n, 1, 32, 0)
 EO_KERNEL(tq_write, kn_tq_write_args_t, n, a->n_kv, 32, 0)
 EO_KERNEL(tq_shift, kn_tq_shift_args_t, a->n_kv, n, 32, 0)
+EO_KERNEL(attn_mass, kn_attn_mass_args_t, a->a.n_kv_heads, n, 64,
+          kn_mass_smem_floats(a->a.head_dim))
+EO_KERNEL(mass_gather, kn_mass_gather_args_t, n, 1, 32, 0)
+EO_KERNEL(kv_move, kn_kv_move_args_t, a->n_kv, n, 32, 0)
 
 static void
 run_tq_attention(const kn_thr_t *t, float *sm, const void *a)
@@ -438,6 +442,9 @@ const mdl_dev_ops_t emu_ops = {
     .tq_attention = eo_tq_attention,
     .tq_shift = eo_tq_shift,
     .wdequant = eo_wdequant,
+    .attn_mass = eo_attn_mass,
+    .mass_gather = eo_mass_gather,
+    .kv_move = eo_kv_move,
     .gemm = eo_gemm,
     .allreduce = eo_allreduce,
     .graph_begin = eo_graph_begin,
@@ -585,6 +592,11 @@ eb_create(const mdl_model_t *m, const mdl_runtime_config_t *cfg, void **state, c
         snprintf(err, errlen, "cuda-emu: at most 4 ranks");
         return ST_EUNSUPPORTED;
     }
+    if (cfg->kv_mass && cfg->kv_dtype != MDL_KV_BF16 && cfg->kv_dtype != MDL_KV_F16) {
+        snprintf(err, errlen, "cuda-emu: attention-score eviction (h2o, snapkv) needs an f16 or "
+                 "bf16 KV cache");
+        return ST_EUNSUPPORTED;
+    }
     *state = emu_dev_create(m, cfg, cfg->kv_dtype == MDL_KV_F16 ? KN_DT_F16 : KN_DT_BF16);
     return ST_OK;
 }
@@ -623,6 +635,31 @@ eb_forward(void *state, const mdl_batch_t *b, const float **logits)
     return ST_OK;
 }
 
+typedef struct eb_mass_job {
+    emu_dev_t *e;
+    const int32_t *slots;
+    int32_t n;
+    float *out;
+} eb_mass_job_t;
+
+static int
+emu_rank_kv_mass(void *arg, int r)
+{
+    eb_mass_job_t *j = arg;
+
+    return mdl_dev_rank_kv_mass(&j->e->fw[r], j->slots, j->n, j->out,
+                                j->e->fw[0].m->cfg.n_kv_heads);
+}
+
+/* As model/backend_cuda.c's cu_kv_mass: every rank its heads' columns. */
+static int
+eb_kv_mass(void *state, const int32_t *slots, int32_t n, float *out)
+{
+    eb_mass_job_t j = {state, slots, n, out};
+
+    return kn_ranks_run(((emu_dev_t *)state)->threads, emu_rank_kv_mass, &j);
+}
+
 const mdl_backend_t emu_backend = {
     .name = "cuda-emu",
     .create = eb_create,
@@ -631,4 +668,5 @@ const mdl_backend_t emu_backend = {
     .forward = eb_forward,
     .kv_drop_ops = 1,
     .kv_shift_ops = 1,
+    .kv_mass = eb_kv_mass,
 };

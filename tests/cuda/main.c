@@ -1,6 +1,6 @@
 /* main.c - the emulated CUDA kernels and the CUDA backend's forward pass on
- * emulated device operations, speculative decoding on it (run on CPU,
- * suite cuda-emu). */
+ * emulated device operations, speculative decoding and H2O / SnapKV on it
+ * (run on CPU, suite cuda-emu). */
 #include <check.h>
 #include <stdlib.h>
 
@@ -8,6 +8,7 @@ Suite *cuda_emu_suite(void);
 Suite *cuda_devemu_suite(void);
 Suite *cuda_emu_tq_suite(void);
 Suite *cuda_spec_emu_suite(void);
+Suite *cuda_mass_emu_suite(void);
 
 int
 main(void)
@@ -18,6 +19,7 @@ main(void)
     srunner_add_suite(sr, cuda_devemu_suite());
     srunner_add_suite(sr, cuda_emu_tq_suite());
     srunner_add_suite(sr, cuda_spec_emu_suite());
+    srunner_add_suite(sr, cuda_mass_emu_suite());
 
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);

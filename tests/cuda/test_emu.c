@@ -711,7 +711,7 @@ START_TEST(test_kv_write)
             vv[t * n_kv * hd + i] = round16(v[t * stride + i], dt);
         }
     }
-    kn_kv_write_args_t a = {kc, vc, k, v, slot, n_kv, hd, bs, stride, dt};
+    kn_kv_write_args_t a = {kc, vc, k, v, slot, n_kv, hd, bs, stride, dt, NULL};
 
     ck_assert_int_eq(kn_emu_launch(run_kv_write, &a, n_tok, 1, 32, 0), 0);
     to_f32(kc, kcf, cache_n, dt);

@@ -22,7 +22,10 @@
  *             --no-enforce-eager sets) against eager steps: the same
  *             free-running greedy tokens over decode batches of 1 to 5
  *             sequences (padded buckets) and a KV copy, logits NMSE
- *             < 1e-4; prints the decode step time of both.
+ *             < 1e-4; prints the decode step time of both;
+ *   h2o/snapkv: the attention-mass kernel, the model's mass against the
+ *             CPU's and greedy decoding with the policies against the CPU
+ *             (test_gpu_mass.c).
  *
  * Plain C (no Check): Check forks after this process has touched CUDA.
  * The model directory comes from KVSERVE_TEST_MODEL.
@@ -46,6 +49,9 @@
 #include "tests/cuda/kvq_ref.h"
 
 static int n_fail;
+
+/* tests/cuda/test_gpu_mass.c */
+void test_gpu_mass(const mdl_model_t *m, int *n_fail);
 
 #define EXPECT(cond, ...)                                                                          \
     do {                                                                                           \
@@ -253,7 +259,7 @@ test_kernels(kn_dt_t dt)
         slots[t] = t % 2 ? -1 : 3 * t + 1;
     }
     int32_t *dslot = dev_copy(slots, sizeof(slots));
-    kn_kv_write_args_t kw = {dkc, dvc, dg, du, dslot, n_kv, hd, bs, kvd, dt};
+    kn_kv_write_args_t kw = {dkc, dvc, dg, du, dslot, n_kv, hd, bs, kvd, dt, NULL};
     CU(kn_cuda_kv_write(NULL, &kw, n_tok));
     CU(cudaMemcpy(kc, dkc, sizeof(uint16_t) * cache_n, cudaMemcpyDeviceToHost));
     for (int32_t t = 0; t < n_tok; t += 2) {
@@ -968,6 +974,7 @@ main(void)
         return 1;
     }
     test_graphs(m);
+    test_gpu_mass(m, &n_fail);
     test_end_to_end(m, n_dev);
     test_serve_budget(m);
     mdl_model_destroy(m);
