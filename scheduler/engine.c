@@ -717,6 +717,7 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
         /* The runtime sizes its logits rows by max_num_seqs: a
          * speculating sequence has 1 + k of them. */
         c->rt.max_num_seqs = c->max_num_seqs * (1 + c->spec.k);
+        c->rt.spec_k = c->spec.k; /* verification steps: graphs on cuda */
     }
     c->rt.max_num_batched_tokens = c->max_num_batched_tokens;
     c->rt.max_blocks_per_seq = (c->max_model_len + c->rt.block_size - 1) / c->rt.block_size;
