@@ -670,6 +670,12 @@ eng__pool(engine_t *e)
     return e->pool;
 }
 
+struct spec_draft *
+eng__draft(engine_t *e)
+{
+    return e->draft;
+}
+
 /* ---- lifecycle ------------------------------------------------------- */
 
 /* The scheduler's view of the runtime's attention mass (H2O / SnapKV):

@@ -22,7 +22,12 @@
  *             --no-enforce-eager sets) against eager steps: the same
  *             free-running greedy tokens over decode batches of 1 to 5
  *             sequences (padded buckets) and a KV copy, logits NMSE
- *             < 1e-4; prints the decode step time of both.
+ *             < 1e-4; prints the decode step time of both;
+ *   verify graphs: speculative verification steps (rows of 1 + k tokens
+ *             beside decodes, changing layouts, rollbacks; spec_k 4) with
+ *             graphs on against eager: logits NMSE < 1e-4, same argmax;
+ *             prints eager and graph times of mixed verification steps,
+ *             a lone 1 + 4-token verification step and a lone decode.
  *
  * Plain C (no Check): Check forks after this process has touched CUDA.
  * The model directory comes from KVSERVE_TEST_MODEL.
@@ -796,6 +801,192 @@ test_graphs(const mdl_model_t *m)
     free(lg[1]);
 }
 
+/* ---- verification steps as graphs against eager steps ------------------------- */
+
+#define VG_SEQS 4
+#define VG_K 4
+#define VG_STEPS 60 /* 20 mixed, then 40 alternating 1 + VG_K tokens / 1 token of one sequence */
+#define VG_ROWS (VG_STEPS * VG_SEQS * (1 + VG_K))
+
+/* Speculative verification steps on rt (spec_k VG_K): a prefill of
+ * VG_SEQS prompts, VG_STEPS / 3 steps mixing verification rows (1 + k
+ * tokens, k = 1 .. VG_K) and decodes of changing subsets in changing
+ * orders, each followed by a rollback of some of each row's tokens
+ * (rejected drafts, overwritten with other tokens by the next step);
+ * then one sequence alone, a verification row of 1 + VG_K tokens and a
+ * decode in turn. Every token is a logits row; the tokens are fixed (not
+ * greedy), so two runs see the same batches. Logits rows into lg (in
+ * order; *n_rows), the mean step time of the mixed steps, of the lone
+ * verification steps and of the lone decode steps into secs[0..2]. */
+static void
+verify_run(mdl_runtime_t *rt, int32_t vocab, float *lg, int32_t *n_rows, double secs[3])
+{
+    int32_t table[VG_SEQS][16], done[VG_SEQS], ids[VG_SEQS][256];
+    int32_t n_time[3] = {0, 0, 0};
+    const float *out;
+
+    *n_rows = 0;
+    secs[0] = secs[1] = secs[2] = 0.0;
+    for (int32_t s = 0; s < VG_SEQS; s++) {
+        for (int32_t b = 0; b < 16; b++) {
+            table[s][b] = 1 + b * VG_SEQS + s;
+        }
+        done[s] = 0;
+        for (int32_t i = 0; i < 256; i++) {
+            ids[s][i] = 3 + (i * 53 + s * 101) % (vocab - 3);
+        }
+    }
+    for (int32_t step = -1; step < VG_STEPS; step++) {
+        int32_t t[64], pos[64], slot[64], qs[VG_SEQS + 1], ctx[VG_SEQS], bt[VG_SEQS * 16];
+        int32_t rows[64], act[VG_SEQS], n_new[VG_SEQS], rej[VG_SEQS], n_act = 0, n = 0, nl = 0;
+        int kind; /* 0 mixed, 1 lone verification, 2 lone decode; -1 prefill */
+
+        if (step < 0) {
+            kind = -1;
+            for (int32_t s = 0; s < VG_SEQS; s++) {
+                act[n_act] = s;
+                n_new[n_act] = 10 + 3 * s;
+                rej[n_act++] = 0;
+            }
+        } else if (step < VG_STEPS / 3) {
+            kind = 0;
+            for (int32_t k = 0; k < 1 + step % VG_SEQS; k++) {
+                int32_t s = (k + step) % VG_SEQS;
+
+                act[n_act] = s;
+                n_new[n_act] = 1 + (step * 3 + s * 5) % (1 + VG_K);
+                rej[n_act] = (step + s) % n_new[n_act];
+                n_act++;
+            }
+        } else {
+            kind = step % 2 == 0 ? 1 : 2;
+            act[0] = 0;
+            n_new[0] = kind == 1 ? 1 + VG_K : 1;
+            rej[0] = kind == 1 ? 2 : 0;
+            n_act = 1;
+        }
+        qs[0] = 0;
+        for (int32_t k = 0; k < n_act; k++) {
+            int32_t s = act[k];
+
+            for (int32_t i = 0; i < n_new[k]; i++) {
+                int32_t ix = done[s] + i;
+
+                t[n] = ids[s][ix];
+                pos[n] = ix;
+                slot[n] = table[s][ix / 16] * 16 + ix % 16;
+                if (kind >= 0 || i == n_new[k] - 1) {
+                    rows[nl++] = n;
+                }
+                n++;
+            }
+            done[s] += n_new[k];
+            ctx[k] = done[s];
+            memcpy(bt + k * 16, table[s], sizeof(table[s]));
+            qs[k + 1] = n;
+        }
+        mdl_batch_t b = {.n_tokens = n,
+                         .tokens = t,
+                         .positions = pos,
+                         .slot_mapping = slot,
+                         .n_seqs = n_act,
+                         .query_start = qs,
+                         .context_len = ctx,
+                         .block_tables = bt,
+                         .max_blocks = 16,
+                         .logits_rows = rows,
+                         .n_logits = nl};
+        double t0 = now_s();
+
+        if (mdl_forward(rt, &b, &out) != ST_OK) {
+            fprintf(stderr, "verify graphs: forward failed at step %d\n", step);
+            exit(1);
+        }
+        if (kind >= 0) {
+            secs[kind] += now_s() - t0;
+            n_time[kind]++;
+            memcpy(lg + (size_t)*n_rows * vocab, out, sizeof(float) * (size_t)nl * vocab);
+            *n_rows += nl;
+        }
+        for (int32_t k = 0; k < n_act; k++) { /* rejected drafts: rolled back, other tokens */
+            int32_t s = act[k];
+
+            done[s] -= rej[k];
+            for (int32_t i = 0; i < rej[k]; i++) {
+                ids[s][done[s] + i] = 3 + (ids[s][done[s] + i] * 7 + 11) % (vocab - 3);
+            }
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        secs[k] /= n_time[k] > 0 ? n_time[k] : 1;
+    }
+}
+
+/* The default model on cuda (bf16) with spec_k 4: verification steps
+ * with graphs on against --enforce-eager, the same batches: logits NMSE
+ * < 1e-4 per row (the padded GEMMs may take other cuBLAS kernels), the
+ * same argmax unless eager's top-2 margin is under 1e-3; the step times
+ * printed (figures, not checks): a lone verification step of 1 + 4
+ * tokens should cost about a lone decode step once both are graphs. */
+static void
+test_verify_graphs(const mdl_model_t *m)
+{
+    int32_t vocab = mdl_model_config(m)->vocab_size, n_rows[3], same = 0;
+    size_t n_lg = (size_t)VG_ROWS * vocab;
+    float *lg[3] = {xcalloc(n_lg, sizeof(float)), xcalloc(n_lg, sizeof(float)),
+                    xcalloc(n_lg, sizeof(float))};
+    double secs[3][3], worst = 0.0, worst_tile = 0.0;
+    char err[256];
+
+    /* 0: eager, 1: graphs, 2: eager with spec_k 0 (verification rows
+     * through the query-tile kernel, as before verification graphs). */
+    for (int g = 0; g < 3; g++) {
+        mdl_runtime_config_t rc = {.device = "cuda",
+                                   .num_blocks = 1 + VG_SEQS * 16,
+                                   .block_size = 16,
+                                   .max_blocks_per_seq = 16,
+                                   .max_num_seqs = VG_SEQS * (1 + VG_K), /* as the engine */
+                                   .max_num_batched_tokens = 256,
+                                   .kv_dtype = MDL_KV_BF16,
+                                   .cuda_graphs = g == 1,
+                                   .spec_k = g == 2 ? 0 : VG_K};
+        mdl_runtime_t *rt;
+
+        if (mdl_runtime_create(m, &rc, &rt, err, sizeof(err)) != ST_OK) {
+            fprintf(stderr, "cuda runtime (graphs %d, spec_k %d): %s\n", g, VG_K, err);
+            exit(1);
+        }
+        verify_run(rt, vocab, lg[g], &n_rows[g], secs[g]);
+        mdl_runtime_destroy(rt); /* logs the graphs recorded and replayed */
+    }
+    EXPECT(n_rows[0] == n_rows[1], "verify graphs: %d rows, eager %d", n_rows[1], n_rows[0]);
+    for (int32_t r = 0; r < n_rows[0] && r < n_rows[1]; r++) {
+        const float *a = lg[0] + (size_t)r * vocab, *b = lg[1] + (size_t)r * vocab;
+        float ma, mb;
+        int32_t ta = argmax(a, vocab, &ma), tb = argmax(b, vocab, &mb);
+        double e = nmse(b, a, (size_t)vocab);
+
+        worst = e > worst ? e : worst;
+        same += ta == tb;
+        EXPECT(e < 1e-4, "verify graphs: row %d: logits NMSE %g against eager", r, e);
+        EXPECT(ta == tb || ma < 1e-3f, "verify graphs: row %d: argmax %d, eager %d (margin %g)", r,
+               tb, ta, (double)ma);
+        e = nmse(lg[2] + (size_t)r * vocab, a, (size_t)vocab);
+        worst_tile = e > worst_tile ? e : worst_tile;
+        EXPECT(e < 1e-4, "verify graphs: row %d: query-tile kernel NMSE %g", r, e);
+    }
+    printf("verify graphs: %d of %d rows with eager's argmax, worst logits NMSE %.3g (query-tile "
+           "kernel %.3g); step times eager (query-tile) / eager / graphs: mixed verification "
+           "steps %.3f / %.3f / %.3f ms, lone 1+%d-token verification %.3f / %.3f / %.3f ms, "
+           "lone decode %.3f / %.3f / %.3f ms\n",
+           same, n_rows[0], worst, worst_tile, secs[2][0] * 1e3, secs[0][0] * 1e3,
+           secs[1][0] * 1e3, VG_K, secs[2][1] * 1e3, secs[0][1] * 1e3, secs[1][1] * 1e3,
+           secs[2][2] * 1e3, secs[0][2] * 1e3, secs[1][2] * 1e3);
+    for (int g = 0; g < 3; g++) {
+        free(lg[g]);
+    }
+}
+
 static void
 test_end_to_end(const mdl_model_t *m, int n_dev)
 {
@@ -968,6 +1159,7 @@ main(void)
         return 1;
     }
     test_graphs(m);
+    test_verify_graphs(m);
     test_end_to_end(m, n_dev);
     test_serve_budget(m);
     mdl_model_destroy(m);

@@ -20,6 +20,12 @@
  *   accepted tokens only (the rejected drafts' KV, left beyond the
  *   context, is never read);
  *
+ *   graphs: verification steps (rows of 1 .. 1 + k tokens beside
+ *   decodes, rollbacks between steps) in changing layouts, with graphs on
+ *   (model/dev_graph.c: each token-count bucket recorded once, then
+ *   replayed) against graphs off: the same logits bits and KV pool bytes
+ *   after every step, and within the CPU backend's bounds;
+ *
  *   engine: greedy requests on input-grounded prompts of
  *   tests/fixtures/austen-persuasion-ch24.txt, arriving one per step
  *   into a small token budget (prefill chunks share verification steps
@@ -29,7 +35,9 @@
  *   streams without speculation on the emulated device, which equal the
  *   CPU backend's; with an int8 KV cache, n-gram speculation equals no
  *   speculation on the emulated device (rejected drafts roll back inside
- *   a quantized cache's residual slots). Drafts are both accepted and
+ *   a quantized cache's residual slots); with graphs on (as serve runs),
+ *   n-gram and self-draft streams equal the eager plain ones and
+ *   verification steps were replayed. Drafts are both accepted and
  *   rejected, and after every run the KV pool is clean.
  */
 #include <check.h>
