@@ -529,6 +529,13 @@ START_TEST(test_adaptive_rule)
         spec_seq_record(&c, &q, 4, 3);
     }
     ck_assert_int_eq(spec_seq_want(&c, &q, 1), 4);
+    /* Logits rows: one per sequence, k more for at most max_batch. */
+    ck_assert_int_eq(spec_logits_rows(&c, 256), 256 + 8 * 4);
+    ck_assert_int_eq(spec_logits_rows(&c, 3), 3 + 3 * 4);
+    c.max_batch = 0;
+    ck_assert_int_eq(spec_logits_rows(&c, 16), 16 * (1 + 4));
+    c.method = SPEC_OFF;
+    ck_assert_int_eq(spec_logits_rows(&c, 16), 16);
 }
 END_TEST
 
