@@ -281,7 +281,8 @@ static int
 same_kv(const emu_dev_t *a, const emu_dev_t *b)
 {
     const mdl_dev_rank_t *x = &a->fw[0], *y = &b->fw[0];
-    size_t bytes = 2 * (size_t)mdl_model_config(x->m)->n_layers * (size_t)x->rc.num_blocks * x->blk_bytes;
+    size_t bytes =
+        2 * (size_t)mdl_model_config(x->m)->n_layers * (size_t)x->rc.num_blocks * x->blk_bytes;
 
     return memcmp(x->kv, y->kv, bytes) == 0;
 }
