@@ -65,8 +65,9 @@ bench_usage(FILE *f)
                "  --threads T                 CPU threads for the forward (default: one per physical core)\n"
                "  --device D                  cpu (default) or cuda (the first GPU; bf16 KV by\n"
                "                              default, as serve)\n"
-               "  --enforce-eager             cuda: every step eagerly, no decode graphs\n"
-               "  --no-enforce-eager          cuda: decode-only steps as CUDA graphs (default)\n"
+               "  --enforce-eager             cuda: every step eagerly, no step graphs\n"
+               "  --no-enforce-eager          cuda: decode and verification steps as CUDA graphs\n"
+               "                              (default)\n"
                "  --seed X                    prompt RNG seed (default 1; request r samples\n"
                "                              with seed X + r)\n"
                "  --temperature T             sampling temperature (default 0: greedy)\n"
@@ -642,7 +643,8 @@ cmd_bench(int argc, char **argv)
     printf("kv policy              %s\n", kv_policy);
     if (strcmp(device, "cuda") == 0) {
         printf("cuda graphs            %s\n",
-               cuda_graphs ? "decode steps (--no-enforce-eager)" : "off (--enforce-eager)");
+               cuda_graphs ? "decode and verification steps (--no-enforce-eager)"
+                           : "off (--enforce-eager)");
     }
     if (temperature > 0.0) {
         printf("sampling               temperature %g, top_p %g, seeded\n", temperature, top_p);

@@ -86,7 +86,6 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     size_t block_bytes, kv_bytes;
     int64_t blocks;
     serve_draft_t dr;
-    int32_t rows = 1; /* logits rows per sequence: 1 + k when speculating */
     int64_t avail = sysmem_available();
     char err[512];
 
@@ -123,7 +122,6 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
             LOG_ERROR("--speculative-config: %s", serr);
             return ST_EINVAL;
         }
-        rows = e->spec.method != SPEC_OFF ? 1 + e->spec.k : 1;
     }
     block_bytes = mdl_kv_block_bytes(mc, cfg->block_size, e->rt.kv_dtype);
     if (block_bytes == 0) {
@@ -137,7 +135,7 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
          * a block costs both models' bytes. */
         mdl_runtime_config_t rc = e->rt;
 
-        rc.max_num_seqs = cfg->max_num_seqs * rows;
+        rc.max_num_seqs = spec_logits_rows(&e->spec, cfg->max_num_seqs);
         if (serve_draft_measure(&e->spec, &rc, 0, &dr, err, sizeof(err)) != ST_OK) {
             LOG_ERROR("%s", err);
             return ST_EINVAL;
@@ -166,9 +164,9 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
             rc = e->rt;
 
             rc.tp_size = rc.tp_size > 0 ? rc.tp_size : 1;
-            /* The runtime's logits buffers hold 1 + k rows per sequence
-             * when speculating (engine_create sizes them so). */
-            rc.max_num_seqs = cfg->max_num_seqs * rows;
+            /* The runtime's logits buffers hold k more rows per
+             * speculating sequence (engine_create sizes them so). */
+            rc.max_num_seqs = spec_logits_rows(&e->spec, cfg->max_num_seqs);
             st = mdl_kv_blocks_for_budget(mc, &rc, total, &kb, err, sizeof(err));
             if (st == ST_OK && e->spec.method == SPEC_DRAFT_MODEL) {
                 /* The draft's weights and activations share the device, its

@@ -20,9 +20,10 @@
  * T = 1 the one rank runs on the calling (engine) thread: kn_ranks_run
  * calls it directly, no handoff; each call sets the device first.
  *
- * Decode graphs (rc.cuda_graphs, serve --no-enforce-eager; T = 1, 16-bit
- * KV): the graph operations of dev_fwd.h are stream capture
- * (cudaStreamBeginCapture in ThreadLocal mode, cudaStreamEndCapture,
+ * Step graphs of decode and verification steps (rc.cuda_graphs, serve
+ * --no-enforce-eager; rc.spec_k; 16-bit KV): the graph operations of
+ * dev_fwd.h are stream capture (cudaStreamBeginCapture in ThreadLocal
+ * mode, cudaStreamEndCapture,
  * cudaGraphInstantiateWithFlags, cudaGraphUpload) and cudaGraphLaunch;
  * model/dev_graph.c decides what is recorded and when. cuBLAS GEMMs are
  * captured like kernels: the handle's workspace is set at init.
@@ -379,7 +380,7 @@ cu_rank_free(void *arg, int r)
         cudaStreamSynchronize(rk->stream);
     }
     if (rk->fw.ops != NULL && !rk->fw.graphs_off) {
-        LOG_INFO("device %d: %lld decode graphs recorded, %lld steps replayed, %lld run eagerly%s",
+        LOG_INFO("device %d: %lld step graphs recorded, %lld steps replayed, %lld run eagerly%s",
                  rk->dev, (long long)rk->fw.n_graph_captures, (long long)rk->fw.n_graph_steps,
                  (long long)rk->fw.n_eager_steps,
                  rk->fw.graph_failed ? " (a recording failed: replays off)" : "");
@@ -475,8 +476,8 @@ cu_rank_init(void *arg, int r)
              rk->dev, r, s->tp, rk->fw.sh.n_q, rk->fw.sh.n_kv, kv_bytes >> 20, rc->num_blocks,
              mdl_kv_dtype_name(rc->kv_dtype), in_use >> 20);
     if (!rk->fw.graphs_off) {
-        LOG_INFO("device %d: decode steps of up to %d sequences run as CUDA graphs (%d batch-size "
-                 "buckets, each recorded after its first step)",
+        LOG_INFO("device %d: decode and verification steps of up to %d tokens run as CUDA "
+                 "graphs (%d token-count buckets, each recorded after its first step)",
                  rk->dev, rk->fw.graph_rows[rk->fw.n_buckets - 1], rk->fw.n_buckets);
     } else if (rc->cuda_graphs) {
         LOG_INFO("device %d: CUDA graphs need a 16-bit KV cache and one device: every step eager",

@@ -10,8 +10,9 @@
  *     h16 = rmsnorm(x)
  *     q|k|v = h16 Wqkv_r^T (+ bias)                     one GEMM, f32 out
  *     rope(q|k); kv_write(k, v -> cache via slot_mapping)
- *     a16 = paged_attention(q, cache, block_tables)   decode kernel when every
- *           sequence has one new token, else the query-tile (prefill) kernel
+ *     a16 = paged_attention(q, cache, block_tables)   per-token kernel when every
+ *           sequence has at most 1 + spec_k new tokens (decodes, verification
+ *           rows), else the query-tile (prefill) kernel
  *     x += a16 Wo_r^T                                   T = 1: the GEMM adds (beta 1);
  *                                                       T > 1: p, all-reduce(p), x += p
  *     h16 = rmsnorm(x); g|u = h16 Wgu_r^T; g16 = silu(g) * u
@@ -23,8 +24,9 @@
  * copy, embed, per layer 6 kernels (2 norms, RoPE, KV write, attention,
  * SiLU x up) and 4 GEMMs (qkv, o, gate|up, down), gather + norm + LM head
  * GEMM, 1 logits copy, 1 sync: 10 L + 7 calls (a QKV bias adds one kernel
- * per layer; T > 1 adds 2 all-reduces and 2 adds per layer). With decode
- * graphs (model/dev_graph.c) the kernels and GEMMs are one graph launch.
+ * per layer; T > 1 adds 2 all-reduces and 2 adds per layer). With step
+ * graphs (model/dev_graph.c: decode and verification steps) the kernels
+ * and GEMMs are one graph launch.
  * Decode attention with few tokens is split-K (kn_attention_split_body:
  * kn_attn_n_splits() of T rounded up to a power of two, partials in
  * attn_part, one op that launches the split kernel and its combine).
@@ -1211,7 +1213,7 @@ mdl__dev_fwd_run(mdl_dev_rank_t *rk, const mdl_dev_step_t *p)
             DEV_TRY(o->attention_prefill(cx, &pa, p->n_tiles));
         } else {
             DEV_TRY(o->kv_write(cx, &kw, T));
-            DEV_TRY(o->attention(cx, &aa, T)); /* decodes only */
+            DEV_TRY(o->attention(cx, &aa, T)); /* decode and verification steps */
         }
         if (p->mass) { /* h2o / snapkv: the rows' probabilities into the mass (dev_mass.c) */
             DEV_TRY(mdl__dev_mass_layer(rk, p, &aa, l));
@@ -1305,7 +1307,10 @@ mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     } else {
         memcpy(h + p.o_bt, b->block_tables, sizeof(int32_t) * (size_t)S * mbw);
     }
-    if (T > S && !p.kq && !p.tq) { /* prefill chunks present: query tiles for the prefill kernel */
+    if (T > S && !p.kq && !p.tq && !mdl__dev_step_short(rk, b)) {
+        /* Prefill chunks present: query tiles for the prefill kernel. A
+         * verification step (rows of at most 1 + spec_k tokens) keeps the
+         * per-token kernel, as its graph (model/dev_graph.c) does. */
         for (int32_t s = 0; s < S; s++) {
             for (int32_t t0 = b->query_start[s]; t0 < b->query_start[s + 1]; t0 += p.q_tile) {
                 h[p.o_tiles + (size_t)p.n_tiles++] = t0;

@@ -107,7 +107,7 @@ typedef struct mdl_dev_ops {
     void (*graph_free)(void *ctx, void *graph);
 } mdl_dev_ops_t;
 
-/* Batch-size buckets of the decode graphs: 1, 2, 4, ..., 2^30 and the
+/* Token-count buckets of the step graphs: 1, 2, 4, ..., 2^30 and the
  * largest step's own size at most. */
 #define MDL_DEV_MAX_BUCKETS 33
 
@@ -192,13 +192,14 @@ typedef struct mdl_dev_rank {
     int32_t *stage_host; /* pinned batch staging */
     int32_t *stage_dev;
     size_t stage_len; /* int32 entries */
-    /* Decode graphs (model/dev_graph.c), one per batch-size bucket:
-     * graph_rows[i] sequences (1, 2, 4, ... and the largest step), the
-     * graph or NULL until its second use. graphs_off: rc.cuda_graphs is
-     * 0, the device has no graph ops, or the KV is quantized (every step
-     * eager, unpadded); graph_failed: a recording failed (decode steps
-     * still padded to their bucket, run eagerly). Counters for the tests
-     * and the log: graphs recorded, steps replayed, steps run eagerly. */
+    /* Step graphs (model/dev_graph.c) of decode and verification steps,
+     * one per token-count bucket: graph_rows[i] tokens and as many
+     * sequence slots (1, 2, 4, ... and the largest step), the graph or
+     * NULL until its second use. graphs_off: rc.cuda_graphs is 0, the
+     * device has no graph ops, or the KV is quantized (every step eager,
+     * unpadded); graph_failed: a recording failed (those steps still
+     * padded to their bucket, run eagerly). Counters for the tests and
+     * the log: graphs recorded, steps replayed, steps run eagerly. */
     int32_t n_buckets;
     int32_t graph_rows[MDL_DEV_MAX_BUCKETS];
     void *graph[MDL_DEV_MAX_BUCKETS];
@@ -274,8 +275,9 @@ int mdl_dev_rank_kv_mass(mdl_dev_rank_t *rk, const int32_t *slots, int32_t n, fl
 int mdl_dev_rank_kv_ops(mdl_dev_rank_t *rk, const kv_op_t *ops, int32_t n_ops);
 /* One step (b validated by the runtime) then sync. Rank 0 leaves
  * [b->n_logits][vocab] f32 in rk->logits_host. Every rank must run it:
- * the all-reduces pair the ranks up. A decode-only step goes through
- * mdl__dev_graph_forward() when graphs are on. */
+ * the all-reduces pair the ranks up. A decode or verification step
+ * (mdl__dev_step_short) goes through mdl__dev_graph_forward() when graphs
+ * are on; eagerly it too uses the per-token attention kernel. */
 int mdl_dev_rank_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b);
 
 /* ---- internal: shared by dev_fwd.c and dev_graph.c ------------------------- */
@@ -322,7 +324,11 @@ int mdl__dev_mass_layer(mdl_dev_rank_t *rk, const mdl_dev_step_t *p,
                         const kn_attn_cuda_args_t *aa, int32_t l);
 /* Sets up the buckets (init); no device call. */
 void mdl__dev_graph_init(mdl_dev_rank_t *rk);
-/* Whether b is a step the graphs take (decode only, a bucket fits it). */
+/* Whether every sequence of b has at most 1 + rc.spec_k new tokens (a
+ * decode or verification step: per-token attention, no query tiles). */
+int mdl__dev_step_short(const mdl_dev_rank_t *rk, const mdl_batch_t *b);
+/* Whether b is a step the graphs take (short rows, no hidden rows, at
+ * most n_tokens logits rows, a bucket fits its tokens). */
 int mdl__dev_graph_takes(const mdl_dev_rank_t *rk, const mdl_batch_t *b);
 /* The step b (mdl__dev_graph_takes() true) padded to its bucket: staged,
  * uploaded, run (the bucket's first step eagerly, then recorded; later

@@ -1,32 +1,42 @@
-/* dev_graph.c - decode steps of a rank (model/dev_fwd.c) as replayed
- * device graphs, one per batch-size bucket (CUDA graphs on the cuda
- * backend, a recorder in the emulated tests).
+/* dev_graph.c - decode and verification steps of a rank (model/dev_fwd.c)
+ * as replayed device graphs, one per token-count bucket (CUDA graphs on
+ * the cuda backend, a recorder in the emulated tests).
  *
- * DESIGN. A decode-only step (every sequence one new token, 16-bit KV, no
- * hidden rows) of n sequences runs as the step of B sequences, B the
- * smallest bucket >= n (1, 2, 4, ..., and min(max_num_seqs,
- * max_num_batched_tokens) itself). Its inputs are staged in a fixed layout
- * that depends on B and max_blocks_per_seq only, uploaded with one copy,
- * and the forward mdl__dev_fwd_run() enqueues for that shape reads them
- * from stage_dev, so the graph recorded once for B serves every later
- * step of B whatever its tokens, positions, slots, lengths and tables:
+ * DESIGN. A short-row step -- every sequence 1 .. 1 + rc.spec_k new
+ * tokens (plain decodes, and speculative verification rows: the pending
+ * token and up to k drafts), 16-bit KV, no hidden rows -- of T tokens
+ * runs as the step of B tokens, B the smallest bucket >= T (1, 2, 4,
+ * ..., and min(max_num_seqs, max_num_batched_tokens) itself; the engine
+ * sizes max_num_seqs for (1 + k) rows per sequence). Its inputs are
+ * staged in a fixed layout that depends on B and max_blocks_per_seq only,
+ * with B sequence slots, B logits rows, uploaded with one copy, and the
+ * forward mdl__dev_fwd_run() enqueues for that shape (the per-token
+ * attention kernel, which finds each token's sequence through
+ * query_start) reads them from stage_dev, so the graph recorded once for
+ * B serves every later step of B whatever its mix of decodes and
+ * verification rows, tokens, positions, slots, lengths and tables:
  *
  *   stage = tokens[B] | positions[B] | slots[B] | query_start[B + 1] |
  *           context_len[B] | logits_rows[B] | block_tables[B][max_blocks_per_seq]
  *           [| mass_rows[B]]
  *
- * Rows n .. B-1 are padding: token 0 at position 0, slot -1 (kv_write
- * skips it: a padded row writes no KV anywhere), context length 1 over
- * table [0] (the null block, which blockmgr never hands out: attention
- * reads one row of it), logits row = itself. Rows are independent
- * through every kernel and GEMM, so padding changes no real row; only
- * the first n_logits logits rows go back to the host.
+ * A step of S sequences and T tokens: sequences 0 .. S-1 as given; the
+ * padding tokens T .. B-1 are one-token sequences S .. S + B-T-1: token
+ * 0 at position 0, slot -1 (kv_write skips it: a padded token writes no
+ * KV anywhere), context length 1 over table [0] (the null block, which
+ * blockmgr never hands out: attention reads one row of it); the
+ * sequence slots left (S + B-T .. B-1) are empty (query_start B), which
+ * no token maps to. Logits rows past n_logits are the rows themselves.
+ * Tokens are independent through every kernel and GEMM but attention,
+ * which reads only its own sequence's KV, so padding changes no real
+ * row; only the first n_logits logits rows go back to the host. With
+ * T == S this is the decode layout (one token per sequence).
  *
  * A bucket's first step runs eagerly (it also loads modules and lets
  * cuBLAS choose its kernels outside a capture) and is then recorded,
  * which runs nothing; later steps of the bucket launch the graph. A
  * failed recording turns replays off for the rank (logged once); its
- * decode steps keep the padded shape, so tensor-parallel ranks still
+ * short-row steps keep the padded shape, so tensor-parallel ranks still
  * pair their all-reduces. Pointers in a graph are the rank's fixed
  * buffers and weights and the KV pool: copies, swaps and shifts change
  * block contents, never addresses, so graphs live as long as the rank.
@@ -36,8 +46,8 @@
  * bucket's second graph, recorded with the mass kernels (graph_mass), so
  * steps without such rows launch none of them.
  *
- * Per decode step with a graph: one host staging copy, one upload, one
- * graph launch, one logits copy of n_logits rows, one sync.
+ * Per step with a graph: one host staging copy, one upload, one graph
+ * launch, one logits copy of n_logits rows, one sync.
  */
 #define LOG_MODULE "devgraph"
 
@@ -68,18 +78,37 @@ mdl__dev_graph_init(mdl_dev_rank_t *rk)
 }
 
 int
-mdl__dev_graph_takes(const mdl_dev_rank_t *rk, const mdl_batch_t *b)
+mdl__dev_step_short(const mdl_dev_rank_t *rk, const mdl_batch_t *b)
 {
-    return !rk->graphs_off && b->n_tokens == b->n_seqs && b->n_logits <= b->n_seqs &&
-           b->n_hidden == 0 && b->n_seqs <= rk->graph_rows[rk->n_buckets - 1];
+    const int32_t q_max = 1 + (rk->rc.spec_k > 0 ? rk->rc.spec_k : 0);
+
+    if (b->n_tokens == b->n_seqs) {
+        return 1;
+    }
+    if (b->n_tokens > b->n_seqs * q_max) {
+        return 0;
+    }
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        if (b->query_start[s + 1] - b->query_start[s] > q_max) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
-/* Stages b padded to B rows in the bucket layout (see the file comment);
- * returns the int32 entries written. */
+int
+mdl__dev_graph_takes(const mdl_dev_rank_t *rk, const mdl_batch_t *b)
+{
+    return !rk->graphs_off && b->n_logits <= b->n_tokens && b->n_hidden == 0 &&
+           b->n_tokens <= rk->graph_rows[rk->n_buckets - 1] && mdl__dev_step_short(rk, b);
+}
+
+/* Stages b padded to B tokens in the bucket layout (see the file
+ * comment); returns the int32 entries written. */
 static size_t
 dev_graph_stage(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t B, mdl_dev_step_t *p)
 {
-    const int32_t n = b->n_seqs, mb = rk->rc.max_blocks_per_seq;
+    const int32_t n = b->n_seqs, T = b->n_tokens, mb = rk->rc.max_blocks_per_seq;
     int32_t *h = rk->stage_host;
 
     memset(p, 0, sizeof(*p));
@@ -93,9 +122,10 @@ dev_graph_stage(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t B, mdl_dev_ste
     p->o_bt = 6 * (size_t)B + 1;
     p->o_tiles = p->o_rs = p->o_own = p->o_jobs = p->o_bt + (size_t)B * mb;
 
-    memcpy(h, b->tokens, sizeof(int32_t) * n);
-    memcpy(h + p->o_pos, b->positions, sizeof(int32_t) * n);
-    memcpy(h + p->o_slot, b->slot_mapping, sizeof(int32_t) * n);
+    memcpy(h, b->tokens, sizeof(int32_t) * T);
+    memcpy(h + p->o_pos, b->positions, sizeof(int32_t) * T);
+    memcpy(h + p->o_slot, b->slot_mapping, sizeof(int32_t) * T);
+    memcpy(h + p->o_qs, b->query_start, sizeof(int32_t) * (n + 1));
     memcpy(h + p->o_ctx, b->context_len, sizeof(int32_t) * n);
     if (b->n_logits > 0) {
         memcpy(h + p->o_rows, b->logits_rows, sizeof(int32_t) * b->n_logits);
@@ -104,18 +134,23 @@ dev_graph_stage(mdl_dev_rank_t *rk, const mdl_batch_t *b, int32_t B, mdl_dev_ste
         memcpy(h + p->o_bt + (size_t)s * mb, mdl_batch_table(b, s),
                sizeof(int32_t) * b->max_blocks);
     }
-    for (int32_t s = n; s < B; s++) { /* padding */
-        h[s] = 0;
-        h[p->o_pos + s] = 0;
-        h[p->o_slot + s] = -1;
+    for (int32_t t = T; t < B; t++) { /* padding tokens: one-token sequences */
+        int32_t s = n + (t - T);
+
+        h[t] = 0;
+        h[p->o_pos + t] = 0;
+        h[p->o_slot + t] = -1;
+        h[p->o_qs + s + 1] = t + 1;
         h[p->o_ctx + s] = 1;
         h[p->o_bt + (size_t)s * mb] = 0;
     }
-    for (int32_t s = b->n_logits; s < B; s++) {
-        h[p->o_rows + s] = s;
+    for (int32_t s = n + (B - T); s < B; s++) { /* empty sequence slots */
+        h[p->o_qs + s + 1] = B;
+        h[p->o_ctx + s] = 1;
+        h[p->o_bt + (size_t)s * mb] = 0;
     }
-    for (int32_t s = 0; s <= B; s++) {
-        h[p->o_qs + s] = s;
+    for (int32_t r = b->n_logits; r < B; r++) {
+        h[p->o_rows + r] = r;
     }
     p->o_mass = p->o_tiles;
     p->mass = rk->mass != NULL && b->mass_rows != NULL;
@@ -148,15 +183,15 @@ dev_graph_capture(mdl_dev_rank_t *rk, int32_t bi, const mdl_dev_step_t *p, void 
         if (o->graph_free != NULL) {
             o->graph_free(rk->ctx, g);
         }
-        LOG_WARN("rank %d: recording the decode graph of %d sequences failed (%s); decode "
-                 "steps run eagerly",
+        LOG_WARN("rank %d: recording the step graph of %d tokens failed (%s); decode and "
+                 "verification steps run eagerly",
                  rk->rank, rk->graph_rows[bi], st_str(st));
         rk->graph_failed = 1;
         return;
     }
     *slot = g;
     rk->n_graph_captures++;
-    LOG_DEBUG("rank %d: decode graph of %d sequences recorded", rk->rank, rk->graph_rows[bi]);
+    LOG_DEBUG("rank %d: step graph of %d tokens recorded", rk->rank, rk->graph_rows[bi]);
 }
 
 int
@@ -169,7 +204,7 @@ mdl__dev_graph_forward(mdl_dev_rank_t *rk, const mdl_batch_t *b)
     size_t n_int;
     int st;
 
-    while (rk->graph_rows[bi] < b->n_seqs) {
+    while (rk->graph_rows[bi] < b->n_tokens) {
         bi++;
     }
     B = rk->graph_rows[bi];

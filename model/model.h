@@ -211,10 +211,17 @@ typedef struct mdl_runtime_config {
      * KV_OP_COPY_SLOT. cpu backend with an f32 KV cache, cuda with f16 /
      * bf16 (mdl_kv_mass_fits). */
     int kv_mass;
-    /* cuda: nonzero runs decode-only steps (one new token per sequence,
-     * 16-bit KV, tp_size 1) as CUDA graphs captured per batch-size bucket
-     * (model/dev_graph.h); 0 runs every step eagerly (--enforce-eager). */
+    /* cuda: nonzero runs decode and verification steps (see spec_k; 16-bit
+     * KV) as CUDA graphs captured per token-count bucket (model/dev_graph.c);
+     * 0 runs every step eagerly (--enforce-eager). */
     int cuda_graphs;
+    /* Speculative decoding's k (scheduler/spec.h), 0 without it. A step
+     * whose sequences each have 1 .. 1 + spec_k new tokens (verification
+     * rows beside plain decodes; with spec_k 0, a decode step) runs on
+     * cuda with the per-token attention kernel, and as a graph when
+     * cuda_graphs is set; longer rows (prefill chunks) run eagerly with
+     * the query-tile kernel. */
+    int32_t spec_k;
 } mdl_runtime_config_t;
 
 typedef struct mdl_runtime mdl_runtime_t;

@@ -670,6 +670,12 @@ eng__pool(engine_t *e)
     return e->pool;
 }
 
+struct spec_draft *
+eng__draft(engine_t *e)
+{
+    return e->draft;
+}
+
 /* ---- lifecycle ------------------------------------------------------- */
 
 /* The scheduler's view of the runtime's attention mass (H2O / SnapKV):
@@ -715,8 +721,10 @@ engine_create(const eng_config_t *cfg, const mdl_model_t *model, chan_t *outbox,
     c->rt.max_num_seqs = c->max_num_seqs;
     if (c->spec.method != SPEC_OFF) {
         /* The runtime sizes its logits rows by max_num_seqs: a
-         * speculating sequence has 1 + k of them. */
-        c->rt.max_num_seqs = c->max_num_seqs * (1 + c->spec.k);
+         * speculating sequence has 1 + k of them, and at most max_batch
+         * sequences speculate in a step. */
+        c->rt.max_num_seqs = spec_logits_rows(&c->spec, c->max_num_seqs);
+        c->rt.spec_k = c->spec.k; /* verification steps: graphs on cuda */
     }
     c->rt.max_num_batched_tokens = c->max_num_batched_tokens;
     c->rt.max_blocks_per_seq = (c->max_model_len + c->rt.block_size - 1) / c->rt.block_size;

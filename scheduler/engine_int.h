@@ -20,9 +20,11 @@
  * a forward pass, 0 when it did not, ST_ESHUTDOWN after SHUTDOWN. */
 int eng__iterate(engine_t *e, int wait_ms);
 
-/* Borrowed views of the engine's scheduler and pool. */
+/* Borrowed views of the engine's scheduler and pool, and its draft
+ * model (scheduler/spec_draft.h; NULL without one). */
 sched_t *eng__sched(engine_t *e);
 bm_pool_t *eng__pool(engine_t *e);
+struct spec_draft *eng__draft(engine_t *e);
 /* Fills st as a STATS message would. */
 void eng__stats(engine_t *e, eng_stats_t *st);
 

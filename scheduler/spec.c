@@ -160,6 +160,20 @@ spec_ngram_propose(const int32_t *toks, int32_t n, int32_t lookup_min, int32_t l
 }
 
 int32_t
+spec_logits_rows(const spec_config_t *c, int32_t max_num_seqs)
+{
+    int32_t n_spec = max_num_seqs;
+
+    if (c->method == SPEC_OFF || c->k <= 0) {
+        return max_num_seqs;
+    }
+    if (c->max_batch > 0 && c->max_batch < n_spec) {
+        n_spec = c->max_batch;
+    }
+    return max_num_seqs + n_spec * c->k;
+}
+
+int32_t
 spec_seq_want(const spec_config_t *c, spec_seq_t *q, int32_t n_decodes)
 {
     if (c->method == SPEC_OFF || c->k <= 0) {

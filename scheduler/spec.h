@@ -84,6 +84,12 @@ int spec_config_parse(const char *json, spec_config_t *out, char *err, size_t er
 int32_t spec_ngram_propose(const int32_t *toks, int32_t n, int32_t lookup_min,
                            int32_t lookup_max, int32_t k, int32_t *out);
 
+/* Logits rows a step may ask for at most with max_num_seqs sequences:
+ * one per sequence, plus k per speculating one, and at most max_batch
+ * (all of them when 0) speculate in a step (spec_seq_want). What the
+ * engine sizes the runtime's max_num_seqs to (max_num_seqs when off). */
+int32_t spec_logits_rows(const spec_config_t *c, int32_t max_num_seqs);
+
 /* Per-sequence adaptive state (zeroed at submit). */
 typedef struct spec_seq {
     float accept_ewma; /* accepted / proposed, exponentially weighted */

@@ -15,15 +15,6 @@
 #include "common/status.h"
 #include "common/xmalloc.h"
 
-/* One catch-up: token at position pos of a sequence (the choice id /
- * choice of sched seq) whose slot then was slot. */
-typedef struct spec_catchup {
-    const sched_seq_t *seq;
-    uint64_t id;
-    int32_t choice;
-    int32_t pos, token, slot;
-} spec_catchup_t;
-
 struct spec_draft {
     mdl_model_t *model;
     mdl_runtime_t *rt;
@@ -38,7 +29,6 @@ struct spec_draft {
     int32_t *ctx;                        /* [max_seqs] */
     int32_t *tables;                     /* [cap][max_blocks] */
     int32_t *lrows;                      /* [max_seqs] */
-    int32_t *row_draft;                  /* [max_seqs] drafts of each plan row */
     /* this step's speculating samples, e = 0 .. n_spec - 1 */
     int32_t n_spec;
     int32_t *e_of;   /* [max_seqs] sample -> e, or -1 */
@@ -52,13 +42,17 @@ struct spec_draft {
     float *p;        /* [vocab] */
     int32_t max_seqs;
     int32_t bs; /* block size */
-    /* Catch-ups (spec_draft.h, step 3): the last draft of each row that
-     * accepted all k, recorded by spec_draft_finish, written by the next
-     * step's mirror (row_catch) or before its KV ops. */
-    int32_t n_def;
-    spec_catchup_t *def; /* [cap] */
-    int32_t *def_tables; /* [cap][max_blocks] each one's block table then */
-    int32_t *row_catch;  /* [max_seqs] plan batch row -> its catch-up in def, or -1 */
+    /* What the draft's KV holds (spec_draft.h, DESIGN): per block, the
+     * leading slots [0, valid) hold the draft's KV of the tokens the
+     * target's KV holds there. Device tier and swap tier. */
+    int32_t n_blocks, n_swap;
+    int32_t *valid;      /* [n_blocks] */
+    int32_t *valid_swap; /* [n_swap] */
+    /* per speculating sample e: the next position its catch-up writes,
+     * the pending token's position */
+    int32_t *from, *pend; /* [cap] */
+    int64_t n_catchup;    /* tokens written by catch-ups (log, tests) */
+    int64_t n_forwards;   /* the draft's forwards (log, tests) */
 };
 
 void
@@ -67,6 +61,8 @@ spec_draft_destroy(spec_draft_t *d)
     if (d == NULL) {
         return;
     }
+    LOG_DEBUG("draft model: %lld forwards, %lld tokens written by catch-ups",
+              (long long)d->n_forwards, (long long)d->n_catchup);
     mdl_runtime_destroy(d->rt);
     mdl_model_destroy(d->model);
     free(d->tokens);
@@ -76,7 +72,6 @@ spec_draft_destroy(spec_draft_t *d)
     free(d->ctx);
     free(d->tables);
     free(d->lrows);
-    free(d->row_draft);
     free(d->e_of);
     free(d->sample);
     free(d->prow);
@@ -86,9 +81,10 @@ spec_draft_destroy(spec_draft_t *d)
     free(d->q);
     free(d->row);
     free(d->p);
-    free(d->def);
-    free(d->def_tables);
-    free(d->row_catch);
+    free(d->valid);
+    free(d->valid_swap);
+    free(d->from);
+    free(d->pend);
     free(d);
 }
 
@@ -143,7 +139,6 @@ spec_draft_create(const mdl_model_t *target, const spec_config_t *sc,
     d->ctx = xmalloc((size_t)d->max_seqs * sizeof(int32_t));
     d->tables = xmalloc((size_t)d->cap * (size_t)d->max_blocks * sizeof(int32_t));
     d->lrows = xmalloc((size_t)d->max_seqs * sizeof(int32_t));
-    d->row_draft = xmalloc((size_t)d->max_seqs * sizeof(int32_t));
     d->e_of = xmalloc((size_t)d->max_seqs * sizeof(int32_t));
     d->sample = xmalloc((size_t)d->cap * sizeof(int32_t));
     d->prow = xmalloc((size_t)d->cap * sizeof(int32_t));
@@ -154,9 +149,12 @@ spec_draft_create(const mdl_model_t *target, const spec_config_t *sc,
     d->row = xmalloc((size_t)d->vocab * sizeof(float));
     d->p = xmalloc((size_t)d->vocab * sizeof(float));
     d->bs = drc.block_size;
-    d->def = xcalloc((size_t)d->cap, sizeof(*d->def));
-    d->def_tables = xcalloc((size_t)d->cap * (size_t)d->max_blocks, sizeof(int32_t));
-    d->row_catch = xmalloc((size_t)d->max_seqs * sizeof(int32_t));
+    d->n_blocks = drc.num_blocks;
+    d->n_swap = drc.swap_blocks;
+    d->valid = xcalloc((size_t)d->n_blocks, sizeof(int32_t));
+    d->valid_swap = xcalloc((size_t)(d->n_swap > 0 ? d->n_swap : 1), sizeof(int32_t));
+    d->from = xmalloc((size_t)d->cap * sizeof(int32_t));
+    d->pend = xmalloc((size_t)d->cap * sizeof(int32_t));
     LOG_INFO("speculative decoding: draft model %s (%d layers, dim %d), k %d", sc->model,
              mdl_model_config(d->model)->n_layers, mdl_model_config(d->model)->dim, d->k);
     *out = d;
@@ -252,80 +250,78 @@ forward_singles(spec_draft_t *d, int32_t max_blocks, int32_t n, int32_t n_logits
     b.max_blocks = max_blocks;
     b.logits_rows = d->lrows;
     b.n_logits = n_logits;
+    d->n_forwards++;
     return mdl_forward(d->rt, &b, logits);
 }
 
-/* The plan batch row in which catch-up f's sequence decodes right after
- * it (its first token, the pending one, at f->pos + 1), or -1. */
-static int32_t
-catchup_row(sched_t *s, const sched_plan_t *plan, const spec_catchup_t *f)
+/* A write the target made (or makes this step) at slot `slot`: the
+ * draft's KV there now holds the same token (mirrored) or not. Slots
+ * after it in its block may hold anything (a sequence reads positions
+ * below its context only, and every later one is written again first). */
+static void
+valid_write(spec_draft_t *d, int32_t slot, int mirrored)
 {
-    const mdl_batch_t *pb = &plan->batch;
+    int32_t blk = slot / d->bs, off = slot % d->bs;
 
-    for (int32_t i = 0; i < plan->n_samples; i++) {
-        const sched_sample_t *sm = &plan->samples[i];
-        sched_sample_view_t v;
-        int32_t first, r;
-
-        if (sm->seq != f->seq) {
-            continue;
-        }
-        sched_sample_view(s, plan, i, &v);
-        first = pb->logits_rows[sm->row];
-        r = row_of(pb, first);
-        if (v.id != f->id || v.choice != f->choice || pb->query_start[r] != first ||
-            pb->positions[first] != f->pos + 1) {
-            return -1;
-        }
-        return r;
+    if (slot < 0 || blk >= d->n_blocks) {
+        return;
     }
-    return -1;
+    if (d->valid[blk] > off) {
+        d->valid[blk] = off;
+    }
+    if (mirrored && d->valid[blk] == off) {
+        d->valid[blk] = off + 1;
+    }
 }
 
 int
 spec_draft_kv_ops(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, const kv_op_t *ops,
                   int32_t n_ops)
 {
-    const mdl_batch_t *pb = &plan->batch;
-    const float *logits = NULL;
-    int32_t n = 0, room = d->max_tokens - pb->n_tokens;
+    (void)s;
+    (void)plan;
+    /* The draft's bookkeeping follows the blocks' bytes. */
+    for (int32_t i = 0; i < n_ops; i++) {
+        const kv_op_t *o = &ops[i];
 
-    for (int32_t r = 0; r < pb->n_seqs; r++) {
-        d->row_catch[r] = -1;
-    }
-    for (int32_t i = 0; i < plan->n_samples; i++) {
-        room += plan->samples[i].n_draft; /* the mirror leaves the drafts out */
-    }
-    for (int32_t e = 0; e < d->n_def; e++) {
-        const spec_catchup_t *f = &d->def[e];
-        int32_t r = room > 0 ? catchup_row(s, plan, f) : -1;
-
-        if (r >= 0) {
-            d->row_catch[r] = e; /* the mirror writes it, in front of the row */
-            room--;
-            continue;
-        }
-        /* The sequence does not decode on this step (finished, cancelled,
-         * preempted, swapped out): its slot now, before the ops copy,
-         * swap or drop the block. */
-        d->tokens[n] = f->token;
-        d->positions[n] = f->pos;
-        d->slots[n] = f->slot;
-        d->ctx[n] = f->pos + 1;
-        memcpy(d->tables + (size_t)n * (size_t)d->max_blocks,
-               d->def_tables + (size_t)e * (size_t)d->max_blocks,
-               (size_t)d->max_blocks * sizeof(int32_t));
-        n++;
-    }
-    d->n_def = 0;
-    if (n > 0) {
-        int rc = forward_singles(d, d->max_blocks, n, 0, &logits);
-
-        if (rc != ST_OK) {
-            return rc;
+        switch (o->kind) {
+        case KV_OP_COPY:
+            d->valid[o->dst] = d->valid[o->src];
+            break;
+        case KV_OP_SWAP_OUT:
+            d->valid_swap[o->dst] = d->valid[o->src];
+            break;
+        case KV_OP_SWAP_IN:
+            d->valid[o->dst] = d->valid_swap[o->src];
+            break;
+        case KV_OP_DROP:
+        case KV_OP_SHIFT:
+            d->valid[o->src] = 0;
+            break;
+        case KV_OP_DROP_SWAP:
+            d->valid_swap[o->src] = 0;
+            break;
+        case KV_OP_COPY_SLOT:
+            valid_write(d, o->dst, 0);
+            break;
         }
     }
     return n_ops > 0 ? mdl_runtime_kv_ops(d->rt, ops, n_ops) : ST_OK;
+}
+
+/* The first position below pend whose draft KV is not the target's,
+ * walking the table (pend when there is none). */
+static int32_t
+catchup_from(const spec_draft_t *d, const int32_t *table, int32_t pend)
+{
+    for (int32_t p = 0; p < pend; p += d->bs) {
+        int32_t v = d->valid[table[p / d->bs]];
+
+        if (v < d->bs) {
+            return p + v < pend ? p + v : pend;
+        }
+    }
+    return pend;
 }
 
 int
@@ -333,12 +329,10 @@ spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ct
 {
     const mdl_batch_t *pb = &plan->batch;
     const float *logits = NULL;
-    mdl_batch_t b;
-    int32_t nt = 0, kmax = 0;
+    int32_t kmax = 0, n_left;
     int rc;
 
     d->n_spec = 0;
-    memset(d->row_draft, 0, (size_t)pb->n_seqs * sizeof(int32_t));
     for (int32_t i = 0; i < plan->n_samples; i++) {
         const sched_sample_t *sm = &plan->samples[i];
 
@@ -355,57 +349,83 @@ spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ct
         /* A speculating row is its pending token, then its drafts. */
         CHECK(pb->query_start[d->prow[e]] == d->first[e] &&
               pb->query_start[d->prow[e] + 1] == d->first[e] + 1 + sm->n_draft);
-        d->row_draft[d->prow[e]] = sm->n_draft;
+        d->pend[e] = pb->positions[d->first[e]];
+        d->from[e] = catchup_from(d, mdl_batch_table(pb, d->prow[e]), d->pend[e]);
         kmax = sm->n_draft > kmax ? sm->n_draft : kmax;
     }
 
-    /* 1. The mirror: every row without its drafts, after its catch-up. */
-    for (int32_t r = 0; r < pb->n_seqs; r++) {
-        int32_t qs = pb->query_start[r], n = pb->query_start[r + 1] - qs - d->row_draft[r];
+    /* 1. The mirror, only of the speculating rows: each row's catch-up
+     * (the positions from the first one whose draft KV is not the
+     * target's, tokens from its history) and its pending token; chunks of
+     * at most max_tokens, the rows that end in a chunk sampled after it. */
+    n_left = d->n_spec;
+    while (n_left > 0) {
+        int32_t nt = 0, nr = 0, nl = 0;
+        mdl_batch_t b;
 
-        d->qstart[r] = nt;
-        if (d->row_catch[r] >= 0) {
-            const spec_catchup_t *f = &d->def[d->row_catch[r]];
-            int32_t blk = mdl_batch_table(pb, r)[f->pos / d->bs];
+        for (int32_t e = 0; e < d->n_spec && nt < d->max_tokens; e++) {
+            const int32_t *table = mdl_batch_table(pb, d->prow[e]);
+            sched_sample_view_t v;
+            int32_t take;
 
-            d->tokens[nt] = f->token;
-            d->positions[nt] = f->pos;
-            d->slots[nt] = blk * d->bs + f->pos % d->bs; /* its block now (a copy moves it) */
-            nt++;
+            if (d->from[e] > d->pend[e]) {
+                continue; /* done */
+            }
+            sched_sample_view(s, plan, d->sample[e], &v);
+            CHECK(v.n_hist == d->pend[e] + 1); /* history index = position */
+            take = d->pend[e] + 1 - d->from[e];
+            take = take < d->max_tokens - nt ? take : d->max_tokens - nt;
+            d->qstart[nr] = nt;
+            for (int32_t p = d->from[e]; p < d->from[e] + take; p++) {
+                d->tokens[nt] = v.history[p];
+                d->positions[nt] = p;
+                d->slots[nt] = table[p / d->bs] * d->bs + p % d->bs;
+                nt++;
+            }
+            d->from[e] += take;
+            d->ctx[nr] = d->from[e];
+            copy_table(d, pb, d->prow[e], nr);
+            if (d->from[e] > d->pend[e]) {
+                d->which[nl] = e;
+                d->lrows[nl++] = nt - 1; /* the pending token */
+                n_left--;
+            }
+            nr++;
         }
-        memcpy(d->tokens + nt, pb->tokens + qs, (size_t)n * sizeof(int32_t));
-        memcpy(d->positions + nt, pb->positions + qs, (size_t)n * sizeof(int32_t));
-        memcpy(d->slots + nt, pb->slot_mapping + qs, (size_t)n * sizeof(int32_t));
-        d->ctx[r] = pb->context_len[r] - d->row_draft[r];
-        nt += n;
-    }
-    d->qstart[pb->n_seqs] = nt;
-    for (int32_t e = 0; e < d->n_spec; e++) {
-        d->lrows[e] = d->qstart[d->prow[e] + 1] - 1; /* the pending token, the row's last */
-    }
-    memset(&b, 0, sizeof(b));
-    b.n_tokens = nt;
-    b.tokens = d->tokens;
-    b.positions = d->positions;
-    b.slot_mapping = d->slots;
-    b.n_seqs = pb->n_seqs;
-    b.query_start = d->qstart;
-    b.context_len = d->ctx;
-    b.block_tables = pb->block_tables;
-    b.max_blocks = pb->max_blocks;
-    b.table_rows = pb->table_rows; /* persistent rows, as the target's batch */
-    b.table_dirty = pb->table_dirty;
-    b.n_table_dirty = pb->n_table_dirty;
-    b.logits_rows = d->lrows;
-    b.n_logits = d->n_spec;
-    rc = mdl_forward(d->rt, &b, &logits);
-    if (rc != ST_OK) {
-        return rc;
-    }
-    for (int32_t e = 0; e < d->n_spec; e++) {
-        rc = draft_sample(d, s, plan, smp, e, 0, logits + (size_t)e * (size_t)d->vocab);
+        d->qstart[nr] = nt;
+        memset(&b, 0, sizeof(b));
+        b.n_tokens = nt;
+        b.tokens = d->tokens;
+        b.positions = d->positions;
+        b.slot_mapping = d->slots;
+        b.n_seqs = nr;
+        b.query_start = d->qstart;
+        b.context_len = d->ctx;
+        b.block_tables = d->tables;
+        b.max_blocks = pb->max_blocks;
+        b.logits_rows = d->lrows;
+        b.n_logits = nl;
+        d->n_forwards++;
+        rc = mdl_forward(d->rt, &b, &logits);
         if (rc != ST_OK) {
             return rc;
+        }
+        /* Catch-up rows: the draft's KV now holds the target's tokens;
+         * the pending tokens count with the target's writes. */
+        for (int32_t t = 0; t < nt; t++) {
+            int32_t blk = d->slots[t] / d->bs, off = d->slots[t] % d->bs;
+
+            if (d->valid[blk] == off) {
+                d->valid[blk] = off + 1;
+            }
+        }
+        d->n_catchup += nt - nl;
+        for (int32_t r = 0; r < nl; r++) {
+            rc = draft_sample(d, s, plan, smp, d->which[r], 0,
+                              logits + (size_t)r * (size_t)d->vocab);
+            if (rc != ST_OK) {
+                return rc;
+            }
         }
     }
 
@@ -504,36 +524,29 @@ spec_draft_finish(spec_draft_t *d, sched_t *s, const sched_plan_t *plan,
 {
     const mdl_batch_t *pb = &plan->batch;
 
-    d->n_def = 0;
+    (void)s;
+    (void)results;
+    /* Every slot the target wrote: a speculating row's pending token and
+     * drafts 1 .. n - 1 were written by the draft too, its last draft and
+     * every other row's tokens were not. Rejected drafts' slots lie past
+     * their sequence's context: nothing reads them before the target
+     * writes them again. */
+    for (int32_t t = 0; t < pb->n_tokens; t++) {
+        valid_write(d, pb->slot_mapping[t], 0);
+    }
     for (int32_t e = 0; e < d->n_spec; e++) {
         const sched_sample_t *sm = &plan->samples[d->sample[e]];
-        const smp_result_t *res = results + sm->res;
-        const int32_t *dr = d->drafts + (size_t)e * (size_t)d->k;
-        spec_catchup_t *f = &d->def[d->n_def];
-        sched_sample_view_t v;
-        int32_t acc = 0;
 
-        while (acc < sm->n_draft && res[acc].token == dr[acc]) {
-            acc++;
+        for (int32_t j = 0; j < sm->n_draft; j++) {
+            valid_write(d, pb->slot_mapping[d->first[e] + j], 1);
         }
-        if (acc < sm->n_draft) {
-            continue;
-        }
-        /* All accepted: the last draft's KV, which no forward wrote; the
-         * next step writes it (spec_draft_kv_ops, spec_draft_propose). */
-        sched_sample_view(s, plan, d->sample[e], &v);
-        f->seq = sm->seq;
-        f->id = v.id;
-        f->choice = v.choice;
-        f->pos = pb->positions[d->first[e]] + sm->n_draft;
-        f->token = dr[sm->n_draft - 1];
-        f->slot = pb->slot_mapping[d->first[e] + sm->n_draft];
-        memset(d->def_tables + (size_t)d->n_def * (size_t)d->max_blocks, 0,
-               (size_t)d->max_blocks * sizeof(int32_t));
-        memcpy(d->def_tables + (size_t)d->n_def * (size_t)d->max_blocks,
-               mdl_batch_table(pb, d->prow[e]),
-               (size_t)pb->max_blocks * sizeof(int32_t));
-        d->n_def++;
     }
     return ST_OK;
+}
+
+void
+spec_draft_counts(const spec_draft_t *d, int64_t *forwards, int64_t *catchup_tokens)
+{
+    *forwards = d->n_forwards;
+    *catchup_tokens = d->n_catchup;
 }

@@ -9,38 +9,43 @@
  *   target's block ids index it too: blockmgr stays the only owner of
  *   block ids, and every copy, swap, drop and shift the engine runs
  *   (spec_draft_kv_ops) runs on both buffers; paging, copy-on-write,
- *   prefix caching and swap apply to the draft's KV unchanged. Invariant:
- *   wherever a forward reads or a KV op copies, swaps or drops the
- *   target's KV, the draft's KV holds the same tokens. It holds because
- *   the draft writes every slot the target writes:
+ *   prefix caching and swap apply to the draft's KV unchanged.
  *
- *     1. mirror forward: the step's batch with each speculating row's k
- *        draft slots left out (prefill chunks and plain decodes as they
- *        are), logits at each speculating row's pending token -> q_1;
+ *   The draft runs only in steps where a row speculates, and only over
+ *   the speculating rows, so decode steps of a batch past max_batch (and
+ *   prefill-only steps) cost no draft forward. So its KV lags the
+ *   target's, and a per-block count says how far it is right: valid[b]
+ *   leading slots of block b hold the draft's KV of the tokens the
+ *   target's KV holds there. Every slot the target writes lowers its
+ *   block's count to the slot's offset unless the draft wrote the same
+ *   token there (then it extends it); copy / swap carry the count with
+ *   the bytes, drop and shift clear it. Per step with k drafts:
+ *
+ *     1. mirror: per speculating row, its catch-up -- the positions from
+ *        the first one (walking its block table) whose draft KV is not
+ *        the target's up to its pending token, the tokens from its
+ *        history -- and the pending token, in chunks of at most
+ *        max_num_batched_tokens; logits at the pending token -> q_1. A
+ *        row that decoded without speculating, was prefilled, swapped
+ *        or took blocks from the prefix cache catches up here;
  *     2. forwards 2 .. k: one token per speculating row (draft j - 1 at
  *        its reserved slot) -> q_j;
- *     3. draft k of a row that accepted all k drafts (the only accepted
- *        token the mirror and forwards 2 .. k did not write) is written
- *        by the next step: as the first token of the sequence's row in
- *        that step's mirror when it decodes there (its pending token is
- *        the next position), so that no forward of its own runs; else
- *        (finished, cancelled, preempted, swapped out, or no token room)
- *        by a one-token forward at its old slot before the step's KV ops
- *        copy, swap or drop the block. The slot is never a block's last
- *        (spec.h), so the block is not sealed, hashed or quantized before
- *        the draft's row is in it; the block is the sequence's own (a
- *        shared block is copied before any write), so no op of a step in
- *        which the sequence decodes moves it; and when the sequence is
- *        gone the write lands in a block no one reads before rewriting it.
+ *     3. after the step (spec_draft_finish), the counts of every slot the
+ *        target wrote: the pending token and drafts 1 .. k - 1 of a
+ *        speculating row are the draft's too, its last draft and every
+ *        other row's tokens are not (a row that accepts all k catches its
+ *        last draft up the next time it speculates).
  *
- *   Forwards of the draft per step with k drafts: k (the mirror and
- *   k - 1 one-token forwards); before the catch-up joined the mirror, a
- *   step in which a row accepted all k ran k + 1.
+ *   A catch-up may write into blocks shared with other sequences (the
+ *   prefix cache, n > 1 forks): it writes the same tokens at the same
+ *   positions they hold, so readers see KV of their own tokens. The
+ *   draft's KV only shapes the proposals: verification is exact whatever
+ *   the drafts (below), so a lagging or rounded draft KV costs acceptance,
+ *   never correctness.
  *
  *   Rejected drafts' slots are given back with the target's
- *   (bm_seq_truncate in sched.c); no draft ever takes a block's last slot
- *   (spec.h), so a sealed block never holds a draft's KV of a rejected
- *   token either.
+ *   (bm_seq_truncate in sched.c); they lie past the sequence's context,
+ *   and the target writes them again before anything reads them.
  *
  *   Sampling. The draft's row j is turned into q_(j+1) by smp_probs with
  *   the request's own parameters (bias, penalties over the history with
@@ -85,19 +90,17 @@ int spec_draft_create(const mdl_model_t *target, const spec_config_t *sc,
                       spec_draft_t **out, char *err, size_t errlen);
 void spec_draft_destroy(spec_draft_t *d);
 
-/* After sched_step, every step (also one without tokens): picks the
- * catch-ups (DESIGN step 3) that this plan's mirror writes, writes the
- * others, then runs the step's block copy / swap / drop / shift ops on the
- * draft's KV (call with the same ops as the target's
- * mdl_runtime_kv_ops). */
+/* After sched_step, every step (also one without tokens): runs the
+ * step's block copy / swap / drop / shift ops on the draft's KV and its
+ * per-block counts (call with the same ops as the target's
+ * mdl_runtime_kv_ops). s and plan are unused. */
 int spec_draft_kv_ops(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, const kv_op_t *ops,
                       int32_t n_ops);
 
-/* Steps 1 and 2 of DESIGN for the plan: writes the draft's KV of every
- * token the target writes this step except the last draft of each
- * speculating row, and the catch-ups spec_draft_kv_ops picked; samples
- * the drafts (sched_set_draft) and keeps their distributions for
- * spec_draft_verify. Before the target's forward. */
+/* Steps 1 and 2 of DESIGN for the plan: for each speculating row, its
+ * catch-up, pending token and drafts but the last; samples the drafts
+ * (sched_set_draft) and keeps their distributions for spec_draft_verify.
+ * Runs no forward when no row speculates. Before the target's forward. */
 int spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, smp_ctx_t *smp);
 
 /* Verifies speculating sample i of the plan (n_draft > 0) against the
@@ -108,10 +111,14 @@ int spec_draft_propose(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, sm
 int spec_draft_verify(spec_draft_t *d, sched_t *s, const sched_plan_t *plan, int32_t i,
                       const float *logits, smp_ctx_t *smp, float *scratch, smp_result_t *out);
 
-/* Step 3 of DESIGN: after every sample's results are written (results as
- * given to sched_commit), before sched_commit: records the catch-ups of
- * the rows that accepted all their drafts (no forward here). */
+/* Step 3 of DESIGN: after the target's forward, before sched_commit:
+ * the per-block counts of the slots the target wrote this step (no
+ * forward here; s and results are unused). */
 int spec_draft_finish(spec_draft_t *d, sched_t *s, const sched_plan_t *plan,
                       const smp_result_t *results);
+
+/* Counters for the log and the tests: the draft's forwards so far, and
+ * the tokens its catch-ups wrote (DESIGN). */
+void spec_draft_counts(const spec_draft_t *d, int64_t *forwards, int64_t *catchup_tokens);
 
 #endif /* SCHEDULER_SPEC_DRAFT_H */

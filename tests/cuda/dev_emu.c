@@ -619,10 +619,13 @@ eb_kv_ops(void *state, const kv_op_t *ops, int32_t n_ops)
     return kn_ranks_run(e->threads, emu_rank_kv, e);
 }
 
+int64_t emu_backend_verify_replays;
+
 static int
 eb_forward(void *state, const mdl_batch_t *b, const float **logits)
 {
     emu_dev_t *e = state;
+    int64_t replays = e->fw[0].n_graph_steps;
     int rc;
 
     e->b = b;
@@ -630,6 +633,9 @@ eb_forward(void *state, const mdl_batch_t *b, const float **logits)
     e->b = NULL;
     if (rc != ST_OK) {
         return rc;
+    }
+    if (b->n_tokens > b->n_seqs && e->fw[0].n_graph_steps > replays) {
+        emu_backend_verify_replays++;
     }
     *logits = e->fw[0].logits_host;
     return ST_OK;

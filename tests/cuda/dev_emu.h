@@ -108,5 +108,8 @@ void emu_compare(emu_cmp_t *c, const float *ref, const float *got, int32_t rows)
 
 /* "cuda-emu": model/backend_cuda.c's backend on emulated operations. */
 extern const mdl_backend_t emu_backend;
+/* Steps with more tokens than sequences (verification steps) that
+ * emu_backend ran by replaying a graph, over all its instances. */
+extern int64_t emu_backend_verify_replays;
 
 #endif /* TESTS_CUDA_DEV_EMU_H */

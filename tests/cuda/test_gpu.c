@@ -26,6 +26,16 @@
  *   h2o/snapkv: the attention-mass kernel, the model's mass against the
  *             CPU's and greedy decoding with the policies against the CPU
  *             (test_gpu_mass.c).
+ *   verify graphs: speculative verification steps (rows of 1 + k tokens
+ *             beside decodes, changing layouts, rollbacks; spec_k 4) with
+ *             graphs on against eager: logits NMSE < 1e-4, same argmax;
+ *             prints eager and graph times of mixed verification steps,
+ *             a lone 1 + 4-token verification step and a lone decode;
+ *   spec engine: n-gram speculation (k 4) through the engine on grounded
+ *             prompts, graphs on and eager, batch 1 and 4: greedy streams
+ *             as without speculation (at least 90 % of the tokens up to
+ *             the first difference: bf16 near ties), acceptance and ms
+ *             per output token printed.
  *
  * Plain C (no Check): Check forks after this process has touched CUDA.
  * The model directory comes from KVSERVE_TEST_MODEL.
@@ -45,8 +55,13 @@
 #include "kernels/cpu/kn_quant.h"
 #include "kernels/cpu/kv_tq.h"
 #include "kernels/cuda/kn_cuda.h"
+#include "kvserve_config.h"
 #include "model/model.h"
+#include "scheduler/engine.h"
+#include "scheduler/engine_int.h"
+#include "scheduler/spec.h"
 #include "tests/cuda/kvq_ref.h"
+#include "text/tokenizer.h"
 
 static int n_fail;
 
@@ -802,6 +817,408 @@ test_graphs(const mdl_model_t *m)
     free(lg[1]);
 }
 
+/* ---- verification steps as graphs against eager steps ------------------------- */
+
+#define VG_SEQS 4
+#define VG_K 4
+#define VG_STEPS 60 /* 20 mixed, then 40 alternating 1 + VG_K tokens / 1 token of one sequence */
+#define VG_ROWS (VG_STEPS * VG_SEQS * (1 + VG_K))
+
+/* Speculative verification steps on rt (spec_k VG_K): a prefill of
+ * VG_SEQS prompts, VG_STEPS / 3 steps mixing verification rows (1 + k
+ * tokens, k = 1 .. VG_K) and decodes of changing subsets in changing
+ * orders, each followed by a rollback of some of each row's tokens
+ * (rejected drafts, overwritten with other tokens by the next step);
+ * then one sequence alone, a verification row of 1 + VG_K tokens and a
+ * decode in turn. Every token is a logits row; the tokens are fixed (not
+ * greedy), so two runs see the same batches. Logits rows into lg (in
+ * order; *n_rows), the mean step time of the mixed steps, of the lone
+ * verification steps and of the lone decode steps into secs[0..2]. */
+static void
+verify_run(mdl_runtime_t *rt, int32_t vocab, float *lg, int32_t *n_rows, double secs[3])
+{
+    int32_t table[VG_SEQS][16], done[VG_SEQS], ids[VG_SEQS][256];
+    int32_t n_time[3] = {0, 0, 0};
+    const float *out;
+
+    *n_rows = 0;
+    secs[0] = secs[1] = secs[2] = 0.0;
+    for (int32_t s = 0; s < VG_SEQS; s++) {
+        for (int32_t b = 0; b < 16; b++) {
+            table[s][b] = 1 + b * VG_SEQS + s;
+        }
+        done[s] = 0;
+        for (int32_t i = 0; i < 256; i++) {
+            ids[s][i] = 3 + (i * 53 + s * 101) % (vocab - 3);
+        }
+    }
+    for (int32_t step = -1; step < VG_STEPS; step++) {
+        int32_t t[64], pos[64], slot[64], qs[VG_SEQS + 1], ctx[VG_SEQS], bt[VG_SEQS * 16];
+        int32_t rows[64], act[VG_SEQS], n_new[VG_SEQS], rej[VG_SEQS], n_act = 0, n = 0, nl = 0;
+        int kind; /* 0 mixed, 1 lone verification, 2 lone decode; -1 prefill */
+
+        if (step < 0) {
+            kind = -1;
+            for (int32_t s = 0; s < VG_SEQS; s++) {
+                act[n_act] = s;
+                n_new[n_act] = 10 + 3 * s;
+                rej[n_act++] = 0;
+            }
+        } else if (step < VG_STEPS / 3) {
+            kind = 0;
+            for (int32_t k = 0; k < 1 + step % VG_SEQS; k++) {
+                int32_t s = (k + step) % VG_SEQS;
+
+                act[n_act] = s;
+                n_new[n_act] = 1 + (step * 3 + s * 5) % (1 + VG_K);
+                rej[n_act] = (step + s) % n_new[n_act];
+                n_act++;
+            }
+        } else {
+            kind = step % 2 == 0 ? 1 : 2;
+            act[0] = 0;
+            n_new[0] = kind == 1 ? 1 + VG_K : 1;
+            rej[0] = kind == 1 ? 2 : 0;
+            n_act = 1;
+        }
+        qs[0] = 0;
+        for (int32_t k = 0; k < n_act; k++) {
+            int32_t s = act[k];
+
+            for (int32_t i = 0; i < n_new[k]; i++) {
+                int32_t ix = done[s] + i;
+
+                t[n] = ids[s][ix];
+                pos[n] = ix;
+                slot[n] = table[s][ix / 16] * 16 + ix % 16;
+                if (kind >= 0 || i == n_new[k] - 1) {
+                    rows[nl++] = n;
+                }
+                n++;
+            }
+            done[s] += n_new[k];
+            ctx[k] = done[s];
+            memcpy(bt + k * 16, table[s], sizeof(table[s]));
+            qs[k + 1] = n;
+        }
+        mdl_batch_t b = {.n_tokens = n,
+                         .tokens = t,
+                         .positions = pos,
+                         .slot_mapping = slot,
+                         .n_seqs = n_act,
+                         .query_start = qs,
+                         .context_len = ctx,
+                         .block_tables = bt,
+                         .max_blocks = 16,
+                         .logits_rows = rows,
+                         .n_logits = nl};
+        double t0 = now_s();
+
+        if (mdl_forward(rt, &b, &out) != ST_OK) {
+            fprintf(stderr, "verify graphs: forward failed at step %d\n", step);
+            exit(1);
+        }
+        if (kind >= 0) {
+            secs[kind] += now_s() - t0;
+            n_time[kind]++;
+            memcpy(lg + (size_t)*n_rows * vocab, out, sizeof(float) * (size_t)nl * vocab);
+            *n_rows += nl;
+        }
+        for (int32_t k = 0; k < n_act; k++) { /* rejected drafts: rolled back, other tokens */
+            int32_t s = act[k];
+
+            done[s] -= rej[k];
+            for (int32_t i = 0; i < rej[k]; i++) {
+                ids[s][done[s] + i] = 3 + (ids[s][done[s] + i] * 7 + 11) % (vocab - 3);
+            }
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        secs[k] /= n_time[k] > 0 ? n_time[k] : 1;
+    }
+}
+
+/* The default model on cuda (bf16) with spec_k 4: verification steps
+ * with graphs on against --enforce-eager, the same batches: logits NMSE
+ * < 1e-4 per row (the padded GEMMs may take other cuBLAS kernels), the
+ * same argmax unless eager's top-2 margin is under 1e-3; the step times
+ * printed (figures, not checks): a lone verification step of 1 + 4
+ * tokens should cost about a lone decode step once both are graphs. */
+static void
+test_verify_graphs(const mdl_model_t *m)
+{
+    int32_t vocab = mdl_model_config(m)->vocab_size, n_rows[3], same = 0;
+    size_t n_lg = (size_t)VG_ROWS * vocab;
+    float *lg[3] = {xcalloc(n_lg, sizeof(float)), xcalloc(n_lg, sizeof(float)),
+                    xcalloc(n_lg, sizeof(float))};
+    double secs[3][3], worst = 0.0, worst_tile = 0.0;
+    char err[256];
+
+    /* 0: eager, 1: graphs, 2: eager with spec_k 0 (verification rows
+     * through the query-tile kernel, as before verification graphs). */
+    for (int g = 0; g < 3; g++) {
+        mdl_runtime_config_t rc = {.device = "cuda",
+                                   .num_blocks = 1 + VG_SEQS * 16,
+                                   .block_size = 16,
+                                   .max_blocks_per_seq = 16,
+                                   .max_num_seqs = VG_SEQS * (1 + VG_K), /* as the engine */
+                                   .max_num_batched_tokens = 256,
+                                   .kv_dtype = MDL_KV_BF16,
+                                   .cuda_graphs = g == 1,
+                                   .spec_k = g == 2 ? 0 : VG_K};
+        mdl_runtime_t *rt;
+
+        if (mdl_runtime_create(m, &rc, &rt, err, sizeof(err)) != ST_OK) {
+            fprintf(stderr, "cuda runtime (graphs %d, spec_k %d): %s\n", g, VG_K, err);
+            exit(1);
+        }
+        verify_run(rt, vocab, lg[g], &n_rows[g], secs[g]);
+        mdl_runtime_destroy(rt); /* logs the graphs recorded and replayed */
+    }
+    EXPECT(n_rows[0] == n_rows[1], "verify graphs: %d rows, eager %d", n_rows[1], n_rows[0]);
+    for (int32_t r = 0; r < n_rows[0] && r < n_rows[1]; r++) {
+        const float *a = lg[0] + (size_t)r * vocab, *b = lg[1] + (size_t)r * vocab;
+        float ma, mb;
+        int32_t ta = argmax(a, vocab, &ma), tb = argmax(b, vocab, &mb);
+        double e = nmse(b, a, (size_t)vocab);
+
+        worst = e > worst ? e : worst;
+        same += ta == tb;
+        EXPECT(e < 1e-4, "verify graphs: row %d: logits NMSE %g against eager", r, e);
+        EXPECT(ta == tb || ma < 1e-3f, "verify graphs: row %d: argmax %d, eager %d (margin %g)", r,
+               tb, ta, (double)ma);
+        e = nmse(lg[2] + (size_t)r * vocab, a, (size_t)vocab);
+        worst_tile = e > worst_tile ? e : worst_tile;
+        EXPECT(e < 1e-4, "verify graphs: row %d: query-tile kernel NMSE %g", r, e);
+    }
+    printf("verify graphs: %d of %d rows with eager's argmax, worst logits NMSE %.3g (query-tile "
+           "kernel %.3g); step times eager (query-tile) / eager / graphs: mixed verification "
+           "steps %.3f / %.3f / %.3f ms, lone 1+%d-token verification %.3f / %.3f / %.3f ms, "
+           "lone decode %.3f / %.3f / %.3f ms\n",
+           same, n_rows[0], worst, worst_tile, secs[2][0] * 1e3, secs[0][0] * 1e3,
+           secs[1][0] * 1e3, VG_K, secs[2][1] * 1e3, secs[0][1] * 1e3, secs[1][1] * 1e3,
+           secs[2][2] * 1e3, secs[0][2] * 1e3, secs[1][2] * 1e3);
+    for (int g = 0; g < 3; g++) {
+        free(lg[g]);
+    }
+}
+
+/* ---- speculative decoding through the engine ---------------------------------- */
+
+#define SE_JOBS 4
+#define SE_GEN 96
+#define SE_PROMPT 96
+
+typedef struct se_out {
+    int32_t tok[SE_GEN];
+    int32_t n;
+} se_out_t;
+
+/* Input-grounded prompts as kvserve bench --prompt-kind grounded makes
+ * them: a passage of the Austen fixture, then its first third again. */
+static int
+se_jobs(const mdl_model_t *m, int32_t prompts[SE_JOBS][SE_PROMPT])
+{
+    char path[1024];
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    FILE *f;
+    char *text;
+    long len;
+
+    snprintf(path, sizeof(path), "%s/tests/fixtures/austen-persuasion-ch24.txt",
+             KVSERVE_SOURCE_ROOT);
+    f = fopen(path, "rb");
+    if (f == NULL) {
+        fprintf(stderr, "spec engine: %s missing\n", path);
+        return -1;
+    }
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = xmalloc((size_t)len);
+    if (fread(text, 1, (size_t)len, f) != (size_t)len ||
+        tok_encode(mdl_model_tokenizer(m), text, (size_t)len, 0, &ids, &n_ids) != ST_OK ||
+        n_ids < 2000) {
+        fclose(f);
+        free(text);
+        free(ids);
+        return -1;
+    }
+    fclose(f);
+    free(text);
+    for (int i = 0; i < SE_JOBS; i++) {
+        int32_t body = (SE_PROMPT - 1) * 2 / 3, from = 211 + 401 * i;
+
+        prompts[i][0] = mdl_model_config(m)->bos_id >= 0 ? mdl_model_config(m)->bos_id : ids[0];
+        for (int32_t j = 1; j < SE_PROMPT; j++) {
+            prompts[i][j] = ids[from + (j - 1) % body];
+        }
+    }
+    free(ids);
+    return 0;
+}
+
+/* One engine run on cuda (bf16), greedy, the jobs one after the other
+ * (batch 1) or all at once; spec NULL or a --speculative-config. */
+static int
+se_run(const mdl_model_t *m, int32_t prompts[SE_JOBS][SE_PROMPT], int graphs, int batch1,
+       const char *spec, se_out_t *out, eng_stats_t *st, double *secs)
+{
+    eng_config_t c;
+    engine_t *eng = NULL;
+    chan_t outbox;
+    char err[256] = "";
+    int next = 0, guard = 0, rc = 0;
+    double t0;
+
+    memset(&c, 0, sizeof(c));
+    c.rt.device = "cuda";
+    c.rt.kv_dtype = MDL_KV_BF16;
+    c.rt.cuda_graphs = graphs;
+    c.rt.block_size = 16;
+    c.rt.num_blocks = 128;
+    c.max_num_seqs = batch1 ? 1 : SE_JOBS;
+    c.max_num_batched_tokens = 256;
+    c.max_model_len = SE_PROMPT + SE_GEN;
+    c.prefix_caching = 1;
+    c.n_tenants = 1;
+    c.tenants[0].weight = 1.0;
+    snprintf(c.tenants[0].name, sizeof(c.tenants[0].name), "default");
+    if (spec != NULL && spec_config_parse(spec, &c.spec, err, sizeof(err)) != ST_OK) {
+        fprintf(stderr, "spec engine: %s\n", err);
+        return -1;
+    }
+    memset(out, 0, sizeof(se_out_t) * SE_JOBS);
+    chan_init(&outbox, NULL, NULL);
+    if (engine_create(&c, m, &outbox, &eng, err, sizeof(err)) != ST_OK) {
+        fprintf(stderr, "spec engine: %s\n", err);
+        chan_fini(&outbox);
+        return -1;
+    }
+    t0 = now_s();
+    for (;;) {
+        if (next < SE_JOBS && (!batch1 || next == 0 || out[next - 1].n == SE_GEN)) {
+            eng_msg_submit_t *sm = xcalloc(1, sizeof(*sm));
+
+            sm->hdr.type = ENG_MSG_SUBMIT;
+            sm->req.id = (uint64_t)next;
+            sm->req.n_prompt = SE_PROMPT;
+            sm->req.prompt = xmalloc(sizeof(int32_t) * SE_PROMPT);
+            memcpy(sm->req.prompt, prompts[next], sizeof(int32_t) * SE_PROMPT);
+            sm->req.sampling.temperature = 0.0f;
+            sm->req.sampling.top_p = 1.0f;
+            sm->req.sampling.repetition_penalty = 1.0f;
+            sm->req.n = 1;
+            sm->req.max_tokens = SE_GEN;
+            sm->req.ignore_eos = 1;
+            chan_send(engine_inbox(eng), &sm->hdr);
+            next++;
+        }
+        if (eng__iterate(eng, 0) < 0) {
+            rc = -1;
+            break;
+        }
+        for (msg_t *mm = chan_take_all(&outbox); mm != NULL;) {
+            msg_t *nx = mm->next;
+
+            if (mm->type == ENG_MSG_DELTA) {
+                eng_msg_delta_t *d = (eng_msg_delta_t *)mm;
+                se_out_t *o = &out[d->id];
+
+                for (int32_t i = 0; i < d->n_tokens && o->n < SE_GEN; i++) {
+                    o->tok[o->n++] = d->tok[i].token;
+                }
+            } else if (mm->type == ENG_MSG_ERROR) {
+                fprintf(stderr, "spec engine: error %s\n", ((eng_msg_error_t *)mm)->message);
+                rc = -1;
+            }
+            eng_msg_free(mm);
+            mm = nx;
+        }
+        if (rc != 0 || (next == SE_JOBS && sched_idle(eng__sched(eng))) || ++guard > 100000) {
+            break;
+        }
+    }
+    *secs = now_s() - t0;
+    eng__stats(eng, st);
+    engine_stop(eng);
+    engine_destroy(eng);
+    for (msg_t *mm = chan_take_all(&outbox); mm != NULL;) {
+        msg_t *nx = mm->next;
+        eng_msg_free(mm);
+        mm = nx;
+    }
+    chan_fini(&outbox);
+    return rc;
+}
+
+/* n-gram speculation (k = 4) through the engine on cuda: greedy streams
+ * on grounded prompts equal those without speculation, with graphs on
+ * and eager (the verification rows' logits are right on the device);
+ * prints the acceptance (the CPU build's kvserve bench gives about 57 %
+ * on such prompts) and the wall time per output token of each run
+ * (figures, not checks). */
+static void
+test_spec_engine(const mdl_model_t *m)
+{
+    static const char spec[] =
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 3}";
+    static int32_t prompts[SE_JOBS][SE_PROMPT];
+    static se_out_t plain[SE_JOBS], got[SE_JOBS];
+    static const struct {
+        int graphs, batch1, spec;
+        const char *what;
+    } runs[] = {
+        {1, 1, 0, "batch 1, graphs, no speculation"}, {1, 1, 1, "batch 1, graphs, ngram k=4"},
+        {0, 1, 0, "batch 1, eager, no speculation"},  {0, 1, 1, "batch 1, eager, ngram k=4"},
+        {1, 0, 1, "batch 4, graphs, ngram k=4"},
+    };
+    eng_stats_t st;
+    double secs;
+
+    if (se_jobs(m, prompts) != 0) {
+        EXPECT(0, "spec engine: no prompts");
+        return;
+    }
+    for (size_t r = 0; r < sizeof(runs) / sizeof(runs[0]); r++) {
+        se_out_t *o = r == 0 ? plain : got;
+        int32_t same = 0, total = 0;
+
+        if (se_run(m, prompts, runs[r].graphs, runs[r].batch1, runs[r].spec ? spec : NULL, o, &st,
+                   &secs) != 0) {
+            EXPECT(0, "spec engine: %s failed", runs[r].what);
+            continue;
+        }
+        for (int i = 0; i < SE_JOBS; i++) {
+            int32_t at = 0;
+
+            while (at < SE_GEN && plain[i].tok[at] == o[i].tok[at]) {
+                at++;
+            }
+            same += at;
+            total += SE_GEN;
+            EXPECT(o[i].n == SE_GEN, "spec engine: %s: request %d has %d tokens", runs[r].what, i,
+                   o[i].n);
+            /* bf16 on a GPU: a near tie may flip at a batched row; the
+             * first difference is printed, counted, and checked below. */
+        }
+        printf("spec engine: %s: %.3f ms per output token, %llu verifications, %llu of %llu "
+               "draft tokens accepted (%.1f %%), %d of %d tokens as the first run's\n",
+               runs[r].what, secs * 1e3 / (SE_JOBS * SE_GEN),
+               (unsigned long long)st.spec.drafts, (unsigned long long)st.spec.accepted_tokens,
+               (unsigned long long)st.spec.draft_tokens,
+               st.spec.draft_tokens > 0
+                   ? 100.0 * (double)st.spec.accepted_tokens / (double)st.spec.draft_tokens
+                   : 0.0,
+               same, total);
+        EXPECT(same * 10 >= total * 9, "spec engine: %s: %d of %d tokens as without speculation",
+               runs[r].what, same, total);
+        EXPECT(!runs[r].spec || st.spec.drafts > 0, "spec engine: %s: no verification",
+               runs[r].what);
+    }
+}
+
 static void
 test_end_to_end(const mdl_model_t *m, int n_dev)
 {
@@ -975,6 +1392,8 @@ main(void)
     }
     test_graphs(m);
     test_gpu_mass(m, &n_fail);
+    test_verify_graphs(m);
+    test_spec_engine(m);
     test_end_to_end(m, n_dev);
     test_serve_budget(m);
     mdl_model_destroy(m);

@@ -20,6 +20,12 @@
  *   accepted tokens only (the rejected drafts' KV, left beyond the
  *   context, is never read);
  *
+ *   graphs: verification steps (rows of 1 .. 1 + k tokens beside
+ *   decodes, rollbacks between steps) in changing layouts, with graphs on
+ *   (model/dev_graph.c: each token-count bucket recorded once, then
+ *   replayed) against graphs off: the same logits bits and KV pool bytes
+ *   after every step, and within the CPU backend's bounds;
+ *
  *   engine: greedy requests on input-grounded prompts of
  *   tests/fixtures/austen-persuasion-ch24.txt, arriving one per step
  *   into a small token budget (prefill chunks share verification steps
@@ -29,7 +35,9 @@
  *   streams without speculation on the emulated device, which equal the
  *   CPU backend's; with an int8 KV cache, n-gram speculation equals no
  *   speculation on the emulated device (rejected drafts roll back inside
- *   a quantized cache's residual slots). Drafts are both accepted and
+ *   a quantized cache's residual slots); with graphs on (as serve runs),
+ *   n-gram and self-draft streams equal the eager plain ones and
+ *   verification steps were replayed. Drafts are both accepted and
  *   rejected, and after every run the KV pool is clean.
  */
 #include <check.h>
@@ -264,6 +272,200 @@ START_TEST(test_spec_emu_verify_rows)
 }
 END_TEST
 
+/* ---- verification steps as graphs (model/dev_graph.c) ------------------------------- */
+
+#define GSEQ 3 /* sequences; the runtime's max_num_seqs GSEQ * (1 + K): buckets 1, 2, 4, 8, 15 */
+
+/* Whether the KV pools of two emulated T = 1 ranks hold the same bytes. */
+static int
+same_kv(const emu_dev_t *a, const emu_dev_t *b)
+{
+    const mdl_dev_rank_t *x = &a->fw[0], *y = &b->fw[0];
+    size_t bytes =
+        2 * (size_t)mdl_model_config(x->m)->n_layers * (size_t)x->rc.num_blocks * x->blk_bytes;
+
+    return memcmp(x->kv, y->kv, bytes) == 0;
+}
+
+/* One step on every side: rows (seq, n) with all n tokens as logits rows
+ * when n <= 1 + K (a verification row or a decode), else its last one (a
+ * prefill chunk). Eager (graphs off) against graphs on: the same bits and
+ * the same KV pool; against the CPU backend: the NMSE and argmax bounds.
+ * The rows' sequences then roll back rej[r] tokens (rejected drafts),
+ * whose positions get other tokens for the next step to write. */
+static void
+gv_step(emu_side_t *cpu, emu_side_t *eager, emu_side_t *graph, emu_cmp_t *bits, emu_cmp_t *num,
+        const vrow_t *rows, int32_t n_rows, const int32_t *rej, int32_t vocab)
+{
+    int32_t tok[64], pos[64], slot[64], qs[GSEQ + 1], ctx[GSEQ], bt[GSEQ * MAXB], lr[64];
+    int32_t n = 0, nl = 0;
+
+    qs[0] = 0;
+    for (int32_t r = 0; r < n_rows; r++) {
+        vseq_t *q = rows[r].seq;
+
+        for (int32_t i = 0; i < rows[r].n; i++) {
+            int32_t ix = q->done + i;
+
+            tok[n] = q->ids[ix];
+            pos[n] = ix;
+            slot[n] = q->table[ix / BS] * BS + ix % BS;
+            if (rows[r].n <= 1 + K || i == rows[r].n - 1) {
+                lr[nl++] = n;
+            }
+            n++;
+        }
+        q->done += rows[r].n;
+        ctx[r] = q->done;
+        memcpy(bt + r * MAXB, q->table, sizeof(q->table));
+        qs[r + 1] = n;
+    }
+    mdl_batch_t b = {
+        .n_tokens = n,
+        .tokens = tok,
+        .positions = pos,
+        .slot_mapping = slot,
+        .n_seqs = n_rows,
+        .query_start = qs,
+        .context_len = ctx,
+        .block_tables = bt,
+        .max_blocks = MAXB,
+        .logits_rows = lr,
+        .n_logits = nl,
+    };
+    float *lc = xmalloc(sizeof(float) * (size_t)nl * (size_t)vocab);
+    float *le = xmalloc(sizeof(float) * (size_t)nl * (size_t)vocab);
+    const float *lg;
+
+    memcpy(lc, emu_side_forward(cpu, &b), sizeof(float) * (size_t)nl * (size_t)vocab);
+    memcpy(le, emu_side_forward(eager, &b), sizeof(float) * (size_t)nl * (size_t)vocab);
+    lg = emu_side_forward(graph, &b);
+    emu_compare(bits, le, lg, nl);
+    emu_compare(num, lc, lg, nl);
+    ck_assert_msg(same_kv(eager->dev, graph->dev), "KV pools differ after a step of %d tokens",
+                  n);
+    free(lc);
+    free(le);
+    for (int32_t r = 0; r < n_rows; r++) {
+        vseq_t *q = rows[r].seq;
+
+        q->done -= rej[r];
+        for (int32_t i = 0; i < rej[r]; i++) {
+            q->ids[q->done + i] = 3 + (q->ids[q->done + i] * 7 + 11) % (vocab - 3);
+        }
+    }
+}
+
+/* Verification steps (1 + k query tokens per speculating row, plain
+ * decodes beside them) in changing layouts, run as graphs (each bucket
+ * recorded after its first step, then replayed) and eagerly. */
+START_TEST(test_spec_emu_verify_graphs)
+{
+    mdl_model_t *m = load_model();
+    const int32_t vocab = mdl_model_config(m)->vocab_size;
+    mdl_runtime_config_t rc = {.num_blocks = 1 + GSEQ * MAXB,
+                               .block_size = BS,
+                               .max_num_batched_tokens = 64,
+                               .max_num_seqs = GSEQ * (1 + K),
+                               .max_blocks_per_seq = MAXB,
+                               .n_threads = 1,
+                               .tp_size = 1,
+                               .kv_dtype = MDL_KV_F16,
+                               .spec_k = K};
+    mdl_runtime_config_t rcpu = rc, rg = rc;
+    emu_side_t cpu = {0}, eager = {0}, graph = {0};
+    emu_cmp_t bits = {.nmse_bound = 1e-30, .vocab = vocab};
+    /* f16 weights and KV against f32: test_devemu.c's bound of T > 1 steps. */
+    emu_cmp_t num = {.nmse_bound = 1e-5, .vocab = vocab};
+    vseq_t q[GSEQ];
+    uint64_t x = 0x243f6a8885a308d3ULL;
+    char err[256];
+    /* Rows (sequence, tokens) then rejected tokens per row; buckets in
+     * use: 8, 8, 8, 1, 15, 15, 2, 2, 8, 15, 4. */
+    static const struct {
+        int32_t n_rows;
+        int32_t seq[GSEQ], n[GSEQ], rej[GSEQ];
+    } steps[] = {
+        {1, {0}, {1 + K}, {2}},
+        {3, {0, 1, 2}, {1, 1 + K, 2}, {0, 4, 1}},
+        {2, {2, 0}, {1 + K, 3}, {0, 1}},
+        {1, {1}, {1}, {0}},
+        {3, {0, 1, 2}, {1 + K, 1 + K, 1 + K}, {4, 0, 2}},
+        {3, {2, 1, 0}, {1, 1 + K, 4}, {0, 3, 0}},
+        {1, {1}, {2}, {1}},
+        {2, {0, 2}, {1, 1}, {0, 0}},
+        {2, {0, 1}, {4, 1}, {3, 0}},
+        {3, {2, 0, 1}, {3, 2, 1 + K}, {2, 0, 4}},
+        {2, {1, 2}, {2, 1}, {1, 0}},
+    };
+    int32_t n_steps = (int32_t)(sizeof(steps) / sizeof(steps[0]));
+
+    rcpu.kv_dtype = MDL_KV_F32;
+    rc.cuda_graphs = 0;
+    rg.cuda_graphs = 1;
+    ck_assert_msg(mdl_runtime_create(m, &rcpu, &cpu.cpu, err, sizeof(err)) == ST_OK, "%s", err);
+    eager.dev = emu_dev_create(m, &rc, KN_DT_F16);
+    graph.dev = emu_dev_create(m, &rg, KN_DT_F16);
+    ck_assert(eager.dev->fw[0].graphs_off);
+    ck_assert(!graph.dev->fw[0].graphs_off);
+    ck_assert_int_eq(graph.dev->fw[0].graph_rows[graph.dev->fw[0].n_buckets - 1], GSEQ * (1 + K));
+
+    memset(q, 0, sizeof(q));
+    for (int32_t i = 0; i < MAXB * BS; i++) {
+        for (int32_t s = 0; s < GSEQ; s++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            q[s].ids[i] = 3 + (int32_t)((x >> 24) % (uint64_t)(vocab - 3));
+        }
+    }
+    for (int32_t s = 0; s < GSEQ; s++) {
+        for (int32_t i = 0; i < MAXB; i++) {
+            q[s].table[i] = 1 + s * MAXB + (i * 5 + s) % MAXB; /* scattered blocks */
+        }
+    }
+    { /* prefill chunks (longer than 1 + K): eager on both */
+        vrow_t r[GSEQ] = {{&q[0], 17, 1}, {&q[1], 9, 1}, {&q[2], 14, 1}};
+        int32_t none[GSEQ] = {0, 0, 0};
+
+        gv_step(&cpu, &eager, &graph, &bits, &num, r, GSEQ, none, vocab);
+    }
+    for (int32_t i = 0; i < n_steps; i++) {
+        vrow_t r[GSEQ];
+
+        for (int32_t j = 0; j < steps[i].n_rows; j++) {
+            r[j] = (vrow_t){&q[steps[i].seq[j]], steps[i].n[j], steps[i].n[j]};
+        }
+        gv_step(&cpu, &eager, &graph, &bits, &num, r, steps[i].n_rows, steps[i].rej, vocab);
+    }
+    { /* a mixed step: a prefill chunk beside a verification row, eager on both */
+        vrow_t r[2] = {{&q[0], 1 + K, 1 + K}, {&q[2], 2 + K, 1}};
+        int32_t rej[2] = {2, 0};
+
+        gv_step(&cpu, &eager, &graph, &bits, &num, r, 2, rej, vocab);
+    }
+    ck_assert(bits.worst == 0.0);
+    {
+        const mdl_dev_rank_t *rk = &graph.dev->fw[0];
+
+        ck_assert_int_eq(graph.dev->ctx[0].n_unsafe, 0);
+        ck_assert_int_eq(rk->n_graph_captures, 5); /* buckets 1, 2, 4, 8, 15 */
+        ck_assert_int_eq(rk->n_graph_steps, n_steps - 5);
+        ck_assert_int_eq(graph.dev->ctx[0].cnt.graph_launches, n_steps - 5);
+        ck_assert_int_eq(rk->n_eager_steps, 2 + 5);
+        ck_assert_int_eq(eager.dev->fw[0].n_graph_steps, 0);
+    }
+    fprintf(stderr,
+            "verification steps as graphs: %d steps, %lld replayed, identical to eager; worst "
+            "NMSE against the CPU %.3g\n",
+            n_steps, (long long)graph.dev->fw[0].n_graph_steps, num.worst);
+    emu_dev_destroy(eager.dev);
+    emu_dev_destroy(graph.dev);
+    mdl_runtime_destroy(cpu.cpu);
+    mdl_model_destroy(m);
+}
+END_TEST
+
 /* ---- engine: greedy streams --------------------------------------------------------- */
 
 #define N_JOBS 4 /* at most (n_jobs) */
@@ -371,6 +573,8 @@ collect(chan_t *outbox, out_t *res)
 
 /* One engine run of the jobs (submitted one per step) on device with KV
  * dtype kv; spec: a --speculative-config JSON or NULL. */
+static int run_graphs; /* runs with cuda_graphs set (as serve without --enforce-eager) */
+
 static void
 run(const mdl_model_t *m, const job_t *jobs, const char *device, mdl_kv_dtype_t kv,
     const char *spec, out_t *res, eng_stats_t *st)
@@ -386,6 +590,7 @@ run(const mdl_model_t *m, const job_t *jobs, const char *device, mdl_kv_dtype_t 
     memset(&c, 0, sizeof(c));
     c.rt.device = device;
     c.rt.kv_dtype = kv;
+    c.rt.cuda_graphs = run_graphs;
     c.rt.n_threads = 1;
     c.rt.block_size = 16;
     c.rt.num_blocks = 48;
@@ -518,6 +723,51 @@ START_TEST(test_spec_emu_engine_f16)
 }
 END_TEST
 
+/* The same streams with graphs on (serve's default): decode and
+ * verification steps replayed from their buckets' graphs, the outputs
+ * those of eager steps without speculation. */
+START_TEST(test_spec_emu_engine_graphs)
+{
+    mdl_model_t *m = load_model();
+    static job_t jobs[N_JOBS];
+    static out_t plain[N_JOBS], graphs[N_JOBS], spec[N_JOBS];
+    char js[1400];
+    eng_stats_t st;
+
+    make_jobs(m, jobs);
+    mdl_backend_register_test(&emu_backend);
+    run(m, jobs, "cuda-emu", MDL_KV_F16, NULL, plain, &st);
+    run_graphs = 1;
+    run(m, jobs, "cuda-emu", MDL_KV_F16, NULL, graphs, &st);
+    same(plain, graphs, "cuda-emu, graphs");
+
+    emu_backend_verify_replays = 0;
+    run(m, jobs, "cuda-emu", MDL_KV_F16,
+        "{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 3}", spec,
+        &st);
+    report("cuda-emu f16 graphs, ngram k=4", &st);
+    same(plain, spec, "cuda-emu graphs, ngram");
+    ck_assert_uint_gt(st.spec.accepted_tokens, 0);
+    ck_assert_uint_lt(st.spec.accepted_tokens, st.spec.draft_tokens);
+    fprintf(stderr, "  %lld verification steps replayed\n", (long long)emu_backend_verify_replays);
+    ck_assert_int_gt(emu_backend_verify_replays, 0);
+
+    snprintf(js, sizeof(js),
+             "{\"method\": \"draft_model\", \"model\": \"%s\", \"num_speculative_tokens\": 3}",
+             model_dir());
+    emu_backend_verify_replays = 0;
+    run(m, jobs, "cuda-emu", MDL_KV_F16, js, spec, &st);
+    report("cuda-emu f16 graphs, draft = the model itself, k=3", &st);
+    same(plain, spec, "cuda-emu graphs, draft self");
+    ck_assert_uint_gt(st.spec.drafts, 0);
+    ck_assert_uint_ge(st.spec.accepted_tokens * 100, st.spec.draft_tokens * 95);
+    ck_assert_int_gt(emu_backend_verify_replays, 0);
+    run_graphs = 0;
+    mdl_backend_register_test(NULL);
+    mdl_model_destroy(m);
+}
+END_TEST
+
 START_TEST(test_spec_emu_engine_int8)
 {
     mdl_model_t *m = load_model();
@@ -549,8 +799,10 @@ cuda_spec_emu_suite(void)
     TCase *tc = tcase_create("spec");
 
     tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_spec_emu_verify_graphs);
     tcase_add_test(tc, test_spec_emu_verify_rows);
     tcase_add_test(tc, test_spec_emu_engine_f16);
+    tcase_add_test(tc, test_spec_emu_engine_graphs);
     tcase_add_test(tc, test_spec_emu_engine_int8);
     suite_add_tcase(s, tc);
     return s;

@@ -24,6 +24,7 @@
 #include "scheduler/engine.h"
 #include "scheduler/engine_int.h"
 #include "scheduler/spec.h"
+#include "scheduler/spec_draft.h"
 #include "text/tokenizer.h"
 
 #define MAX_ID 96
@@ -528,6 +529,13 @@ START_TEST(test_adaptive_rule)
         spec_seq_record(&c, &q, 4, 3);
     }
     ck_assert_int_eq(spec_seq_want(&c, &q, 1), 4);
+    /* Logits rows: one per sequence, k more for at most max_batch. */
+    ck_assert_int_eq(spec_logits_rows(&c, 256), 256 + 8 * 4);
+    ck_assert_int_eq(spec_logits_rows(&c, 3), 3 + 3 * 4);
+    c.max_batch = 0;
+    ck_assert_int_eq(spec_logits_rows(&c, 16), 16 * (1 + 4));
+    c.method = SPEC_OFF;
+    ck_assert_int_eq(spec_logits_rows(&c, 16), 16);
 }
 END_TEST
 
@@ -1150,6 +1158,66 @@ START_TEST(test_draft_model_refused)
 }
 END_TEST
 
+/* The draft model runs only in steps where a row speculates (spec_draft.h,
+ * DESIGN): with max_batch 1, three requests decoding side by side do not
+ * speculate, nor does the prefill; once two have finished, the one left
+ * speculates, and its first step catches the draft's KV up over the
+ * whole history (prompt and tokens decoded without the draft). Greedy
+ * outputs equal the plain ones, every draft of the model drafting for
+ * itself is accepted (the catch-up left the draft's KV right), the
+ * draft ran in fewer steps than the engine did, and its catch-ups wrote
+ * at least the last request's prompt. */
+START_TEST(test_draft_mirror_skipped)
+{
+    static job_t jobs[3];
+    static res_t plain[MAX_ID][MAX_CH];
+    eng_config_t c;
+    eng_stats_t st;
+    int64_t fw = 0, cu = 0;
+    char err[200], js[1400];
+
+    load_model();
+    rng_x = 4242;
+    for (int i = 0; i < 3; i++) {
+        memset(&jobs[i], 0, sizeof(jobs[i]));
+        make_prompt(&jobs[i], 1, 50 + 10 * i);
+        jobs[i].max_tokens = 16 * (i + 1);
+        jobs[i].n = 1;
+        jobs[i].stop_id = -1;
+        jobs[i].seed = (uint64_t)i + 1;
+    }
+    c = cfg_make(0, MDL_KV_F32, 512, 0);
+    start(&c);
+    run_jobs(jobs, 3, 0, 0);
+    memcpy(plain, res, sizeof(res));
+    finish(jobs, 3, &st);
+
+    c = cfg_make(0, MDL_KV_F32, 512, 0);
+    snprintf(js, sizeof(js),
+             "{\"method\": \"draft_model\", \"model\": \"%s\", \"num_speculative_tokens\": 4, "
+             "\"max_batch\": 1}",
+             self_path());
+    ck_assert_int_eq(spec_config_parse(js, &c.spec, err, sizeof(err)), ST_OK);
+    start(&c);
+    run_jobs(jobs, 3, 0, 0);
+    spec_draft_counts(eng__draft(eng), &fw, &cu);
+    same_outputs(jobs, 3, plain, res, "draft self, max_batch 1");
+    finish(jobs, 3, &st);
+    fprintf(stderr,
+            "draft mirror skipped: %llu steps, %lld draft forwards, %lld catch-up tokens, %llu "
+            "of %llu draft tokens accepted\n",
+            (unsigned long long)st.steps, (long long)fw, (long long)cu,
+            (unsigned long long)st.spec.accepted_tokens, (unsigned long long)st.spec.draft_tokens);
+    ck_assert_uint_gt(st.spec.drafts, 0);
+    ck_assert_uint_eq(st.spec.accepted_tokens, st.spec.draft_tokens);
+    /* Each speculating step (one row) runs the draft k = 4 times at most
+     * (the mirror and 3 one-token forwards); the others not at all. */
+    ck_assert_int_le(fw, 4 * (int64_t)st.spec.drafts);
+    ck_assert_int_lt(fw, (int64_t)st.steps);
+    ck_assert_int_ge(cu, jobs[2].n_prompt + 32 - 1);
+}
+END_TEST
+
 Suite *
 scheduler_spec_suite(void)
 {
@@ -1168,6 +1236,7 @@ scheduler_spec_suite(void)
     tcase_add_test(tc, test_sampled_distribution);
     tcase_add_test(tc, test_draft_model_refused);
     tcase_add_test(tc, test_draft_greedy_identical);
+    tcase_add_test(tc, test_draft_mirror_skipped);
     tcase_add_test(tc, test_draft_randomized_schedule);
     tcase_add_test(tc, test_draft_sampled_distribution);
     suite_add_tcase(s, tc);
