@@ -382,6 +382,14 @@ serve_load(void *arg, srv_setup_t *su)
                  atol(fail_fwd));
         su->eng.test_fail_forward_at = (int32_t)atol(fail_fwd);
     }
+    /* Test hook (tests/console): every step sleeps N ms after its forward
+     * pass, so that generations last long enough for the map's polls. */
+    const char *step_delay = getenv("KVSERVE_TEST_STEP_DELAY_MS");
+    if (step_delay != NULL && atol(step_delay) > 0 && atol(step_delay) <= 1000) {
+        LOG_WARN("KVSERVE_TEST_STEP_DELAY_MS=%ld: every step sleeps (tests only)",
+                 atol(step_delay));
+        su->eng.test_step_delay_ms = (int32_t)atol(step_delay);
+    }
     return ST_OK;
 }
 

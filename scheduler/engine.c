@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "blockmgr/blockmgr.h"
 #include "blockmgr/bm_map.h"
@@ -545,6 +546,9 @@ engine_step(engine_t *e)
     if (rc != ST_OK) {
         engine_fail(e, rc, "forward");
         return 0;
+    }
+    if (e->cfg.test_step_delay_ms > 0) {
+        usleep((useconds_t)e->cfg.test_step_delay_ms * 1000); /* test hook */
     }
     if (plan.batch.n_hidden > 0) {
         eng__embed_collect(e->emb, mdl_runtime_hidden(e->rt));

@@ -41,6 +41,10 @@ typedef struct eng_config {
     /* Test hook: the n-th forward pass fails as if the device had, which
      * ends the engine (engine_alive() turns 0). 0: off. */
     int32_t test_fail_forward_at;
+    /* Test hook: each step with tokens sleeps this many ms after its
+     * forward pass, so that a browser test's 300 ms polls see a short
+     * generation on the tiny default model. 0: off. */
+    int32_t test_step_delay_ms;
     /* Speculative decoding (--speculative-config, scheduler/spec.h). */
     spec_config_t spec;
     /* VTC charges (--vtc-*-weight, scheduler/sched_policy.h); all 0: defaults. */

@@ -53,7 +53,11 @@ const violations = []; // CSP violations and page errors, from every page
 before(async () => {
   browser = await pw.chromium.launch({ executablePath: CHROMIUM, headless: true,
     args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'] });
-  srv = await startServer(['--admin-api-key', ADMIN, '--config', tenantConf()]);
+  // Every step sleeps 10 ms (a test hook of cmd_serve.c): the tiny default
+  // model makes a 90-token chat in well under the map's 300 ms poll on a
+  // fast machine, and the shared-prefix check needs two chats seen at once.
+  srv = await startServer(['--admin-api-key', ADMIN, '--config', tenantConf()],
+    { env: { KVSERVE_TEST_STEP_DELAY_MS: '10' } });
 });
 
 after(async () => {
