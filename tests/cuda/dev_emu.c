@@ -15,9 +15,28 @@
 
 #include "common/status.h"
 #include "common/xmalloc.h"
+#include "kvserve_config.h"
 #include "model/kv_policy.h"
 #include "model/model_int.h"
 #include "tests/cuda/kn_emu.h"
+
+const char *
+emu_model_dir(void)
+{
+    const char *dir = getenv("KVSERVE_TEST_MODEL");
+
+    return dir != NULL ? dir : KVSERVE_SOURCE_ROOT "/models/austen-2.7m";
+}
+
+mdl_model_t *
+emu_load_model(void)
+{
+    mdl_model_t *m = NULL;
+    char err[256] = "";
+
+    ck_assert_msg(mdl_model_load(emu_model_dir(), &m, err, sizeof(err)) == ST_OK, "%s", err);
+    return m;
+}
 
 /* ---- emulated device operations ------------------------------------------------ */
 

@@ -1,6 +1,6 @@
 /* dev_emu.h - the CUDA backend's forward pass (model/dev_fwd.c) on emulated
  * device operations, for the tests of tests/cuda (test_devemu.c,
- * test_spec_emu.c).
+ * test_spec_emu.c, test_mass_emu.c).
  *
  * DESIGN
  *   The operations: "device" memory is host memory, kernels are the
@@ -29,6 +29,12 @@
 #include "model/backend.h"
 #include "model/dev_fwd.h"
 #include "model/model.h"
+
+/* The model directory of the tests: $KVSERVE_TEST_MODEL, else the default
+ * model of the source tree. */
+const char *emu_model_dir(void);
+/* That model, loaded (a failed load fails the test). */
+mdl_model_t *emu_load_model(void);
 
 /* The emulated device operations at T > 1 (allreduce set). */
 extern const mdl_dev_ops_t emu_ops;

@@ -44,6 +44,7 @@
 #include "model/model_int.h"
 #include "tests/cuda/dev_emu.h"
 #include "tests/cuda/kn_emu.h"
+#include "tests/cuda/synth_model.h"
 
 /* ---- the script (as test_tp.c) ------------------------------------------------------ */
 
@@ -53,16 +54,6 @@
 #define MAXB 12
 #define NSEQ 3
 
-static uint64_t rs;
-
-static uint32_t
-rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 32);
-}
 
 typedef struct tseq {
     int32_t ids[MAXB * BS];
@@ -152,11 +143,11 @@ run_script(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c)
     kv_op_t ops[2 * MAXB];
     int32_t n_ops = 0;
 
-    rs = 0xabcdefULL;
+    synth_rs = 0xabcdefULL;
     for (int32_t s = 0; s < NSEQ; s++) {
         memset(&seqs[s], 0, sizeof(seqs[s]));
         for (int32_t i = 0; i < MAXB * BS; i++) {
-            seqs[s].ids[i] = 3 + (int32_t)(rnd() % (uint32_t)(c->vocab - 3));
+            seqs[s].ids[i] = 3 + (int32_t)(synth_rnd() % (uint32_t)(c->vocab - 3));
         }
         for (int32_t b = 0; b < 6; b++) {
             seqs[s].table[b] = 1 + b * NSEQ + s;
@@ -428,84 +419,13 @@ START_TEST(test_devemu_default_model)
 }
 END_TEST
 
-/* A small synthetic model (weights in [-scale, scale]), as test_tp.c. */
-typedef struct synth {
-    mdl_model_t m;
-    float *buf;
-} synth_t;
-
-static float *
-synth_take(float **p, size_t n, float scale)
-{
-    float *r = *p;
-
-    for (size_t i = 0; i < n; i++) {
-        r[i] = ((float)(rnd() & 0xffff) / 65536.0f * 2.0f - 1.0f) * scale;
-    }
-    *p += n;
-    return r;
-}
-
-static void
-synth_init_shape(synth_t *s, int32_t n_heads, int32_t n_kv, int bias, int32_t head_dim,
-                 int32_t dim, int32_t ffn_dim)
-{
-    mdl_config_t *c = &s->m.cfg;
-    float *p;
-
-    memset(s, 0, sizeof(*s));
-    rs = 0x5eed0000ULL + (uint64_t)n_kv;
-    snprintf(c->arch, sizeof(c->arch), "llama");
-    c->vocab_size = 97;
-    c->head_dim = head_dim;
-    c->n_heads = n_heads;
-    c->n_kv_heads = n_kv;
-    c->dim = dim;
-    c->n_layers = 2;
-    c->ffn_dim = ffn_dim;
-    c->max_pos = 128;
-    c->norm_eps = 1e-5f;
-    c->rope_theta = 10000.0f;
-    c->qkv_bias = bias;
-    int32_t qd = n_heads * c->head_dim, kvd = n_kv * c->head_dim;
-    size_t total = (size_t)c->vocab_size * c->dim * 2 + c->dim +
-                   (size_t)c->n_layers *
-                       ((size_t)qd * c->dim + 2 * (size_t)kvd * c->dim + qd + 2 * kvd +
-                        (size_t)c->dim * qd + 2 * (size_t)c->dim + 3 * (size_t)c->ffn_dim * c->dim);
-
-    s->buf = xmalloc(sizeof(float) * total);
-    p = s->buf;
-    s->m.tok_embd = mdl_weight_f32(synth_take(&p, (size_t)c->vocab_size * c->dim, 1.0f),
-                                   c->vocab_size, c->dim);
-    s->m.lm_head = mdl_weight_f32(synth_take(&p, (size_t)c->vocab_size * c->dim, 0.3f),
-                                  c->vocab_size, c->dim);
-    s->m.out_norm = synth_take(&p, (size_t)c->dim, 1.0f);
-    s->m.layers = xcalloc((size_t)c->n_layers, sizeof(mdl_layer_t));
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        mdl_layer_t *L = &s->m.layers[l];
-
-        L->attn_norm = synth_take(&p, (size_t)c->dim, 1.0f);
-        L->ffn_norm = synth_take(&p, (size_t)c->dim, 1.0f);
-        L->wq = mdl_weight_f32(synth_take(&p, (size_t)qd * c->dim, 0.3f), qd, c->dim);
-        L->wk = mdl_weight_f32(synth_take(&p, (size_t)kvd * c->dim, 0.3f), kvd, c->dim);
-        L->wv = mdl_weight_f32(synth_take(&p, (size_t)kvd * c->dim, 0.3f), kvd, c->dim);
-        L->bq = synth_take(&p, (size_t)qd, 0.2f);
-        L->bk = synth_take(&p, (size_t)kvd, 0.2f);
-        L->bv = synth_take(&p, (size_t)kvd, 0.2f);
-        if (!bias) {
-            L->bq = L->bk = L->bv = NULL;
-        }
-        L->wo = mdl_weight_f32(synth_take(&p, (size_t)c->dim * qd, 0.2f), c->dim, qd);
-        L->w_gate = mdl_weight_f32(synth_take(&p, (size_t)c->ffn_dim * c->dim, 0.2f), c->ffn_dim, c->dim);
-        L->w_up = mdl_weight_f32(synth_take(&p, (size_t)c->ffn_dim * c->dim, 0.2f), c->ffn_dim, c->dim);
-        L->w_down = mdl_weight_f32(synth_take(&p, (size_t)c->dim * c->ffn_dim, 0.2f), c->dim, c->ffn_dim);
-    }
-}
+/* The synthetic models' seed, per KV head count. */
+#define SYNTH_SEED(n_kv) (0x5eed0000ULL + (uint64_t)(n_kv))
 
 static void
 synth_init(synth_t *s, int32_t n_heads, int32_t n_kv, int bias)
 {
-    synth_init_shape(s, n_heads, n_kv, bias, 8, 40, 64);
+    synth_init_shape(s, n_heads, n_kv, bias, 8, 40, 64, SYNTH_SEED(n_kv));
 }
 
 START_TEST(test_devemu_synthetic)
@@ -521,8 +441,7 @@ START_TEST(test_devemu_synthetic)
 
         printf("synthetic %d/%d heads%s: emulated vs cpu NMSE %.3g, T=%d vs T=1 NMSE %.3g\n",
                cases[i][0], cases[i][1], cases[i][2] ? " + bias" : "", e_cpu, cases[i][3], e_tp);
-        free(s.m.layers);
-        free(s.buf);
+        synth_fini(&s);
     }
 }
 END_TEST
@@ -553,10 +472,10 @@ kq_flush_script(const mdl_model_t *m, mdl_kv_dtype_t kv, double bound)
     ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create(m, &rc, KN_DT_F16);
     ck_assert_int_eq(got.dev->fw[0].kqt[0].sl.n_slots, 14);
-    rs = 0x51075ULL;
+    synth_rs = 0x51075ULL;
     for (int32_t q = 0; q < 18; q++) {
         for (int32_t i = 0; i < 16; i++) {
-            ids[q][i] = 3 + (int32_t)(rnd() % (uint32_t)(c.vocab - 3));
+            ids[q][i] = 3 + (int32_t)(synth_rnd() % (uint32_t)(c.vocab - 3));
         }
     }
     /* (sequence, new tokens) per step; a step holds one or two sequences. */
@@ -665,8 +584,7 @@ START_TEST(test_devemu_kv_quant_budget)
                          ST_OK);
         ck_assert_uint_eq(bq.block_bytes, mdl_kv_block_bytes(&s.m.cfg, 16, kv) / 2);
     }
-    free(s.m.layers);
-    free(s.buf);
+    synth_fini(&s);
 }
 END_TEST
 
@@ -694,16 +612,14 @@ START_TEST(test_devemu_kv_quant)
             printf("synthetic %d/%d heads, %s KV, T=%d: emulated vs cpu NMSE %.3g\n",
                    cases[i][0], cases[i][1], kvs[k].name, cases[i][3],
                    vs_cpu_kq(&s.m, kvs[k].kv, cases[i][3], kvs[k].bound));
-            free(s.m.layers);
-            free(s.buf);
+            synth_fini(&s);
         }
     }
     for (size_t k = 0; k < sizeof(kvs) / sizeof(kvs[0]); k++) {
         synth_init(&s, 8, 2, 0);
         printf("synthetic 8/2 heads, %s KV, residual slots flushed: emulated vs cpu NMSE %.3g\n",
                kvs[k].name, kq_flush_script(&s.m, kvs[k].kv, kvs[k].bound));
-        free(s.m.layers);
-        free(s.buf);
+        synth_fini(&s);
     }
     if (scale != NULL && atof(scale) < 1.0) {
         printf("default model skipped at KVSERVE_TEST_SCALE=%s\n", scale);
@@ -745,9 +661,9 @@ greedy_tq(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t n_gen, double bound, 
     rc.kv_dtype = kv;
     ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create(m, &rc, KN_DT_F16);
-    rs = 0x6a09e667ULL;
+    synth_rs = 0x6a09e667ULL;
     for (int32_t i = 0; i < n; i++) {
-        ids_ref[i] = ids_got[i] = 3 + (int32_t)(rnd() % (uint32_t)(c.vocab - 3));
+        ids_ref[i] = ids_got[i] = 3 + (int32_t)(synth_rnd() % (uint32_t)(c.vocab - 3));
     }
     for (int32_t b = 0; b < MAXB; b++) {
         bt[b] = 1 + b;
@@ -824,12 +740,12 @@ START_TEST(test_devemu_kv_tq)
 
     for (size_t k = 0; k < sizeof(kvs) / sizeof(kvs[0]); k++) {
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-            synth_init_shape(&s, cases[i][0], cases[i][1], cases[i][2], 16, 40, 64);
+            synth_init_shape(&s, cases[i][0], cases[i][1], cases[i][2], 16, 40, 64,
+                             SYNTH_SEED(cases[i][1]));
             printf("synthetic %d/%d heads x 16, %s KV, T=%d: emulated vs cpu NMSE %.3g\n",
                    cases[i][0], cases[i][1], kvs[k].name, cases[i][3],
                    vs_cpu_kq_margin(&s.m, kvs[k].kv, cases[i][3], kvs[k].bound, TQ_MARGIN));
-            free(s.m.layers);
-            free(s.buf);
+            synth_fini(&s);
         }
     }
     if (scale != NULL && atof(scale) < 1.0) {
@@ -991,9 +907,9 @@ stream_script(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double bound)
     rc.max_num_seqs = rct.max_num_seqs = 2;
     ck_assert_msg(mdl_runtime_create(m, &rc, &ref.cpu, err, sizeof(err)) == ST_OK, "%s", err);
     got.dev = emu_dev_create(m, &rct, KN_DT_F16);
-    rs = 0x5171ULL + (uint64_t)kv;
+    synth_rs = 0x5171ULL + (uint64_t)kv;
     for (int32_t i = 0; i < total; i++) {
-        ids[i] = 3 + (int32_t)(rnd() % (uint32_t)(c.vocab - 3));
+        ids[i] = 3 + (int32_t)(synth_rnd() % (uint32_t)(c.vocab - 3));
     }
     for (int32_t b = NBLK - 1; b >= 1; b--) {
         free_blk[n_free++] = b;
@@ -1107,7 +1023,8 @@ START_TEST(test_devemu_kv_policy)
         return;
     }
     if (runs[_i].kv == MDL_KV_TQ3 || runs[_i].kv == MDL_KV_TQ4) {
-        synth_init_shape(&s, 8, 2, 1, 16, 40, 64); /* tq: head_dim a power of two >= 16 */
+        /* tq: head_dim a power of two >= 16 */
+        synth_init_shape(&s, 8, 2, 1, 16, 40, 64, SYNTH_SEED(2));
     } else {
         synth_init(&s, 8, 2, 1);
     }
@@ -1118,8 +1035,7 @@ START_TEST(test_devemu_kv_policy)
     printf("synthetic 8/2 heads, %s KV, T=%d, sink 8 + window 32 streamed 200 tokens: "
            "emulated vs cpu NMSE %.3g\n",
            runs[_i].name, runs[_i].tp, worst);
-    free(s.m.layers);
-    free(s.buf);
+    synth_fini(&s);
 }
 END_TEST
 
@@ -1279,7 +1195,7 @@ START_TEST(test_devemu_native_weights)
         synth_t s;
         uint8_t *qbuf;
 
-        synth_init_shape(&s, 8, 2, 1, 32, 256, 512);
+        synth_init_shape(&s, 8, 2, 1, 32, 256, 512, SYNTH_SEED(2));
         if (k == 0) { /* the f32 model (the same for every type) */
             e_orig = cpu_vs_dev(&s.m, &s.m, 2e-5, 0);
         }
@@ -1344,8 +1260,7 @@ START_TEST(test_devemu_native_weights)
         free(fbuf);
         free(f.m.layers);
         free(qbuf);
-        free(s.m.layers);
-        free(s.buf);
+        synth_fini(&s);
     }
 }
 END_TEST
@@ -1374,8 +1289,8 @@ same_kv(const emu_dev_t *a, const emu_dev_t *b)
  * for order[k]; logits of ref and got compared; with kv_ref set, got's KV
  * pool must equal kv_ref's after the step (a padded row writes nothing). */
 static void
-gstep(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, gseq_t *seqs, const int32_t *order, int32_t n_order,
-      const int32_t *n_new, emu_dev_t *kv_ref)
+gstep(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, gseq_t *seqs, const int32_t *order,
+      int32_t n_order, const int32_t *n_new, emu_dev_t *kv_ref)
 {
     int32_t tok[64], pos[64], slot[64], qs[GNS + 1], ctx[GNS], bt[GNS * MAXB], rows[GNS];
     int32_t n = 0;
@@ -1438,11 +1353,11 @@ graph_script(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, emu_dev_t *kv_ref)
     kv_op_t ops[4 * MAXB];
     int32_t n_ops = 0;
 
-    rs = 0x6a09e667ULL;
+    synth_rs = 0x6a09e667ULL;
     for (int32_t s = 0; s < GNS; s++) {
         memset(&seqs[s], 0, sizeof(seqs[s]));
         for (int32_t i = 0; i < MAXB * BS; i++) {
-            seqs[s].ids[i] = 3 + (int32_t)(rnd() % (uint32_t)(c->vocab - 3));
+            seqs[s].ids[i] = 3 + (int32_t)(synth_rnd() % (uint32_t)(c->vocab - 3));
         }
         for (int32_t b = 0; b < 6; b++) {
             seqs[s].table[b] = 1 + b * GNS + s;
@@ -1635,8 +1550,7 @@ START_TEST(test_devemu_graphs)
     graphs_vs_eager(&s.m, 1, 0, "synthetic 4/1 heads + bias");
     graphs_vs_eager(&s.m, 1, 1, "synthetic 4/1 heads + bias");
     graph_counts(&s.m);
-    free(s.m.layers);
-    free(s.buf);
+    synth_fini(&s);
     synth_init(&s, 8, 2, 0);
     graphs_vs_eager(&s.m, 1, 0, "synthetic 8/2 heads");
     graphs_vs_eager(&s.m, 2, 0, "synthetic 8/2 heads");
@@ -1651,8 +1565,7 @@ START_TEST(test_devemu_graphs)
         ck_assert(e->fw[0].graphs_off);
         emu_dev_destroy(e);
     }
-    free(s.m.layers);
-    free(s.buf);
+    synth_fini(&s);
     if (scale != NULL && atof(scale) < 1.0) {
         printf("default model skipped at KVSERVE_TEST_SCALE=%s\n", scale);
         return;
@@ -1691,8 +1604,7 @@ START_TEST(test_devemu_graphs_vs_cpu)
     printf("synthetic 8/2 heads + bias, graphs on vs cpu: worst NMSE %.3g\n", c.worst);
     mdl_runtime_destroy(ref.cpu);
     emu_dev_destroy(got.dev);
-    free(s.m.layers);
-    free(s.buf);
+    synth_fini(&s);
 }
 END_TEST
 

@@ -61,23 +61,6 @@
  * 16-bit keys: |diff| / (1 + |ref|). */
 #define KERNEL_TOL 2e-5
 
-static const char *
-model_dir(void)
-{
-    const char *dir = getenv("KVSERVE_TEST_MODEL");
-
-    return dir != NULL ? dir : KVSERVE_SOURCE_ROOT "/models/austen-2.7m";
-}
-
-static mdl_model_t *
-load_model(void)
-{
-    mdl_model_t *m = NULL;
-    char err[256] = "";
-
-    ck_assert_msg(mdl_model_load(model_dir(), &m, err, sizeof(err)) == ST_OK, "%s", err);
-    return m;
-}
 
 static mdl_runtime_config_t
 mass_config(const char *device, mdl_kv_dtype_t kv, int32_t tp)
@@ -396,7 +379,7 @@ mass_vs_cpu(const mdl_model_t *m, mdl_kv_dtype_t kv, int32_t tp, double tol)
 
 START_TEST(test_mass_emu_vs_cpu)
 {
-    mdl_model_t *m = load_model();
+    mdl_model_t *m = emu_load_model();
     double w;
 
     mdl_backend_register_test(&emu_backend);
@@ -560,7 +543,7 @@ compact_emu(const mdl_model_t *m, int fork)
 
 START_TEST(test_mass_emu_compact)
 {
-    mdl_model_t *m = load_model();
+    mdl_model_t *m = emu_load_model();
 
     compact_emu(m, 0);
     compact_emu(m, 1);
@@ -664,7 +647,7 @@ first_diff(const int32_t *a, const int32_t *b, int32_t n)
 
 START_TEST(test_mass_emu_greedy)
 {
-    mdl_model_t *m = load_model();
+    mdl_model_t *m = emu_load_model();
     size_t n = 0;
     int32_t *toks = text_tokens(m, &n);
     int32_t ref[G_GEN], got[G_GEN], cpu[G_GEN], kv_max, at;
@@ -832,7 +815,7 @@ erun(const mdl_model_t *m, const ejob_t *jobs, int32_t nj, const char *device, m
 
 START_TEST(test_mass_emu_engine)
 {
-    mdl_model_t *m = load_model();
+    mdl_model_t *m = emu_load_model();
     size_t n = 0;
     int32_t *toks = text_tokens(m, &n);
     static ejob_t jobs[E_JOBS];

@@ -58,23 +58,6 @@
 #include "tests/cuda/dev_emu.h"
 #include "text/tokenizer.h"
 
-static const char *
-model_dir(void)
-{
-    const char *dir = getenv("KVSERVE_TEST_MODEL");
-
-    return dir != NULL ? dir : KVSERVE_SOURCE_ROOT "/models/austen-2.7m";
-}
-
-static mdl_model_t *
-load_model(void)
-{
-    mdl_model_t *m = NULL;
-    char err[256] = "";
-
-    ck_assert_msg(mdl_model_load(model_dir(), &m, err, sizeof(err)) == ST_OK, "%s", err);
-    return m;
-}
 
 /* ---- runtime: one verification batch ------------------------------------------------ */
 
@@ -260,7 +243,7 @@ verify_rows(const mdl_model_t *m, mdl_kv_dtype_t kv, double *solo_worst)
 
 START_TEST(test_spec_emu_verify_rows)
 {
-    mdl_model_t *m = load_model();
+    mdl_model_t *m = emu_load_model();
     double s16, sb16, f16 = verify_rows(m, MDL_KV_F16, &s16),
                       bf16 = verify_rows(m, MDL_KV_BF16, &sb16);
 
@@ -361,7 +344,7 @@ gv_step(emu_side_t *cpu, emu_side_t *eager, emu_side_t *graph, emu_cmp_t *bits, 
  * recorded after its first step, then replayed) and eagerly. */
 START_TEST(test_spec_emu_verify_graphs)
 {
-    mdl_model_t *m = load_model();
+    mdl_model_t *m = emu_load_model();
     const int32_t vocab = mdl_model_config(m)->vocab_size;
     mdl_runtime_config_t rc = {.num_blocks = 1 + GSEQ * MAXB,
                                .block_size = BS,
@@ -675,7 +658,7 @@ report(const char *what, const eng_stats_t *st)
 
 START_TEST(test_spec_emu_engine_f16)
 {
-    mdl_model_t *m = load_model();
+    mdl_model_t *m = emu_load_model();
     static job_t jobs[N_JOBS];
     static out_t cpu[N_JOBS], plain[N_JOBS], spec[N_JOBS];
     char js[1400], q4[96], err[256] = "";
@@ -697,7 +680,7 @@ START_TEST(test_spec_emu_engine_f16)
 
     snprintf(js, sizeof(js),
              "{\"method\": \"draft_model\", \"model\": \"%s\", \"num_speculative_tokens\": 3}",
-             model_dir());
+             emu_model_dir());
     run(m, jobs, "cuda-emu", MDL_KV_F16, js, spec, &st);
     report("cuda-emu f16, draft = the model itself, k=3", &st);
     same(plain, spec, "cuda-emu, draft self");
@@ -707,7 +690,7 @@ START_TEST(test_spec_emu_engine_f16)
     ck_assert_uint_ge(st.spec.accepted_tokens * 100, st.spec.draft_tokens * 95);
 
     snprintf(q4, sizeof(q4), "/tmp/kvs-spec-emu-%d-q4_0.gguf", (int)getpid());
-    ck_assert_msg(mdl_quantize(model_dir(), q4, MDL_QUANT_Q4_0, err, sizeof(err)) == ST_OK, "%s",
+    ck_assert_msg(mdl_quantize(emu_model_dir(), q4, MDL_QUANT_Q4_0, err, sizeof(err)) == ST_OK, "%s",
                   err);
     snprintf(js, sizeof(js),
              "{\"method\": \"draft_model\", \"model\": \"%s\", \"num_speculative_tokens\": 3}", q4);
@@ -728,7 +711,7 @@ END_TEST
  * those of eager steps without speculation. */
 START_TEST(test_spec_emu_engine_graphs)
 {
-    mdl_model_t *m = load_model();
+    mdl_model_t *m = emu_load_model();
     static job_t jobs[N_JOBS];
     static out_t plain[N_JOBS], graphs[N_JOBS], spec[N_JOBS];
     char js[1400];
@@ -754,7 +737,7 @@ START_TEST(test_spec_emu_engine_graphs)
 
     snprintf(js, sizeof(js),
              "{\"method\": \"draft_model\", \"model\": \"%s\", \"num_speculative_tokens\": 3}",
-             model_dir());
+             emu_model_dir());
     emu_backend_verify_replays = 0;
     run(m, jobs, "cuda-emu", MDL_KV_F16, js, spec, &st);
     report("cuda-emu f16 graphs, draft = the model itself, k=3", &st);
@@ -770,7 +753,7 @@ END_TEST
 
 START_TEST(test_spec_emu_engine_int8)
 {
-    mdl_model_t *m = load_model();
+    mdl_model_t *m = emu_load_model();
     static job_t jobs[N_JOBS];
     static out_t plain[N_JOBS], spec[N_JOBS];
     eng_stats_t st;

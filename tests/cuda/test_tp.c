@@ -35,6 +35,7 @@
 #include "model/model_int.h"
 #include "model/tp.h"
 #include "scheduler/kv_stream.h"
+#include "tests/cuda/synth_model.h"
 
 #define BS 8
 #define NBLK 64
@@ -42,98 +43,13 @@
 #define MAXB 16
 #define NSEQ 3
 
-static uint64_t rs;
-
-static uint32_t
-rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 32);
-}
 
 /* ---- a synthetic model ------------------------------------------------------ */
-
-typedef struct synth {
-    mdl_model_t m;
-    float *buf;
-} synth_t;
-
-static float *
-synth_take(float **p, size_t n, float scale)
-{
-    float *r = *p;
-
-    for (size_t i = 0; i < n; i++) {
-        r[i] = ((float)(rnd() & 0xffff) / 65536.0f * 2.0f - 1.0f) * scale;
-    }
-    *p += n;
-    return r;
-}
 
 static void
 synth_init(synth_t *s, int32_t n_heads, int32_t n_kv, int bias)
 {
-    mdl_config_t *c = &s->m.cfg;
-    size_t total;
-    float *p;
-
-    memset(s, 0, sizeof(*s));
-    rs = 0x1234567890abcdefULL + (uint64_t)n_kv;
-    snprintf(c->arch, sizeof(c->arch), "llama");
-    c->vocab_size = 97;
-    c->head_dim = 8;
-    c->n_heads = n_heads;
-    c->n_kv_heads = n_kv;
-    c->dim = 40;
-    c->n_layers = 2;
-    c->ffn_dim = 64;
-    c->max_pos = 128;
-    c->norm_eps = 1e-5f;
-    c->rope_theta = 10000.0f;
-    c->qkv_bias = bias;
-    c->bos_id = 1;
-    int32_t qd = n_heads * c->head_dim, kvd = n_kv * c->head_dim;
-
-    total = (size_t)c->vocab_size * c->dim * 2 + c->dim +
-            (size_t)c->n_layers *
-                ((size_t)qd * c->dim + 2 * (size_t)kvd * c->dim + qd + 2 * kvd +
-                 (size_t)c->dim * qd + 2 * (size_t)c->dim + 3 * (size_t)c->ffn_dim * c->dim);
-    s->buf = xmalloc(sizeof(float) * total);
-    p = s->buf;
-    s->m.tok_embd = mdl_weight_f32(synth_take(&p, (size_t)c->vocab_size * c->dim, 1.0f),
-                                   c->vocab_size, c->dim);
-    s->m.lm_head = mdl_weight_f32(synth_take(&p, (size_t)c->vocab_size * c->dim, 0.3f),
-                                  c->vocab_size, c->dim);
-    s->m.out_norm = synth_take(&p, (size_t)c->dim, 1.0f);
-    s->m.layers = xcalloc((size_t)c->n_layers, sizeof(mdl_layer_t));
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        mdl_layer_t *L = &s->m.layers[l];
-
-        L->attn_norm = synth_take(&p, (size_t)c->dim, 1.0f);
-        L->ffn_norm = synth_take(&p, (size_t)c->dim, 1.0f);
-        L->wq = mdl_weight_f32(synth_take(&p, (size_t)qd * c->dim, 0.3f), qd, c->dim);
-        L->wk = mdl_weight_f32(synth_take(&p, (size_t)kvd * c->dim, 0.3f), kvd, c->dim);
-        L->wv = mdl_weight_f32(synth_take(&p, (size_t)kvd * c->dim, 0.3f), kvd, c->dim);
-        L->bq = synth_take(&p, (size_t)qd, 0.2f);
-        L->bk = synth_take(&p, (size_t)kvd, 0.2f);
-        L->bv = synth_take(&p, (size_t)kvd, 0.2f);
-        if (!bias) {
-            L->bq = L->bk = L->bv = NULL;
-        }
-        L->wo = mdl_weight_f32(synth_take(&p, (size_t)c->dim * qd, 0.2f), c->dim, qd);
-        L->w_gate = mdl_weight_f32(synth_take(&p, (size_t)c->ffn_dim * c->dim, 0.2f), c->ffn_dim, c->dim);
-        L->w_up = mdl_weight_f32(synth_take(&p, (size_t)c->ffn_dim * c->dim, 0.2f), c->ffn_dim, c->dim);
-        L->w_down = mdl_weight_f32(synth_take(&p, (size_t)c->dim * c->ffn_dim, 0.2f), c->dim, c->ffn_dim);
-    }
-}
-
-static void
-synth_fini(synth_t *s)
-{
-    free(s->m.layers);
-    free(s->buf);
+    synth_init_shape(s, n_heads, n_kv, bias, 8, 40, 64, 0x1234567890abcdefULL + (uint64_t)n_kv);
 }
 
 /* ---- the scripted steps ------------------------------------------------------ */
@@ -241,12 +157,12 @@ run_script(const mdl_model_t *m, int32_t tp, mdl_kv_dtype_t dtype, double tol)
     rc.tp_size = tp;
     ck_assert_msg(mdl_runtime_create(m, &rc, &p.many, err, sizeof(err)) == ST_OK, "%s", err);
 
-    rs = 0xfeedULL + (uint64_t)tp;
+    synth_rs = 0xfeedULL + (uint64_t)tp;
     for (int32_t s = 0; s < NSEQ; s++) {
         memset(&seqs[s], 0, sizeof(seqs[s]));
         seqs[s].n_ids = 60;
         for (int32_t i = 0; i < seqs[s].n_ids; i++) {
-            seqs[s].ids[i] = 3 + (int32_t)(rnd() % (uint32_t)(p.vocab - 3));
+            seqs[s].ids[i] = 3 + (int32_t)(synth_rnd() % (uint32_t)(p.vocab - 3));
         }
         for (int32_t b = 0; b < 8; b++) {
             /* interleaved ids: tables are not contiguous */
@@ -443,9 +359,9 @@ run_stream(const mdl_model_t *m, int32_t tp, mdl_kv_dtype_t dtype, double tol)
     char err[256];
     double worst = 0.0;
 
-    rs = 0xabcdULL + (uint64_t)dtype;
+    synth_rs = 0xabcdULL + (uint64_t)dtype;
     for (int32_t i = 0; i < N; i++) {
-        toks[i] = 3 + (int32_t)(rnd() % (uint32_t)(vocab - 3));
+        toks[i] = 3 + (int32_t)(synth_rnd() % (uint32_t)(vocab - 3));
     }
     for (int k = 0; k < 2; k++) {
         rc.tp_size = k == 0 ? 1 : tp;
@@ -549,8 +465,8 @@ pools_step(pools_t *p, int32_t n_seqs, const int32_t *n_new, const int32_t *ctx,
     ck_assert_int_le(n, MAXT);
     for (int32_t l = 0; l < PH_L; l++) {
         for (int32_t i = 0; i < n * PH_KV * PH_HD; i++) {
-            k[i] = ((float)(rnd() & 0xffff) / 65536.0f - 0.5f) * (1.0f + (float)(i % PH_HD));
-            v[i] = ((float)(rnd() & 0xffff) / 65536.0f - 0.5f) * 2.0f;
+            k[i] = ((float)(synth_rnd() & 0xffff) / 65536.0f - 0.5f) * (1.0f + (float)(i % PH_HD));
+            v[i] = ((float)(synth_rnd() & 0xffff) / 65536.0f - 0.5f) * 2.0f;
         }
         host_kv_write(&p->whole, l, k, v, slots, n);
         for (int32_t h = 0; h < PH_KV; h++) {
@@ -565,7 +481,7 @@ pools_step(pools_t *p, int32_t n_seqs, const int32_t *n_new, const int32_t *ctx,
     }
     for (int32_t l = 0; l < PH_L; l++) {
         for (int32_t i = 0; i < n * PH_Q * PH_HD; i++) {
-            q[i] = (float)(rnd() & 0xffff) / 65536.0f - 0.5f;
+            q[i] = (float)(synth_rnd() & 0xffff) / 65536.0f - 0.5f;
         }
         kn_attn_args_t aa = {
             .out = out,
@@ -692,7 +608,7 @@ START_TEST(test_tp_kv_pools_bit_exact)
                                    .kv_dtype = dtypes[d]};
         pools_t p;
 
-        rs = 0x5eedULL + d;
+        synth_rs = 0x5eedULL + d;
         for (int32_t i = 0; i < PH_HD / 2; i++) {
             p.inv_freq[i] = powf(10000.0f, -2.0f * (float)i / PH_HD);
         }
