@@ -41,8 +41,8 @@ synth_take(float **p, size_t n, float scale)
 }
 
 void
-synth_init_shape(synth_t *s, int32_t n_heads, int32_t n_kv, int bias, int32_t head_dim,
-                 int32_t dim, int32_t ffn_dim, uint64_t seed)
+synth_init_shape(synth_t *s, int32_t n_heads, int32_t n_kv, int bias, int32_t head_dim, int32_t dim,
+                 int32_t ffn_dim, uint64_t seed)
 {
     mdl_config_t *c = &s->m.cfg;
     float *p;
@@ -70,10 +70,10 @@ synth_init_shape(synth_t *s, int32_t n_heads, int32_t n_kv, int bias, int32_t he
 
     s->buf = xmalloc(sizeof(float) * total);
     p = s->buf;
-    s->m.tok_embd = mdl_weight_f32(synth_take(&p, (size_t)c->vocab_size * c->dim, 1.0f),
-                                   c->vocab_size, c->dim);
-    s->m.lm_head = mdl_weight_f32(synth_take(&p, (size_t)c->vocab_size * c->dim, 0.3f),
-                                  c->vocab_size, c->dim);
+    s->m.tok_embd =
+        mdl_weight_f32(synth_take(&p, (size_t)c->vocab_size * c->dim, 1.0f), c->vocab_size, c->dim);
+    s->m.lm_head =
+        mdl_weight_f32(synth_take(&p, (size_t)c->vocab_size * c->dim, 0.3f), c->vocab_size, c->dim);
     s->m.out_norm = synth_take(&p, (size_t)c->dim, 1.0f);
     s->m.layers = xcalloc((size_t)c->n_layers, sizeof(mdl_layer_t));
     for (int32_t l = 0; l < c->n_layers; l++) {
