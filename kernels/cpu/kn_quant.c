@@ -395,7 +395,8 @@ quant_k45(const float *x, uint8_t *y, int64_t nb, int k5)
             float dm = f16_at(y + 2) * lm;
 
             for (int l = 0; l < 32; l++) {
-                L[32 * j + l] = (uint8_t)q_clamp(kn__nearest_int((x[32 * j + l] + dm) / d), 0, nmax);
+                L[32 * j + l] =
+                    (uint8_t)q_clamp(kn__nearest_int((x[32 * j + l] + dm) / d), 0, nmax);
             }
         }
         if (!k5) {
@@ -594,8 +595,8 @@ kn_act_bytes(int32_t n_tok, int32_t d_in)
     size_t per = (size_t)act_pad(d_in);
 
     /* + the Q8_K form: codes 1, kd 1/64, kbs 1/16 */
-    return (size_t)n_tok * (per + per + per / 4 + per / 4 + per / 8 + per + per + per / 64 +
-                            per / 16) +
+    return (size_t)n_tok *
+               (per + per + per / 4 + per / 4 + per / 8 + per + per + per / 64 + per / 16) +
            10 * 64;
 }
 

@@ -114,8 +114,8 @@ START_TEST(test_repack_roundtrip)
                 kn_dequant_row(KN_W_Q4_K, (const char *)src + (size_t)r * w.row_bytes, a, cols);
                 kn_weight_row(&r8, r, b);
                 ck_assert_msg(memcmp(a, b, sizeof(float) * (size_t)cols) == 0,
-                              "row %d of %d x %d (wild %d) dequantizes differently", r, rows,
-                              cols, wild);
+                              "row %d of %d x %d (wild %d) dequantizes differently", r, rows, cols,
+                              wild);
             }
             /* The lookup of an embedding table reads the repacked rows too. */
             int32_t tok[3] = {rows - 1, 0, 5 % rows};
@@ -144,7 +144,7 @@ START_TEST(test_repack_refuses)
     uint8_t dst[4 * 1184];
 
     ck_assert_int_eq(kn_q4r8_repack(&w, dst, &r8), ST_EINVAL); /* 12 rows */
-    ck_assert_int_eq(r8.type, KN_W_F32);                        /* untouched */
+    ck_assert_int_eq(r8.type, KN_W_F32);                       /* untouched */
     w.rows = 8;
     w.type = KN_W_Q6_K;
     ck_assert_int_eq(kn_q4r8_repack(&w, dst, &r8), ST_EINVAL);
