@@ -53,6 +53,8 @@ kn_q4r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out)
         for (int32_t k = 0; k < nsb; k++) {
             uint8_t *o = (uint8_t *)dst + ((size_t)g8 * nsb + k) * KN_R8_BLK;
 
+            memset(o + KN_R8_SM, 0, KN_R8_QS - KN_R8_SM);
+
             for (int r = 0; r < 8; r++) {
                 const uint8_t *b =
                     (const uint8_t *)w->data + (size_t)(8 * g8 + r) * w->row_bytes + 144 * k;
@@ -60,11 +62,12 @@ kn_q4r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out)
                 memcpy(o + KN_R8_D + 2 * r, b, 2);
                 memcpy(o + KN_R8_DMIN + 2 * r, b + 2, 2);
                 for (int j = 0; j < 8; j++) {
-                    int sc, m;
+                    int sc, m, i = 2 * r + (j & 1);
+                    uint8_t *sm = o + KN_R8_SM + 24 * (j / 2);
 
                     kn__k4_scale_min(j, b + 4, &sc, &m);
-                    o[KN_R8_SC + 16 * (j / 2) + 2 * r + (j & 1)] = (uint8_t)sc;
-                    o[KN_R8_MN + 16 * (j / 2) + 2 * r + (j & 1)] = (uint8_t)m;
+                    sm[i] = (uint8_t)((sc & 0xF) | (m & 0xF) << 4);
+                    sm[16 + i / 2] |= (uint8_t)(((sc >> 4) | (m >> 4) << 4) << (2 * (i & 1)));
                 }
                 for (int g = 0; g < 4; g++) {
                     for (int p = 0; p < 4; p++) {
@@ -84,6 +87,17 @@ static inline const uint8_t *
 r8_block(const kn_weight_t *w, int32_t r, int32_t k)
 {
     return (const uint8_t *)w->data + ((size_t)(r / 8) * (size_t)(w->cols / 256) + k) * KN_R8_BLK;
+}
+
+/* The 6-bit scale and min of sub-block j of row rr in block o. */
+static inline void
+r8_scale_min(const uint8_t *o, int rr, int j, int *sc, int *m)
+{
+    const uint8_t *sm = o + KN_R8_SM + 24 * (j / 2);
+    int i = 2 * rr + (j & 1), hi = sm[16 + i / 2] >> (2 * (i & 1));
+
+    *sc = (sm[i] & 0xF) | (hi & 3) << 4;
+    *m = (sm[i] >> 4) | (hi & 0x30);
 }
 
 /* Code of column c (0..255) of row rr (0..7) in block o. */
@@ -110,8 +124,10 @@ kn_weight_row(const kn_weight_t *w, int32_t r, float *dst)
         float d = r8_f16(o + KN_R8_D + 2 * rr), dm = r8_f16(o + KN_R8_DMIN + 2 * rr);
 
         for (int j = 0; j < 8; j++) {
-            int at = 16 * (j / 2) + 2 * rr + (j & 1);
-            float d1 = d * (float)o[KN_R8_SC + at], m1 = dm * (float)o[KN_R8_MN + at];
+            int sc, m;
+
+            r8_scale_min(o, rr, j, &sc, &m);
+            float d1 = d * (float)sc, m1 = dm * (float)m;
 
             for (int l = 0; l < 32; l++) { /* ggml: d1 * q - m1 */
                 dst[256 * k + 32 * j + l] = d1 * (float)r8_code(o, rr, 32 * j + l) - m1;
@@ -212,14 +228,15 @@ kn__q4r8_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bias, fl
                 int32_t s1 = 0, s2 = 0;
 
                 for (int j = 0; j < 8; j++) {
-                    int at = 16 * (j / 2) + 2 * rr + (j & 1);
                     int32_t isum = 0;
+                    int sc, m;
 
+                    r8_scale_min(o, rr, j, &sc, &m);
                     for (int l = 0; l < 32; l++) {
                         isum += r8_code(o, rr, 32 * j + l) * xq[256 * k + 32 * j + l];
                     }
-                    s1 += (int32_t)o[KN_R8_SC + at] * isum;
-                    s2 += (int32_t)o[KN_R8_MN + at] * bs[8 * k + j];
+                    s1 += sc * isum;
+                    s2 += m * bs[8 * k + j];
                 }
                 float dx = a->kd[(size_t)t * (a->d_pad / 256) + k];
                 float dd = r8_f16(o + KN_R8_D + 2 * rr) * dx;

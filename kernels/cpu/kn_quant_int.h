@@ -42,12 +42,11 @@ void kn__qrows_vnni(const kn_act_t *a, const kn_weight_t *w, const float *bias, 
                     int accumulate, int32_t r0, int32_t r1);
 
 /* KN_W_Q4_K_R8 (kn_quant.h): the offsets in a block of 8 rows x 256 columns. */
-#define KN_R8_BLK 1184
+#define KN_R8_BLK 1152
 #define KN_R8_D 0
 #define KN_R8_DMIN 16
-#define KN_R8_SC 32
-#define KN_R8_MN 96
-#define KN_R8_QS 160
+#define KN_R8_SM 32 /* 4 x 24 bytes of 6-bit scales and mins */
+#define KN_R8_QS 128
 
 /* The scalar reference of KN_W_Q4_K_R8 rows [r0, r1) (kn_q4r8.c): a kn_qrows_fn
  * that needs the Q8_K form of a; the C and AVX2 levels run it. */
