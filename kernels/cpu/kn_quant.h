@@ -30,6 +30,10 @@
  * register form that gives the same sums without a reduction. A row's
  * result for a token is the same whatever the batch. The C level decodes 4-row tiles
  * into a buffer; F16 / BF16 run 4 rows x 4 tokens per micro-kernel.
+ * q4_K on the CPU backend is repacked at load into KN_W_Q4_K_R8 (below,
+ * kn_q4r8.c, kn_q4r8_body.inc): 8 rows interleaved, read against Q8_K
+ * activations (one scale per 256) with 8 rows' lanes side by side, about
+ * 1.4x the file-layout kernel's rate; the other types keep the file's rows.
  *
  * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
  * be called from any thread; a kn_act_t is used by one caller at a time.
@@ -66,8 +70,8 @@ typedef struct kn_weight {
 } kn_weight_t;
 
 /* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_r8";
- * "?" if unknown. The size functions give q4_k_r8 256 elements and 148
- * bytes per row and block (its 8-row block of 1184 bytes shared out). */
+ * "?" if unknown. The size functions give q4_k_r8 256 elements and 144
+ * bytes per row and block (its 8-row block of 1152 bytes shared out). */
 const char *kn_wtype_name(kn_wtype_t t);
 /* Elements per block: 1, 1, 1, 32, 32, 256, 256, 256 (0 if unknown). */
 int32_t kn_wtype_block_elems(kn_wtype_t t);
@@ -149,17 +153,24 @@ void kn_act_quantize_q8k(kn_act_t *a);
 
 /* ---- q4_K repacked 8 rows at a time (KN_W_Q4_K_R8) ----------------------
  * For each group of 8 rows (G = r / 8) and each 256 columns (k), one block
- * of 1184 bytes at data + (G * cols / 256 + k) * 1184:
+ * of 1152 bytes (the file's 8 blocks' size) at data + (G * cols / 256 + k)
+ * * 1152:
  *     0  f16 d[8]            the 8 rows' super-block scales
  *    16  f16 dmin[8]         and mins
- *    32  u8  sc[4][8][2]     [g][row][h]: 6-bit scale of sub-block 2g + h
- *    96  u8  mn[4][8][2]     the same for the 6-bit mins
- *   160  u8  qs[4][4][8][8]  [g][p][row]: the row's file bytes
+ *    32  u8  sm[4][24]       per g (sub-blocks 2g, 2g + 1), i = 2 row + h:
+ *                            byte i (0..15) = scale & 15 | (min & 15) << 4
+ *                            of sub-block 2g + h; byte 16 + i / 2 holds
+ *                            the top 2 bits of scale (bits 0-1) and min
+ *                            (4-5) of even i, of odd i at bits 2-3 / 6-7
+ *   128  u8  qs[4][4][8][8]  [g][p][row]: the row's file bytes
  *                            qs[32 g + 8 p .. + 7] (low nibbles: columns
  *                            64 g + 8 p + i, high: + 32)
  * so that one 64-byte load holds 8 columns of all 8 rows, two dword lanes
- * per row, matching an 8-byte broadcast of the activation codes. Scales
- * and mins are decoded to bytes (32 bytes more than the file's 1152).
+ * per row, matching an 8-byte broadcast of the activation codes; a few
+ * SSE ops unpack a g's 16 scales and mins per block (a byte-per-scale
+ * layout, 1184 bytes, measured no faster). kn_dequant_row() and
+ * kn_quant_row() do not take this type (its rows are not contiguous);
+ * kn_weight_row() and kn_embed_w() do.
  * The product reads the Q8_K activations: per row and 256 columns
  *   S1 = sum_j sc_j * sum_{32} q * xq,   S2 = sum_j mn_j * kbs_j   (exact int32)
  *   acc = fmaf(d * kd, (float)S1, acc);  acc = fmaf(-(dmin * kd), (float)S2, acc)
