@@ -10,8 +10,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/status.h"
 #include "model/cpu_repack.h"
@@ -30,18 +28,6 @@ in_file_map(const mdl_model_t *m, const void *p, size_t len)
         }
     }
     return 0;
-}
-
-/* Drops the whole pages of [p, p + len) of a file mapping. */
-static void
-drop_file_pages(const void *p, size_t len)
-{
-    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t lo = ((uintptr_t)p + pg - 1) & ~(pg - 1), hi = ((uintptr_t)p + len) & ~(pg - 1);
-
-    if (hi > lo) {
-        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
-    }
 }
 
 static int
@@ -75,7 +61,7 @@ mdl__cpu_repack(const mdl_model_t *m, kn_weight_t *w, void **own, void **src_own
         return 0;
     }
     if (file) {
-        drop_file_pages(w->data, src_len);
+        mdl__drop_pages(w->data, src_len);
     } else {
         free(*src_own);
         *src_own = NULL;

@@ -175,35 +175,13 @@ q8k_tok(kn_act_t *a, int32_t t)
     }
 }
 
-static void
-q8k_region(void *arg, int chunk, int n_chunks)
-{
-    kn_act_t *a = arg;
-    int32_t per = (a->n_tok + n_chunks - 1) / n_chunks;
-    int32_t t0 = chunk * per < a->n_tok ? chunk * per : a->n_tok;
-    int32_t t1 = t0 + per < a->n_tok ? t0 + per : a->n_tok;
-
-    for (int32_t t = t0; t < t1; t++) {
-        q8k_tok(a, t);
-    }
-}
-
 void
 kn_act_quantize_q8k(kn_act_t *a)
 {
     if (a->have_q8k) {
         return;
     }
-    /* Elements from which the tokens are split over the team, as kn_act_quantize_q8. */
-    int nt = (long)a->n_tok * a->d_pad >= (1L << 15) ? kn_cpu_threads() : 1;
-
-    if (nt > 1 && a->n_tok > 1) { /* each token's form depends on that token alone */
-        kn__pool_run(nt, a->n_tok < nt * 4 ? a->n_tok : nt * 4, q8k_region, a);
-    } else {
-        for (int32_t t = 0; t < a->n_tok; t++) {
-            q8k_tok(a, t);
-        }
-    }
+    kn__act_tokens(a, q8k_tok);
     a->have_q8k = 1;
 }
 

@@ -701,17 +701,42 @@ act_q8_tok(kn_act_t *a, int32_t t)
     }
 }
 
-/* kn_act_quantize_q8's region: a share of the tokens. */
+/* kn__act_tokens' region: a share of the tokens. */
+typedef struct act_job {
+    kn_act_t *a;
+    void (*tok)(kn_act_t *a, int32_t t);
+} act_job_t;
+
 static void
-act_q8_region(void *arg, int chunk, int n_chunks)
+act_region(void *arg, int chunk, int n_chunks)
 {
-    kn_act_t *a = arg;
-    int32_t per = (a->n_tok + n_chunks - 1) / n_chunks;
-    int32_t t0 = chunk * per < a->n_tok ? chunk * per : a->n_tok;
-    int32_t t1 = t0 + per < a->n_tok ? t0 + per : a->n_tok;
+    const act_job_t *j = arg;
+    int32_t n = j->a->n_tok, per = (n + n_chunks - 1) / n_chunks;
+    int32_t t0 = chunk * per < n ? chunk * per : n;
+    int32_t t1 = t0 + per < n ? t0 + per : n;
 
     for (int32_t t = t0; t < t1; t++) {
-        act_q8_tok(a, t);
+        j->tok(j->a, t);
+    }
+}
+
+/* Elements from which the activation quantizers split their tokens over
+ * the team (a batch-32 step spent 2% of its time there, serial). */
+#define KN_QACT_PAR (1L << 15)
+
+void
+kn__act_tokens(kn_act_t *a, void (*tok)(kn_act_t *a, int32_t t))
+{
+    int nt = (long)a->n_tok * a->d_pad >= KN_QACT_PAR ? kn_cpu_threads() : 1;
+    act_job_t j = {a, tok};
+
+    if (nt > 1 && a->n_tok > 1) {
+        /* Each token's codes depend on that token alone: the split changes no bit. */
+        kn__pool_run(nt, a->n_tok < nt * 4 ? a->n_tok : nt * 4, act_region, &j);
+    } else {
+        for (int32_t t = 0; t < a->n_tok; t++) {
+            tok(a, t);
+        }
     }
 }
 
@@ -723,26 +748,13 @@ kn_act_quantize_q8_rows(kn_act_t *a, int32_t t0, int32_t t1)
     }
 }
 
-/* Elements from which the activation quantizer splits its tokens over the
- * team (a batch-32 step spent 2% of its time there, serial). */
-#define KN_QACT_PAR (1L << 15)
-
 void
 kn_act_quantize_q8(kn_act_t *a)
 {
     if (a->have_q8) {
         return;
     }
-    int nt = (long)a->n_tok * a->d_pad >= KN_QACT_PAR ? kn_cpu_threads() : 1;
-
-    if (nt > 1 && a->n_tok > 1) {
-        /* Each token's codes depend on that token alone: the split changes no bit. */
-        kn__pool_run(nt, a->n_tok < nt * 4 ? a->n_tok : nt * 4, act_q8_region, a);
-    } else {
-        for (int32_t t = 0; t < a->n_tok; t++) {
-            act_q8_tok(a, t);
-        }
-    }
+    kn__act_tokens(a, act_q8_tok);
     a->have_q8 = 1;
 }
 

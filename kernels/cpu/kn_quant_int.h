@@ -41,6 +41,10 @@ void kn__qrows_avx512(const kn_act_t *a, const kn_weight_t *w, const float *bias
 void kn__qrows_vnni(const kn_act_t *a, const kn_weight_t *w, const float *bias, float *y,
                     int accumulate, int32_t r0, int32_t r1);
 
+/* Runs tok(a, t) for every token of a, split over the kernel team from
+ * 2^15 elements (each token's activation forms depend on it alone). */
+void kn__act_tokens(kn_act_t *a, void (*tok)(kn_act_t *a, int32_t t));
+
 /* KN_W_Q4_K_R8 (kn_quant.h): the offsets in a block of 8 rows x 256 columns. */
 #define KN_R8_BLK 1152
 #define KN_R8_D 0

@@ -5,7 +5,7 @@
  * product at every ISA level this CPU has x 1 and 2 threads, bit for bit
  * against the scalar reference (the integer sums are exact and the f32
  * steps the same), on random and outlier-heavy weights and activations,
- * rows 8 .. 72, cols 256 .. 4096, n_tok 1 .. 40 (GEMV and tiles of 8),
+ * rows 8 .. 128, cols 256 .. 4096, n_tok 1 .. 40 (GEMV and tiles of 8),
  * bias and accumulate; the reference within the Q8_K rounding bound of
  * an f64 product over the dequantized weights; a token alone against the
  * same token in a batch; a row split that does not fall on a group of 8
