@@ -32,8 +32,8 @@
  * into a buffer; F16 / BF16 run 4 rows x 4 tokens per micro-kernel.
  * q4_K on the CPU backend is repacked at load into KN_W_Q4_K_R8 (below,
  * kn_q4r8.c, kn_q4r8_body.inc): 8 rows interleaved, read against Q8_K
- * activations (one scale per 256) with 8 rows' lanes side by side, about
- * 1.4x the file-layout kernel's rate; the other types keep the file's rows.
+ * activations (one scale per 256) with 8 rows' lanes side by side, 1.1-1.3x
+ * the file-layout kernel's rate; the other types keep the file's rows.
  *
  * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
  * be called from any thread; a kn_act_t is used by one caller at a time.
