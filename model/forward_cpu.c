@@ -57,6 +57,7 @@
 #include "kernels/cpu/kn_fused.h"
 #include "kernels/cpu/kn_quant.h"
 #include "model/backend.h"
+#include "model/cpu_repack.h"
 #include "model/host_kv.h"
 #include "model/model_int.h"
 #include "model/tp.h"
@@ -70,6 +71,7 @@ typedef struct cpu_layer {
     kn_weight_t w_gate, w_up;   /* rows [f0, f0 + n_f) */
     kn_weight_t w_down;         /* [dim][n_f] */
     void *own_wo, *own_down;    /* column copies at T > 1, else NULL */
+    void *own_r8[7];            /* repacked q4_K weights (model/cpu_repack.h), or NULL */
 } cpu_layer_t;
 
 typedef struct cpu_rank {
@@ -90,6 +92,8 @@ typedef struct cpu_rank {
     float *sub_att; /* (S, n_q * hd) */
     void *scratch;  /* the one allocation behind every scratch pointer */
     kn_act_t act;   /* the input of the weights being applied */
+    size_t r8_bytes; /* q4_K bytes repacked (model/cpu_repack.h) */
+    int32_t r8_n;    /* and matrices */
     void *act_buf;  /* its quantized forms: kn_act_bytes(max(T, S), widest input) */
 } cpu_rank_t;
 
@@ -132,6 +136,9 @@ cpu_destroy(void *state)
         for (int32_t l = 0; rk->layers != NULL && l < s->c.n_layers; l++) {
             free(rk->layers[l].own_wo);
             free(rk->layers[l].own_down);
+            for (int i = 0; i < 7; i++) {
+                free(rk->layers[l].own_r8[i]);
+            }
         }
         free(rk->layers);
         host_kv_destroy(&rk->kv);
@@ -236,6 +243,17 @@ cpu_rank_init(cpu_state_t *s, int32_t r, char *err, size_t errlen)
             cl->wo = cpu_cols(&L->wo, sh->q0 * hd, sh->n_q * hd, &cl->own_wo);
             cl->w_down = cpu_cols(&L->w_down, sh->f0, sh->n_f, &cl->own_down);
         }
+        kn_weight_t *ws[7] = {&cl->wq, &cl->wk, &cl->wv, &cl->w_gate, &cl->w_up, &cl->wo,
+                              &cl->w_down};
+        void **srcs[7] = {NULL, NULL, NULL, NULL, NULL, s->tp > 1 ? &cl->own_wo : NULL,
+                          s->tp > 1 ? &cl->own_down : NULL};
+
+        for (int i = 0; i < 7; i++) {
+            size_t n = mdl__cpu_repack(m, ws[i], &cl->own_r8[i], srcs[i]);
+
+            rk->r8_bytes += n;
+            rk->r8_n += n > 0;
+        }
     }
 
     char why[256];
@@ -321,11 +339,20 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     s->rc = *rc;
     s->tp = rc->tp_size;
     s->ranks = xcalloc((size_t)s->tp, sizeof(*s->ranks));
+    size_t r8_bytes = 0;
+    int32_t r8_n = 0;
+
     for (int32_t r = 0; r < s->tp; r++) {
         st = cpu_rank_init(s, r, err, errlen);
         if (st != ST_OK) {
             goto fail;
         }
+        r8_bytes += s->ranks[r].r8_bytes;
+        r8_n += s->ranks[r].r8_n;
+    }
+    if (r8_n > 0) {
+        LOG_INFO("repacked %d q4_k matrices (%.1f MiB) 8 rows at a time for the CPU kernels",
+                 r8_n, (double)r8_bytes / (1024.0 * 1024.0));
     }
     s->inv_freq = xmalloc(sizeof(float) * (size_t)(c->head_dim / 2));
     s->logits = xcalloc(S * (size_t)c->vocab_size, sizeof(float));

@@ -302,10 +302,8 @@ unpermuted_row(int64_t r, int64_t n_head, int64_t rows)
     return h * hd + 2 * (i % half) + i / half;
 }
 
-/* Drops the whole pages of [p, p + len) of a file mapping from memory
- * (they are re-read if touched again): the loader copied them. */
-static void
-drop_pages(const void *p, size_t len)
+void
+mdl__drop_pages(const void *p, size_t len)
 {
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t lo = ((uintptr_t)p + pg - 1) & ~(pg - 1), hi = ((uintptr_t)p + len) & ~(pg - 1);
@@ -423,7 +421,7 @@ load_matrix(wsrc_t *ws, const char *hf_name, const char *gg_name, int64_t rows, 
         }
     }
     free(tmp);
-    drop_pages(src, src_row_bytes * (size_t)rows);
+    mdl__drop_pages(src, src_row_bytes * (size_t)rows);
     out->data = dst;
     return ST_OK;
 }

@@ -55,6 +55,11 @@ struct mdl_model {
     size_t type_bytes[KN_W_NTYPES]; /* bytes of the matrices by type (embedding included) */
 };
 
+/* Drops the whole pages of [p, p + len) of a file mapping from memory
+ * (they are re-read if touched again): the loader or the CPU backend's
+ * repack (model/cpu_repack.c) copied them. model.c. */
+void mdl__drop_pages(const void *p, size_t len);
+
 /* An f32 (rows, cols) matrix as a weight (tests and synthetic models). */
 static inline kn_weight_t
 mdl_weight_f32(const float *w, int32_t rows, int32_t cols)

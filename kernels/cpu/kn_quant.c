@@ -48,19 +48,19 @@ static const struct {
 const char *
 kn_wtype_name(kn_wtype_t t)
 {
-    return (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].name : "?";
+    return t == KN_W_Q4_K_R8 ? "q4_k_r8" : (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].name : "?";
 }
 
 int32_t
 kn_wtype_block_elems(kn_wtype_t t)
 {
-    return (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].elems : 0;
+    return t == KN_W_Q4_K_R8 ? 256 : (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].elems : 0;
 }
 
 size_t
 kn_wtype_block_bytes(kn_wtype_t t)
 {
-    return (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].bytes : 0;
+    return t == KN_W_Q4_K_R8 ? KN_R8_BLK / 8 : (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].bytes : 0;
 }
 
 size_t
@@ -71,7 +71,7 @@ kn_wtype_row_bytes(kn_wtype_t t, int64_t cols)
     if (be == 0 || cols < 0 || cols % be != 0) {
         return 0;
     }
-    return (size_t)(cols / be) * kn_wtypes[t].bytes;
+    return (size_t)(cols / be) * kn_wtype_block_bytes(t);
 }
 
 static inline float
@@ -87,19 +87,6 @@ f16_put(uint8_t *p, float x)
 
     p[0] = (uint8_t)h;
     p[1] = (uint8_t)(h >> 8);
-}
-
-/* The 6-bit scale and min of sub-block j (0..7) of a q4_K / q5_K block. */
-static inline void
-k4_scale_min(int j, const uint8_t *q, int *sc, int *m)
-{
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
 }
 
 /* Block j (of 32 elements) of a Q row in the decoded form: element i is
@@ -134,7 +121,7 @@ q_block32(kn_wtype_t t, const uint8_t *row, int64_t j, int8_t s[32], float a[2],
         const uint8_t *b = row + (k5 ? 176 : 144) * (j / 8);
         const uint8_t *qs = b + (k5 ? 48 : 16) + 32 * g, *qh = b + 16;
 
-        k4_scale_min(sub, b + 4, &sc, &m);
+        kn__k4_scale_min(sub, b + 4, &sc, &m);
         a[0] = a[1] = f16_at(b) * (float)sc;
         c[0] = c[1] = -(f16_at(b + 2) * (float)m);
         for (int l = 0; l < 32; l++) {
@@ -226,17 +213,6 @@ kn_dequant_row(kn_wtype_t t, const void *src, float *dst, int64_t n)
 
 #define Q_GROUP_MAX_EPS 1e-15f
 
-/* Round to nearest, ties to even, for |f| < 2^22: ggml's nearest_int. */
-static inline int
-q_nearest_int(float f)
-{
-    float v = f + 12582912.f;
-    int32_t i;
-
-    memcpy(&i, &v, 4);
-    return (i & 0x007fffff) - 0x00400000;
-}
-
 static inline int
 q_clamp(int v, int lo, int hi)
 {
@@ -312,7 +288,7 @@ q_make_qkx2(int n, int nmax, const float *x, const float *w, uint8_t *L, float *
     float iscale = nmax / (max - min), scale = 1 / iscale, best = 0;
 
     for (int i = 0; i < n; i++) {
-        int l = q_clamp(q_nearest_int(iscale * (x[i] - min)), 0, nmax);
+        int l = q_clamp(kn__nearest_int(iscale * (x[i] - min)), 0, nmax);
         float diff = scale * l + min - x[i];
 
         L[i] = (uint8_t)l;
@@ -323,7 +299,7 @@ q_make_qkx2(int n, int nmax, const float *x, const float *w, uint8_t *L, float *
 
         iscale = (rmin + rdelta * is + nmax) / (max - min);
         for (int i = 0; i < n; i++) {
-            int l = q_clamp(q_nearest_int(iscale * (x[i] - min)), 0, nmax);
+            int l = q_clamp(kn__nearest_int(iscale * (x[i] - min)), 0, nmax);
 
             Laux[i] = (uint8_t)l;
             sum_l += w[i] * l;
@@ -391,8 +367,8 @@ quant_k45(const float *x, uint8_t *y, int64_t nb, int k5)
 
         memset(sc, 0, 12);
         for (int j = 0; j < 8; j++) {
-            uint8_t ls = (uint8_t)q_nearest_int(inv_scale * scales[j]);
-            uint8_t lm = (uint8_t)q_nearest_int(inv_min * mins[j]);
+            uint8_t ls = (uint8_t)kn__nearest_int(inv_scale * scales[j]);
+            uint8_t lm = (uint8_t)kn__nearest_int(inv_min * mins[j]);
 
             ls = ls < 63 ? ls : 63;
             lm = lm < 63 ? lm : 63;
@@ -410,7 +386,7 @@ quant_k45(const float *x, uint8_t *y, int64_t nb, int k5)
         for (int j = 0; j < 8; j++) {
             int ls, lm;
 
-            k4_scale_min(j, sc, &ls, &lm);
+            kn__k4_scale_min(j, sc, &ls, &lm);
             float d = f16_at(y) * ls;
 
             if (d == 0.0f) {
@@ -419,7 +395,8 @@ quant_k45(const float *x, uint8_t *y, int64_t nb, int k5)
             float dm = f16_at(y + 2) * lm;
 
             for (int l = 0; l < 32; l++) {
-                L[32 * j + l] = (uint8_t)q_clamp(q_nearest_int((x[32 * j + l] + dm) / d), 0, nmax);
+                L[32 * j + l] =
+                    (uint8_t)q_clamp(kn__nearest_int((x[32 * j + l] + dm) / d), 0, nmax);
             }
         }
         if (!k5) {
@@ -475,7 +452,7 @@ q_make_qx(int n, int nmax, const float *x, int8_t *L)
     float iscale = -nmax / max, sumlx = 0, suml2 = 0;
 
     for (int i = 0; i < n; i++) {
-        int l = q_clamp(q_nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        int l = q_clamp(kn__nearest_int(iscale * x[i]), -nmax, nmax - 1);
         float w = x[i] * x[i];
 
         L[i] = (int8_t)(l + nmax);
@@ -491,7 +468,7 @@ q_make_qx(int n, int nmax, const float *x, int8_t *L)
         iscale = -(nmax + 0.1f * is) / max;
         sumlx = suml2 = 0;
         for (int i = 0; i < n; i++) {
-            int l = q_clamp(q_nearest_int(iscale * x[i]), -nmax, nmax - 1);
+            int l = q_clamp(kn__nearest_int(iscale * x[i]), -nmax, nmax - 1);
             float w = x[i] * x[i];
 
             sumlx += w * x[i] * l;
@@ -499,7 +476,7 @@ q_make_qx(int n, int nmax, const float *x, int8_t *L)
         }
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
             for (int i = 0; i < n; i++) {
-                L[i] = (int8_t)(nmax + q_clamp(q_nearest_int(iscale * x[i]), -nmax, nmax - 1));
+                L[i] = (int8_t)(nmax + q_clamp(kn__nearest_int(iscale * x[i]), -nmax, nmax - 1));
             }
             scale = sumlx / suml2;
             best = scale * sumlx;
@@ -530,7 +507,7 @@ quant_q6_k(const float *x, uint8_t *y, int64_t nb)
 
         f16_put(y + 208, 1 / iscale);
         for (int ib = 0; ib < 16; ib++) {
-            int v = q_nearest_int(iscale * scales[ib]);
+            int v = kn__nearest_int(iscale * scales[ib]);
 
             scl[ib] = (int8_t)(v < 127 ? v : 127);
         }
@@ -541,7 +518,7 @@ quant_q6_k(const float *x, uint8_t *y, int64_t nb)
                 continue;
             }
             for (int l = 0; l < 16; l++) {
-                L[16 * j + l] = (int8_t)(q_clamp(q_nearest_int(x[16 * j + l] / d), -32, 31) + 32);
+                L[16 * j + l] = (int8_t)(q_clamp(kn__nearest_int(x[16 * j + l] / d), -32, 31) + 32);
             }
         }
         uint8_t *ql = y, *qh = y + 128;
@@ -617,7 +594,10 @@ kn_act_bytes(int32_t n_tok, int32_t d_in)
      * per column */
     size_t per = (size_t)act_pad(d_in);
 
-    return (size_t)n_tok * (per + per + per / 4 + per / 4 + per / 8 + per) + 7 * 64;
+    /* + the Q8_K form: codes 1, kd 1/64, kbs 1/16 */
+    return (size_t)n_tok *
+               (per + per + per / 4 + per / 4 + per / 8 + per + per + per / 64 + per / 16) +
+           10 * 64;
 }
 
 static void *
@@ -647,6 +627,10 @@ kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf)
     a->c32 = act_carve(&p, n / 8);
     a->qt = act_carve(&p, n);
     a->have_q8 = 0;
+    a->kq = act_carve(&p, n);
+    a->kd = act_carve(&p, n / 64);
+    a->kbs = act_carve(&p, n / 16);
+    a->have_q8k = 0;
 }
 
 /* One token's 8-bit form: per block of 32, d = absmax / 127 and
@@ -674,7 +658,7 @@ act_q8_row(const float *x, int32_t d_in, int32_t d_pad, int8_t *q, float *dl, fl
                 int sh = 0;
 
                 for (int32_t l = 16 * h; l < 16 * h + 16; l++) {
-                    int v = q_nearest_int(x[32 * b + l] * id);
+                    int v = kn__nearest_int(x[32 * b + l] * id);
 
                     q[32 * b + l] = (int8_t)v;
                     sh += v;
@@ -683,7 +667,7 @@ act_q8_row(const float *x, int32_t d_in, int32_t d_pad, int8_t *q, float *dl, fl
             }
         } else {
             for (int32_t l = 0; l < 32; l++) {
-                int v = l < n ? q_nearest_int(x[32 * b + l] * id) : 0;
+                int v = l < n ? kn__nearest_int(x[32 * b + l] * id) : 0;
 
                 q[32 * b + l] = (int8_t)v;
                 sum[l / 16] += v;
@@ -717,17 +701,42 @@ act_q8_tok(kn_act_t *a, int32_t t)
     }
 }
 
-/* kn_act_quantize_q8's region: a share of the tokens. */
+/* kn__act_tokens' region: a share of the tokens. */
+typedef struct act_job {
+    kn_act_t *a;
+    void (*tok)(kn_act_t *a, int32_t t);
+} act_job_t;
+
 static void
-act_q8_region(void *arg, int chunk, int n_chunks)
+act_region(void *arg, int chunk, int n_chunks)
 {
-    kn_act_t *a = arg;
-    int32_t per = (a->n_tok + n_chunks - 1) / n_chunks;
-    int32_t t0 = chunk * per < a->n_tok ? chunk * per : a->n_tok;
-    int32_t t1 = t0 + per < a->n_tok ? t0 + per : a->n_tok;
+    const act_job_t *j = arg;
+    int32_t n = j->a->n_tok, per = (n + n_chunks - 1) / n_chunks;
+    int32_t t0 = chunk * per < n ? chunk * per : n;
+    int32_t t1 = t0 + per < n ? t0 + per : n;
 
     for (int32_t t = t0; t < t1; t++) {
-        act_q8_tok(a, t);
+        j->tok(j->a, t);
+    }
+}
+
+/* Elements from which the activation quantizers split their tokens over
+ * the team (a batch-32 step spent 2% of its time there, serial). */
+#define KN_QACT_PAR (1L << 15)
+
+void
+kn__act_tokens(kn_act_t *a, void (*tok)(kn_act_t *a, int32_t t))
+{
+    int nt = (long)a->n_tok * a->d_pad >= KN_QACT_PAR ? kn_cpu_threads() : 1;
+    act_job_t j = {a, tok};
+
+    if (nt > 1 && a->n_tok > 1) {
+        /* Each token's codes depend on that token alone: the split changes no bit. */
+        kn__pool_run(nt, a->n_tok < nt * 4 ? a->n_tok : nt * 4, act_region, &j);
+    } else {
+        for (int32_t t = 0; t < a->n_tok; t++) {
+            tok(a, t);
+        }
     }
 }
 
@@ -739,26 +748,13 @@ kn_act_quantize_q8_rows(kn_act_t *a, int32_t t0, int32_t t1)
     }
 }
 
-/* Elements from which the activation quantizer splits its tokens over the
- * team (a batch-32 step spent 2% of its time there, serial). */
-#define KN_QACT_PAR (1L << 15)
-
 void
 kn_act_quantize_q8(kn_act_t *a)
 {
     if (a->have_q8) {
         return;
     }
-    int nt = (long)a->n_tok * a->d_pad >= KN_QACT_PAR ? kn_cpu_threads() : 1;
-
-    if (nt > 1 && a->n_tok > 1) {
-        /* Each token's codes depend on that token alone: the split changes no bit. */
-        kn__pool_run(nt, a->n_tok < nt * 4 ? a->n_tok : nt * 4, act_q8_region, a);
-    } else {
-        for (int32_t t = 0; t < a->n_tok; t++) {
-            act_q8_tok(a, t);
-        }
-    }
+    kn__act_tokens(a, act_q8_tok);
     a->have_q8 = 1;
 }
 
@@ -781,6 +777,16 @@ kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float
         return;
     }
     kn_act_t a;
+
+    if (w->type == KN_W_Q4_K_R8) { /* its own reference, exact to its kernels */
+        void *kb = xmalloc(kn_act_bytes(n_tok, d_in));
+
+        kn_act_init(&a, x, n_tok, d_in, kb);
+        kn_act_quantize_q8k(&a);
+        kn__q4r8_rows_ref(&a, w, bias, y, accumulate, 0, d_out);
+        free(kb);
+        return;
+    }
     void *buf = xmalloc(kn_act_bytes(n_tok, d_in));
     float *wrow = xmalloc(sizeof(float) * (size_t)d_in);
 
@@ -836,8 +842,7 @@ void
 kn_embed_w(const kn_weight_t *w, const int32_t *tokens, int32_t n_tok, float *out)
 {
     for (int32_t t = 0; t < n_tok; t++) {
-        kn_dequant_row(w->type, (const char *)w->data + (size_t)tokens[t] * w->row_bytes,
-                       out + (size_t)t * w->cols, w->cols);
+        kn_weight_row(w, tokens[t], out + (size_t)t * w->cols);
     }
 }
 
@@ -917,6 +922,8 @@ kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int 
     }
     if (wtype_is_q(w->type)) {
         kn_act_quantize_q8(a);
+    } else if (w->type == KN_W_Q4_K_R8) {
+        kn_act_quantize_q8k(a);
     }
     if (nt <= 1 || w->rows < 32) {
         j.fn(a, w, bias, y, accumulate, 0, w->rows);
@@ -969,7 +976,7 @@ kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *con
 {
     kn_qjobs_t j = {kn_qrows_for_isa(kn_cpu_isa()), a, n, w, bias, y, accumulate, 0};
     long work = 0;
-    int any_q = 0, nt;
+    int any_q = 0, any_r8 = 0, nt;
 
     for (int i = 0; i < n; i++) {
         if (w[i]->type == KN_W_F32) { /* kn_cpu_matmul splits its own rows */
@@ -979,11 +986,15 @@ kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *con
             return;
         }
         any_q |= wtype_is_q(w[i]->type);
+        any_r8 |= w[i]->type == KN_W_Q4_K_R8;
         j.rows += w[i]->rows;
         work += (long)a->n_tok * w[i]->rows * w[i]->cols;
     }
     if (any_q) {
         kn_act_quantize_q8(a);
+    }
+    if (any_r8) {
+        kn_act_quantize_q8k(a);
     }
     nt = work >= KN_QPAR ? kn_cpu_threads() : 1;
     if (nt <= 1 || j.rows < 32) {

@@ -30,6 +30,10 @@
  * register form that gives the same sums without a reduction. A row's
  * result for a token is the same whatever the batch. The C level decodes 4-row tiles
  * into a buffer; F16 / BF16 run 4 rows x 4 tokens per micro-kernel.
+ * q4_K on the CPU backend is repacked at load into KN_W_Q4_K_R8 (below,
+ * kn_q4r8.c, kn_q4r8_body.inc): 8 rows interleaved, read against Q8_K
+ * activations (one scale per 256) with 8 rows' lanes side by side, 1.1-1.3x
+ * the file-layout kernel's rate; the other types keep the file's rows.
  *
  * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
  * be called from any thread; a kn_act_t is used by one caller at a time.
@@ -49,7 +53,10 @@ typedef enum kn_wtype {
     KN_W_Q4_K,
     KN_W_Q5_K,
     KN_W_Q6_K,
-    KN_W_NTYPES
+    KN_W_NTYPES, /* the types a file stores: the ones above */
+    /* q4_K repacked at load for the CPU kernels, 8 rows interleaved (never
+     * in a file, outside [0, KN_W_NTYPES): see kn_q4r8_repack). */
+    KN_W_Q4_K_R8 = 16
 } kn_wtype_t;
 
 /* A weight matrix [rows][cols] (Hugging Face linear layout: rows = d_out,
@@ -62,7 +69,9 @@ typedef struct kn_weight {
     int32_t rows, cols;
 } kn_weight_t;
 
-/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"; "?" if unknown. */
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_r8";
+ * "?" if unknown. The size functions give q4_k_r8 256 elements and 144
+ * bytes per row and block (its 8-row block of 1152 bytes shared out). */
 const char *kn_wtype_name(kn_wtype_t t);
 /* Elements per block: 1, 1, 1, 32, 32, 256, 256, 256 (0 if unknown). */
 int32_t kn_wtype_block_elems(kn_wtype_t t);
@@ -71,7 +80,8 @@ size_t kn_wtype_block_bytes(kn_wtype_t t);
 /* Bytes of a row of cols elements; 0 when cols % block_elems != 0 or cols < 0. */
 size_t kn_wtype_row_bytes(kn_wtype_t t, int64_t cols);
 
-/* Decodes n elements (n % block_elems == 0) of src into dst. Bit-exact
+/* Decodes n elements (n % block_elems == 0) of src into dst (a file type:
+ * not KN_W_Q4_K_R8, whose rows are not contiguous; see kn_weight_row). Bit-exact
  * with ggml's dequantize_row_* for the same block bytes (products
  * evaluated as ggml writes them, never fused). */
 void kn_dequant_row(kn_wtype_t t, const void *src, float *dst, int64_t n);
@@ -114,6 +124,15 @@ typedef struct kn_act {
     int32_t *c32;
     int8_t *qt;
     int have_q8;
+    /* The Q8_K form, read by KN_W_Q4_K_R8 weights only (kn_act_quantize_q8k):
+     *   kq   (n_tok, d_pad) int8 codes, round-half-even(x / kd) with
+     *        kd = absmax / 127 per 256 columns; zero past d_in
+     *   kd   (n_tok, d_pad / 256) the scale of each 256
+     *   kbs  (n_tok, d_pad / 32) exact sum of the codes of each 32 */
+    int8_t *kq;
+    float *kd;
+    int16_t *kbs;
+    int have_q8k;
 } kn_act_t;
 
 size_t kn_act_bytes(int32_t n_tok, int32_t d_in);
@@ -127,6 +146,46 @@ void kn_act_quantize_q8(kn_act_t *a);
  * that produces them); the same bits as kn_act_quantize_q8. Once every
  * token is made the caller sets a->have_q8 = 1. */
 void kn_act_quantize_q8_rows(kn_act_t *a, int32_t t0, int32_t t1);
+
+/* Makes the Q8_K form now; idempotent (kn_matmul_w calls it on first use
+ * by a KN_W_Q4_K_R8 weight). Split over the team from 2^15 elements. */
+void kn_act_quantize_q8k(kn_act_t *a);
+
+/* ---- q4_K repacked 8 rows at a time (KN_W_Q4_K_R8) ----------------------
+ * For each group of 8 rows (G = r / 8) and each 256 columns (k), one block
+ * of 1152 bytes (the file's 8 blocks' size) at data + (G * cols / 256 + k)
+ * * 1152:
+ *     0  f16 d[8]            the 8 rows' super-block scales
+ *    16  f16 dmin[8]         and mins
+ *    32  u8  sm[4][24]       per g (sub-blocks 2g, 2g + 1), i = 2 row + h:
+ *                            byte i (0..15) = scale & 15 | (min & 15) << 4
+ *                            of sub-block 2g + h; byte 16 + i / 2 holds
+ *                            the top 2 bits of scale (bits 0-1) and min
+ *                            (4-5) of even i, of odd i at bits 2-3 / 6-7
+ *   128  u8  qs[4][4][8][8]  [g][p][row]: the row's file bytes
+ *                            qs[32 g + 8 p .. + 7] (low nibbles: columns
+ *                            64 g + 8 p + i, high: + 32)
+ * so that one 64-byte load holds 8 columns of all 8 rows, two dword lanes
+ * per row, matching an 8-byte broadcast of the activation codes; a few
+ * SSE ops unpack a g's 16 scales and mins per block (a byte-per-scale
+ * layout, 1184 bytes, measured no faster). kn_dequant_row() and
+ * kn_quant_row() do not take this type (its rows are not contiguous);
+ * kn_weight_row() and kn_embed_w() do.
+ * The product reads the Q8_K activations: per row and 256 columns
+ *   S1 = sum_j sc_j * sum_{32} q * xq,   S2 = sum_j mn_j * kbs_j   (exact int32)
+ *   acc = fmaf(d * kd, (float)S1, acc);  acc = fmaf(-(dmin * kd), (float)S2, acc)
+ * from acc = 0, then + bias, then + y when accumulating: every ISA level
+ * and the reference give the same bits (the integer sums are exact). */
+
+/* Bytes of the repacked form of a rows x cols q4_K matrix. */
+size_t kn_q4r8_bytes(int32_t rows, int32_t cols);
+/* Repacks w (KN_W_Q4_K, rows % 8 == 0, cols % 256 == 0) into dst
+ * (kn_q4r8_bytes, any alignment); *out becomes the KN_W_Q4_K_R8 view of
+ * dst. ST_EINVAL (nothing written) for another type or shape. */
+int kn_q4r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out);
+/* Row r of w, any type (KN_W_Q4_K_R8 included), dequantized into dst
+ * (w->cols floats), bit for bit kn_dequant_row() of the file's row. */
+void kn_weight_row(const kn_weight_t *w, int32_t r, float *dst);
 
 /* y (n_tok, w->rows) = x W^T (+ bias) (+ y when accumulate); w->cols ==
  * a->d_in; y must not alias x. F32 calls kn_cpu_matmul(). Allocates
@@ -148,7 +207,7 @@ void kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float
 void kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float *bias,
                      float *y, int accumulate);
 /* out[t] (n_tok, w->cols) = dequantized row tokens[t] of an embedding
- * table w (rows = vocab, cols = dim). Ids must be in range. */
+ * table w (rows = vocab, cols = dim; any type). Ids must be in range. */
 void kn_embed_w(const kn_weight_t *w, const int32_t *tokens, int32_t n_tok, float *out);
 
 #endif /* KERNELS_CPU_KN_QUANT_H */

@@ -14,6 +14,7 @@
 #define KERNELS_CPU_KN_QUANT_INT_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cpu/kn_quant.h"
 
@@ -39,5 +40,46 @@ void kn__qrows_avx512(const kn_act_t *a, const kn_weight_t *w, const float *bias
                       int accumulate, int32_t r0, int32_t r1);
 void kn__qrows_vnni(const kn_act_t *a, const kn_weight_t *w, const float *bias, float *y,
                     int accumulate, int32_t r0, int32_t r1);
+
+/* Runs tok(a, t) for every token of a, split over the kernel team from
+ * 2^15 elements (each token's activation forms depend on it alone). */
+void kn__act_tokens(kn_act_t *a, void (*tok)(kn_act_t *a, int32_t t));
+
+/* KN_W_Q4_K_R8 (kn_quant.h): the offsets in a block of 8 rows x 256 columns. */
+#define KN_R8_BLK 1152
+#define KN_R8_D 0
+#define KN_R8_DMIN 16
+#define KN_R8_SM 32 /* 4 x 24 bytes of 6-bit scales and mins */
+#define KN_R8_QS 128
+
+/* The scalar reference of KN_W_Q4_K_R8 rows [r0, r1) (kn_q4r8.c): a kn_qrows_fn
+ * that needs the Q8_K form of a; the C and AVX2 levels run it. */
+void kn__q4r8_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bias, float *y,
+                       int accumulate, int32_t r0, int32_t r1);
+
+/* The 6-bit scale and min of sub-block j (0..7) of a q4_K / q5_K block's
+ * scales[12] (ggml's get_scale_min_k4). */
+static inline void
+kn__k4_scale_min(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Round to nearest, ties to even, for |f| < 2^22: ggml's nearest_int. */
+static inline int
+kn__nearest_int(float f)
+{
+    float v = f + 12582912.f;
+    int32_t i;
+
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
 
 #endif /* KERNELS_CPU_KN_QUANT_INT_H */

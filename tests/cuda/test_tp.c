@@ -5,7 +5,8 @@
  * ids are shared by every rank, each rank holding its heads' slice).
  *
  * Models: the default model (6 heads, 2 KV heads: one KV head per rank at
- * T = 2) from KVSERVE_TEST_MODEL, and small synthetic in-memory models
+ * T = 2) from KVSERVE_TEST_MODEL, also quantized to q4_K (its repacked
+ * ffn_down shards), and small synthetic in-memory models
  * with 1 KV head (replicated on every rank), with 4 KV heads, and with
  * QKV biases (Qwen2), built here from model_int.h.
  *
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/status.h"
 #include "common/xmalloc.h"
@@ -256,6 +258,34 @@ START_TEST(test_tp_synthetic)
                cases[i][0], cases[i][1], cases[i][2] ? " + bias" : "", cases[i][3], worst);
         synth_fini(&s);
     }
+}
+END_TEST
+
+/* The default model in q4_K (kvserve quantize): its ffn_down (512 columns)
+ * is the one q4_K matrix, which the CPU backend repacks 8 rows at a time
+ * (model/cpu_repack.c) from the file's pages at T = 1 and from each rank's
+ * column copy (256 of the 512 columns) at T = 2. The ranks' sums reach the 8-bit activation
+ * quantizers in another order than T = 1's (last-bit differences that can
+ * flip a code, as with the compressed KV below): 2e-2, where a wrong
+ * shard or group would move the logits by O(1). */
+START_TEST(test_tp_default_model_q4k)
+{
+    const char *dir = getenv("KVSERVE_TEST_MODEL");
+    char path[] = "/tmp/kvs_tp_q4k_XXXXXX", gg[64], err[256];
+    mdl_model_t *m;
+
+    ck_assert_msg(dir != NULL, "KVSERVE_TEST_MODEL is not set");
+    ck_assert(mkdtemp(path) != NULL);
+    snprintf(gg, sizeof(gg), "%s/m.gguf", path);
+    ck_assert_msg(mdl_quantize(dir, gg, MDL_QUANT_Q4_K, err, sizeof(err)) == ST_OK, "%s", err);
+    ck_assert_msg(mdl_model_load(gg, &m, err, sizeof(err)) == ST_OK, "%s", err);
+    ck_assert_int_eq(m->layers[0].w_down.type, KN_W_Q4_K);
+    double worst = run_script(m, 2, MDL_KV_F32, 2e-2);
+
+    printf("default model q4_k, T=2: max relative logit difference %.3g\n", worst);
+    mdl_model_destroy(m);
+    unlink(gg);
+    rmdir(path);
 }
 END_TEST
 
@@ -840,6 +870,7 @@ cuda_tp_suite(void)
     tcase_add_test(tc, test_tp_runtime_rejects_bad_split);
     tcase_add_test(tc, test_tp_synthetic);
     tcase_add_test(tc, test_tp_default_model);
+    tcase_add_test(tc, test_tp_default_model_q4k);
     tcase_add_test(tc, test_tp_kv_quant_refusals);
     tcase_add_test(tc, test_tp_kv_pools_bit_exact);
     tcase_add_test(tc, test_tp_kv_quant_synthetic);

@@ -162,16 +162,28 @@ main(int argc, char **argv)
         printf("\nthreads %d: streaming read %.1f GB/s\n", nt, read_bw(rbuf, nt));
         printf("%-5s %-11s %5s %9s %8s %9s %9s %8s %9s\n", "type", "shape", "n_tok", "ms/call",
                "GB/s", "GFLOP/s", "cpu-ms", "cGB/s", "cGFLOP/s");
-        for (int t = 0; t < KN_W_NTYPES; t++) {
-            size_t rb = kn_wtype_row_bytes((kn_wtype_t)t, 2048);
+        for (int ti8 = 0; ti8 <= KN_W_NTYPES; ti8++) { /* the last: q4_k_r8 */
+            kn_wtype_t t = ti8 == KN_W_NTYPES ? KN_W_Q4_K_R8 : (kn_wtype_t)ti8;
+            size_t rb = kn_wtype_row_bytes(t, 2048);
 
-            if (only_type != NULL && strcmp(only_type, kn_wtype_name((kn_wtype_t)t)) != 0) {
+            if (only_type != NULL && strcmp(only_type, kn_wtype_name(t)) != 0) {
                 continue;
             }
 
             /* 2048 distinct quantized rows; larger matrices repeat them. */
-            for (int32_t r = 0; r < 2048; r++) {
-                kn_quant_row((kn_wtype_t)t, src + (size_t)r * 2048, pool + rb * r, 2048);
+            if (t == KN_W_Q4_K_R8) { /* q4_K rows, repacked */
+                size_t rb4 = kn_wtype_row_bytes(KN_W_Q4_K, 2048);
+                uint8_t *q4 = malloc(rb4 * 2048);
+                kn_weight_t w4 = {KN_W_Q4_K, q4, rb4, 2048, 2048}, r8;
+
+                for (int32_t r = 0; r < 2048; r++) {
+                    kn_quant_row(KN_W_Q4_K, src + (size_t)r * 2048, q4 + rb4 * r, 2048);
+                }
+                kn_q4r8_repack(&w4, pool, &r8);
+                free(q4);
+            }
+            for (int32_t r = 0; r < 2048 && t != KN_W_Q4_K_R8; r++) {
+                kn_quant_row(t, src + (size_t)r * 2048, pool + rb * r, 2048);
             }
             for (int s = 0; s < 3; s++) {
                 int32_t rows = shapes[s][0], cols = shapes[s][1];
@@ -197,7 +209,7 @@ main(int argc, char **argv)
                         double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID), dt, dc;
 
                         for (int c = 0; c < copies; c++) {
-                            kn_weight_t w = {(kn_wtype_t)t, pool + (size_t)c * mat, rbm, rows, cols};
+                            kn_weight_t w = {t, pool + (size_t)c * mat, rbm, rows, cols};
 
                             kn_act_init(&act, x, n_tok, cols, abuf);
                             kn_matmul_w(&act, &w, NULL, y, 0);
@@ -211,7 +223,7 @@ main(int argc, char **argv)
                         }
                     }
                     printf("%-5s %5dx%-5d %5d %9.3f %8.1f %9.1f %9.3f %8.1f %9.1f\n",
-                           kn_wtype_name((kn_wtype_t)t), rows, cols, n_tok, best * 1e3,
+                           kn_wtype_name(t), rows, cols, n_tok, best * 1e3,
                            (double)mat / best / 1e9, 2.0 * rows * cols * n_tok / best / 1e9,
                            best_cpu * 1e3, (double)mat / best_cpu / 1e9,
                            2.0 * rows * cols * n_tok / best_cpu / 1e9);

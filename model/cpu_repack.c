@@ -1,0 +1,72 @@
+/* cpu_repack.c - the CPU backend's load-time repack of q4_K weights
+ * (model/cpu_repack.h).
+ *
+ * DESIGN. See the header. The repack reads each source row once and the
+ * pages are dropped right after each matrix, so the resident set grows
+ * by at most one matrix while a rank is created.
+ *
+ * Thread: the thread creating the backend.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "model/cpu_repack.h"
+
+/* Whether [p, p + len) lies in one of m's file mappings. */
+static int
+in_file_map(const mdl_model_t *m, const void *p, size_t len)
+{
+    uintptr_t a = (uintptr_t)p;
+
+    for (int i = 0; i < m->n_maps; i++) {
+        uintptr_t lo = (uintptr_t)m->maps[i];
+
+        if (a >= lo && a + len <= lo + m->map_lens[i]) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int
+repack_enabled(void)
+{
+    const char *e = getenv("KVSERVE_Q4K_REPACK");
+
+    return e == NULL || strcmp(e, "0") != 0;
+}
+
+size_t
+mdl__cpu_repack(const mdl_model_t *m, kn_weight_t *w, void **own, void **src_own)
+{
+    size_t src_len = (size_t)w->rows * w->row_bytes, bytes;
+    int file = src_own == NULL && in_file_map(m, w->data, src_len);
+    kn_weight_t r8;
+    void *dst;
+
+    *own = NULL;
+    if (w->type != KN_W_Q4_K || w->rows % 8 != 0 || w->cols % 256 != 0 || !repack_enabled() ||
+        (src_own == NULL && !file)) {
+        return 0;
+    }
+    bytes = kn_q4r8_bytes(w->rows, w->cols);
+    dst = malloc(bytes);
+    if (dst == NULL) { /* the file's layout still works */
+        return 0;
+    }
+    if (kn_q4r8_repack(w, dst, &r8) != ST_OK) {
+        free(dst);
+        return 0;
+    }
+    if (file) {
+        mdl__drop_pages(w->data, src_len);
+    } else {
+        free(*src_own);
+        *src_own = NULL;
+    }
+    *w = r8;
+    *own = dst;
+    return bytes;
+}

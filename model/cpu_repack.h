@@ -1,0 +1,34 @@
+/* cpu_repack.h - the CPU backend's load-time repack of q4_K weights into
+ * the 8-row interleaved form of its kernels (KN_W_Q4_K_R8,
+ * kernels/cpu/kn_quant.h).
+ *
+ * DESIGN. The model's weights stay in their file's layout (the CUDA
+ * upload and the embedding lookup read it); each CPU rank repacks its own
+ * views (after the tensor-parallel row and column split, so a shard never
+ * starts inside a group of 8) into buffers it owns, and the source's whole
+ * pages are dropped when they lie in one of the model's file mappings:
+ * the repacked copy is then the only resident one (a reader of the file
+ * layout faults its pages back in). A source in a buffer the model owns
+ * (the q / k rows un-permuted at load) is left as it is, since dropping
+ * it would lose it; a rank's own column copy is freed.
+ * KVSERVE_Q4K_REPACK=0 in the environment turns the repack off (A/B runs).
+ *
+ * Thread: the thread creating the backend.
+ */
+#ifndef MODEL_CPU_REPACK_H
+#define MODEL_CPU_REPACK_H
+
+#include <stddef.h>
+
+#include "kernels/cpu/kn_quant.h"
+#include "model/model_int.h"
+
+/* Repacks *w when it is q4_K with rows % 8 == 0 and its source can be
+ * released (see above): *w becomes the repacked view of a new buffer
+ * stored in *own (the caller frees it). src_own: the caller's buffer *w
+ * points into (a column copy), freed here and set to NULL once repacked;
+ * NULL when *w points into the model. Returns the bytes repacked, 0 when
+ * *w is left as it is. */
+size_t mdl__cpu_repack(const mdl_model_t *m, kn_weight_t *w, void **own, void **src_own);
+
+#endif /* MODEL_CPU_REPACK_H */
