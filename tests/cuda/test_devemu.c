@@ -42,6 +42,7 @@
 #include "model/model.h"
 #include "model/kv_policy.h"
 #include "model/model_int.h"
+#include "tests/cuda/batch_build.h"
 #include "tests/cuda/dev_emu.h"
 #include "tests/cuda/kn_emu.h"
 #include "tests/cuda/synth_model.h"
@@ -64,57 +65,30 @@ typedef struct tseq {
 static void
 step(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, tseq_t *seqs, const int32_t *n_new)
 {
-    int32_t tok[128], pos[128], slot[128], qs[NSEQ + 1], ctx[NSEQ], bt[NSEQ * MAXB], rows[NSEQ];
-    int32_t n = 0, ns = 0;
+    tb_batch_t t;
 
-    qs[0] = 0;
+    tb_begin(&t, BS, MAXB);
     for (int32_t s = 0; s < NSEQ; s++) {
-        if (n_new[s] == 0) {
-            continue;
+        if (n_new[s] > 0) {
+            tb_add(&t, seqs[s].ids, &seqs[s].done, n_new[s], seqs[s].table, 1);
         }
-        tseq_t *q = &seqs[s];
-
-        for (int32_t i = 0; i < n_new[s]; i++) {
-            int32_t ix = q->done + i;
-
-            tok[n] = q->ids[ix];
-            pos[n] = ix;
-            slot[n] = q->table[ix / BS] * BS + ix % BS;
-            n++;
-        }
-        q->done += n_new[s];
-        ctx[ns] = q->done;
-        memcpy(bt + ns * MAXB, q->table, sizeof(q->table));
-        rows[ns] = n - 1;
-        qs[++ns] = n;
     }
-    mdl_batch_t b = {
-        .n_tokens = n,
-        .tokens = tok,
-        .positions = pos,
-        .slot_mapping = slot,
-        .n_seqs = ns,
-        .query_start = qs,
-        .context_len = ctx,
-        .block_tables = bt,
-        .max_blocks = MAXB,
-        .logits_rows = rows,
-        .n_logits = ns,
-    };
+    const mdl_batch_t *b = tb_end(&t);
+    const int32_t ns = b->n_seqs;
     /* The side checked gets the same tables as persistent rows
      * (mdl_batch_t.table_rows, what the scheduler sends): sequence s in
      * row NSEQ - 1 - s, the other rows' entries -1, one dirty run per row. */
     int32_t pbt[NSEQ * MAXB], prow[NSEQ];
     mdl_table_run_t runs[NSEQ];
-    mdl_batch_t pb = b;
+    mdl_batch_t pb = *b;
 
     for (int32_t i = 0; i < NSEQ * MAXB; i++) {
         pbt[i] = -1;
     }
     for (int32_t s = 0; s < ns; s++) {
         prow[s] = NSEQ - 1 - s;
-        memcpy(pbt + prow[s] * MAXB, bt + s * MAXB, sizeof(int32_t) * MAXB);
-        runs[s] = (mdl_table_run_t){prow[s], 0, (ctx[s] + BS - 1) / BS};
+        memcpy(pbt + prow[s] * MAXB, t.bt + s * MAXB, sizeof(int32_t) * MAXB);
+        runs[s] = (mdl_table_run_t){prow[s], 0, (t.ctx[s] + BS - 1) / BS};
     }
     pb.block_tables = pbt;
     pb.table_rows = prow;
@@ -123,7 +97,7 @@ step(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, tseq_t *seqs, const int32_t
 
     float *lr = xmalloc(sizeof(float) * (size_t)ns * c->vocab);
 
-    memcpy(lr, emu_side_forward(ref, &b), sizeof(float) * (size_t)ns * c->vocab);
+    memcpy(lr, emu_side_forward(ref, b), sizeof(float) * (size_t)ns * c->vocab);
     emu_compare(c, lr, emu_side_forward(got, &pb), ns);
     free(lr);
 }
@@ -1292,44 +1266,19 @@ static void
 gstep(emu_side_t *ref, emu_side_t *got, emu_cmp_t *c, gseq_t *seqs, const int32_t *order,
       int32_t n_order, const int32_t *n_new, emu_dev_t *kv_ref)
 {
-    int32_t tok[64], pos[64], slot[64], qs[GNS + 1], ctx[GNS], bt[GNS * MAXB], rows[GNS];
-    int32_t n = 0;
+    tb_batch_t t;
 
-    qs[0] = 0;
+    tb_begin(&t, BS, MAXB);
     for (int32_t k = 0; k < n_order; k++) {
         gseq_t *q = &seqs[order[k]];
 
-        for (int32_t i = 0; i < n_new[k]; i++) {
-            int32_t ix = q->done + i;
-
-            tok[n] = q->ids[ix];
-            pos[n] = ix;
-            slot[n] = q->table[ix / BS] * BS + ix % BS;
-            n++;
-        }
-        q->done += n_new[k];
-        ctx[k] = q->done;
-        memcpy(bt + k * MAXB, q->table, sizeof(q->table));
-        rows[k] = n - 1;
-        qs[k + 1] = n;
+        tb_add(&t, q->ids, &q->done, n_new[k], q->table, 1);
     }
-    mdl_batch_t b = {
-        .n_tokens = n,
-        .tokens = tok,
-        .positions = pos,
-        .slot_mapping = slot,
-        .n_seqs = n_order,
-        .query_start = qs,
-        .context_len = ctx,
-        .block_tables = bt,
-        .max_blocks = MAXB,
-        .logits_rows = rows,
-        .n_logits = n_order,
-    };
+    const mdl_batch_t *b = tb_end(&t);
     float *lr = xmalloc(sizeof(float) * (size_t)n_order * c->vocab);
 
-    memcpy(lr, emu_side_forward(ref, &b), sizeof(float) * (size_t)n_order * c->vocab);
-    emu_compare(c, lr, emu_side_forward(got, &b), n_order);
+    memcpy(lr, emu_side_forward(ref, b), sizeof(float) * (size_t)n_order * c->vocab);
+    emu_compare(c, lr, emu_side_forward(got, b), n_order);
     free(lr);
     if (kv_ref != NULL) {
         ck_assert_msg(same_kv(kv_ref, got->dev), "KV pools differ after a %d-sequence step",

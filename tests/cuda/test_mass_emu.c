@@ -45,7 +45,9 @@
 #include "scheduler/engine_int.h"
 #include "scheduler/kv_evict.h"
 #include "scheduler/kv_stream.h"
+#include "tests/cuda/batch_build.h"
 #include "tests/cuda/dev_emu.h"
+#include "tests/cuda/eng_run.h"
 #include "tests/cuda/kn_emu.h"
 #include "text/tokenizer.h"
 
@@ -200,51 +202,31 @@ static void
 mstep(emu_side_t *cpu, emu_side_t *dev, emu_cmp_t *c, mseq_t *seqs, int32_t n_seqs,
       const int32_t *n_new, const int32_t *on, int none)
 {
-    int32_t tok[96], pos[96], slot[96], qs[5], ctx[4], bt[4 * MAXB], rows[4];
-    uint8_t mrows[96];
-    int32_t n = 0, ns = 0;
+    tb_batch_t t;
+    uint8_t mrows[TB_MAX_TOK];
 
-    qs[0] = 0;
+    tb_begin(&t, BS, MAXB);
     for (int32_t s = 0; s < n_seqs; s++) {
         mseq_t *q = &seqs[s];
 
         if (n_new[s] == 0) {
             continue;
         }
-        for (int32_t i = 0; i < n_new[s]; i++) {
-            int32_t ix = q->done + i;
+        int32_t first = tb_add(&t, q->ids, &q->done, n_new[s], q->table, 1);
 
-            tok[n] = q->ids[ix];
-            pos[n] = ix;
-            slot[n] = q->table[ix / BS] * BS + ix % BS;
-            mrows[n] = !none && (on[s] > 0 || (on[s] < 0 && i >= n_new[s] + on[s]));
-            q->mass_rows += mrows[n];
-            n++;
+        for (int32_t i = 0; i < n_new[s]; i++) {
+            mrows[first + i] = !none && (on[s] > 0 || (on[s] < 0 && i >= n_new[s] + on[s]));
+            q->mass_rows += mrows[first + i];
         }
-        q->done += n_new[s];
-        ctx[ns] = q->done;
-        memcpy(bt + ns * MAXB, q->table, sizeof(q->table));
-        rows[ns] = n - 1;
-        qs[++ns] = n;
     }
-    mdl_batch_t b = {
-        .n_tokens = n,
-        .tokens = tok,
-        .positions = pos,
-        .slot_mapping = slot,
-        .n_seqs = ns,
-        .query_start = qs,
-        .context_len = ctx,
-        .block_tables = bt,
-        .max_blocks = MAXB,
-        .logits_rows = rows,
-        .n_logits = ns,
-        .mass_rows = none ? NULL : mrows,
-    };
+    mdl_batch_t *b = tb_end(&t);
+    const int32_t ns = b->n_seqs;
+
+    b->mass_rows = none ? NULL : mrows;
     float *lr = xmalloc(sizeof(float) * (size_t)ns * c->vocab);
 
-    memcpy(lr, emu_side_forward(cpu, &b), sizeof(float) * (size_t)ns * c->vocab);
-    emu_compare(c, lr, emu_side_forward(dev, &b), ns);
+    memcpy(lr, emu_side_forward(cpu, b), sizeof(float) * (size_t)ns * c->vocab);
+    emu_compare(c, lr, emu_side_forward(dev, b), ns);
     free(lr);
 }
 
@@ -707,110 +689,27 @@ typedef struct ejob {
     const char *policy; /* NULL: none */
 } ejob_t;
 
-typedef struct eout {
-    int32_t tok[E_GEN];
-    int32_t n;
-    int finished;
-    char error[256];
-} eout_t;
-
-static void
-ecollect(chan_t *outbox, eout_t *res)
-{
-    for (msg_t *mm = chan_take_all(outbox); mm != NULL;) {
-        msg_t *next = mm->next;
-
-        if (mm->type == ENG_MSG_DELTA) {
-            eng_msg_delta_t *d = (eng_msg_delta_t *)mm;
-            eout_t *r = &res[d->id - 1];
-
-            for (int32_t i = 0; i < d->n_tokens; i++) {
-                ck_assert_int_lt(r->n, E_GEN);
-                r->tok[r->n++] = d->tok[i].token;
-            }
-        } else if (mm->type == ENG_MSG_FINISHED) {
-            res[((eng_msg_finished_t *)mm)->id - 1].finished = 1;
-        } else if (mm->type == ENG_MSG_ERROR) {
-            eng_msg_error_t *e = (eng_msg_error_t *)mm;
-
-            snprintf(res[e->id - 1].error, sizeof(res[0].error), "%s", e->message);
-            res[e->id - 1].finished = 1;
-        }
-        eng_msg_free(mm);
-        mm = next;
-    }
-}
-
 /* One engine run of the jobs (one submitted per step) on device / kv;
- * the pool is clean after it. */
+ * errors are kept in res. */
 static void
 erun(const mdl_model_t *m, const ejob_t *jobs, int32_t nj, const char *device, mdl_kv_dtype_t kv,
-     eout_t *res)
+     er_out_t *res)
 {
     eng_config_t c;
-    engine_t *eng;
-    chan_t outbox;
+    eng_msg_submit_t *reqs[E_JOBS];
     char err[256] = "";
-    bm_stats_t bs;
-    int next = 0, guard = 0;
 
-    memset(&c, 0, sizeof(c));
-    c.rt.device = device;
+    er_config(&c, device, BS, 64, E_JOBS, 48); /* prompts prefill in chunks beside decodes */
     c.rt.kv_dtype = kv;
-    c.rt.n_threads = 1;
-    c.rt.block_size = BS;
-    c.rt.num_blocks = 64;
-    c.max_num_seqs = E_JOBS;
-    c.max_num_batched_tokens = 48; /* prompts prefill in chunks beside decodes */
-    c.max_model_len = 256;
-    c.prefix_caching = 1;
-    c.n_tenants = 1;
-    c.tenants[0].weight = 1.0;
-    snprintf(c.tenants[0].name, sizeof(c.tenants[0].name), "default");
-    memset(res, 0, sizeof(eout_t) * (size_t)nj);
-
-    chan_init(&outbox, NULL, NULL);
-    ck_assert_msg(engine_create(&c, m, &outbox, &eng, err, sizeof(err)) == ST_OK, "%s", err);
-    do {
-        if (next < nj) {
-            eng_msg_submit_t *sm = xcalloc(1, sizeof(*sm));
-
-            sm->hdr.type = ENG_MSG_SUBMIT;
-            sm->req.id = (uint64_t)next + 1;
-            sm->req.n_prompt = jobs[next].n_prompt;
-            sm->req.prompt = xmalloc(sizeof(int32_t) * (size_t)sm->req.n_prompt);
-            memcpy(sm->req.prompt, jobs[next].prompt, sizeof(int32_t) * (size_t)sm->req.n_prompt);
-            sm->req.sampling.temperature = 0.0f;
-            sm->req.sampling.top_p = 1.0f;
-            sm->req.sampling.repetition_penalty = 1.0f;
-            sm->req.n = 1;
-            sm->req.max_tokens = E_GEN;
-            sm->req.ignore_eos = 1;
-            if (jobs[next].policy != NULL) {
-                ck_assert_int_eq(mdl_kv_policy_parse(jobs[next].policy, BS, &sm->req.kv_score,
-                                                     err, sizeof(err)),
-                                 ST_OK);
-            }
-            chan_send(engine_inbox(eng), &sm->hdr);
-            next++;
+    for (int32_t i = 0; i < nj; i++) {
+        reqs[i] = er_request((uint64_t)i + 1, jobs[i].prompt, jobs[i].n_prompt, E_GEN);
+        if (jobs[i].policy != NULL) {
+            ck_assert_msg(mdl_kv_policy_parse(jobs[i].policy, BS, &reqs[i]->req.kv_score, err,
+                                              sizeof(err)) == ST_OK,
+                          "%s", err);
         }
-        ck_assert_int_ge(eng__iterate(eng, 0), 0);
-        ecollect(&outbox, res);
-        ck_assert_int_lt(++guard, 10000);
-    } while (next < nj || !sched_idle(eng__sched(eng)));
-    ecollect(&outbox, res);
-    bm_pool_check(eng__pool(eng));
-    bm_pool_stats(eng__pool(eng), &bs);
-    ck_assert_msg(bs.dev_used == 0 && bs.cpu_used == 0, "blocks in use: %u device, %u cpu",
-                  bs.dev_used, bs.cpu_used);
-    engine_stop(eng);
-    engine_destroy(eng);
-    for (msg_t *mm = chan_take_all(&outbox); mm != NULL;) {
-        msg_t *nx = mm->next;
-        eng_msg_free(mm);
-        mm = nx;
     }
-    chan_fini(&outbox);
+    er_run(&c, m, reqs, nj, 1, 1, res, NULL);
 }
 
 START_TEST(test_mass_emu_engine)
@@ -819,7 +718,7 @@ START_TEST(test_mass_emu_engine)
     size_t n = 0;
     int32_t *toks = text_tokens(m, &n);
     static ejob_t jobs[E_JOBS];
-    static eout_t cpu[E_JOBS], dev[E_JOBS];
+    static er_out_t cpu[E_JOBS], dev[E_JOBS];
     static const char *const pol[E_JOBS] = {"h2o=48,recent=16", NULL, "snapkv=40,window=8,pool=3",
                                             "h2o=240,recent=16"};
     static const int32_t lens[E_JOBS] = {70, 30, 100, 50};

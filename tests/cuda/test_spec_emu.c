@@ -55,7 +55,9 @@
 #include "scheduler/engine.h"
 #include "scheduler/engine_int.h"
 #include "scheduler/spec.h"
+#include "tests/cuda/batch_build.h"
 #include "tests/cuda/dev_emu.h"
+#include "tests/cuda/eng_run.h"
 #include "text/tokenizer.h"
 
 
@@ -82,44 +84,15 @@ typedef struct vrow {
 static const float *
 vstep(emu_side_t *side, const vrow_t *rows, int32_t n_rows)
 {
-    int32_t tok[64], pos[64], slot[64], qs[4], ctx[3], bt[3 * MAXB], lr[3 * (K + 1)];
-    int32_t n = 0, nl = 0;
+    tb_batch_t t;
 
     ck_assert_int_le(n_rows, 3);
-    qs[0] = 0;
+    tb_begin(&t, BS, MAXB);
     for (int32_t r = 0; r < n_rows; r++) {
-        vseq_t *q = rows[r].seq;
-
-        for (int32_t i = 0; i < rows[r].n; i++) {
-            int32_t ix = q->done + i;
-
-            tok[n] = q->ids[ix];
-            pos[n] = ix;
-            slot[n] = q->table[ix / BS] * BS + ix % BS;
-            n++;
-        }
-        for (int32_t j = rows[r].n - rows[r].n_rows; j < rows[r].n; j++) {
-            lr[nl++] = qs[r] + j;
-        }
-        q->done += rows[r].n;
-        ctx[r] = q->done;
-        memcpy(bt + r * MAXB, q->table, sizeof(q->table));
-        qs[r + 1] = n;
+        tb_add(&t, rows[r].seq->ids, &rows[r].seq->done, rows[r].n, rows[r].seq->table,
+               rows[r].n_rows);
     }
-    mdl_batch_t b = {
-        .n_tokens = n,
-        .tokens = tok,
-        .positions = pos,
-        .slot_mapping = slot,
-        .n_seqs = n_rows,
-        .query_start = qs,
-        .context_len = ctx,
-        .block_tables = bt,
-        .max_blocks = MAXB,
-        .logits_rows = lr,
-        .n_logits = nl,
-    };
-    return emu_side_forward(side, &b);
+    return emu_side_forward(side, tb_end(&t));
 }
 
 /* Returns the worst NMSE against the CPU backend; *solo_worst gets the
@@ -280,49 +253,23 @@ static void
 gv_step(emu_side_t *cpu, emu_side_t *eager, emu_side_t *graph, emu_cmp_t *bits, emu_cmp_t *num,
         const vrow_t *rows, int32_t n_rows, const int32_t *rej, int32_t vocab)
 {
-    int32_t tok[64], pos[64], slot[64], qs[GSEQ + 1], ctx[GSEQ], bt[GSEQ * MAXB], lr[64];
-    int32_t n = 0, nl = 0;
+    tb_batch_t t;
 
-    qs[0] = 0;
+    tb_begin(&t, BS, MAXB);
     for (int32_t r = 0; r < n_rows; r++) {
         vseq_t *q = rows[r].seq;
 
-        for (int32_t i = 0; i < rows[r].n; i++) {
-            int32_t ix = q->done + i;
-
-            tok[n] = q->ids[ix];
-            pos[n] = ix;
-            slot[n] = q->table[ix / BS] * BS + ix % BS;
-            if (rows[r].n <= 1 + K || i == rows[r].n - 1) {
-                lr[nl++] = n;
-            }
-            n++;
-        }
-        q->done += rows[r].n;
-        ctx[r] = q->done;
-        memcpy(bt + r * MAXB, q->table, sizeof(q->table));
-        qs[r + 1] = n;
+        tb_add(&t, q->ids, &q->done, rows[r].n, q->table, rows[r].n <= 1 + K ? rows[r].n : 1);
     }
-    mdl_batch_t b = {
-        .n_tokens = n,
-        .tokens = tok,
-        .positions = pos,
-        .slot_mapping = slot,
-        .n_seqs = n_rows,
-        .query_start = qs,
-        .context_len = ctx,
-        .block_tables = bt,
-        .max_blocks = MAXB,
-        .logits_rows = lr,
-        .n_logits = nl,
-    };
+    const mdl_batch_t *b = tb_end(&t);
+    const int32_t n = b->n_tokens, nl = b->n_logits;
     float *lc = xmalloc(sizeof(float) * (size_t)nl * (size_t)vocab);
     float *le = xmalloc(sizeof(float) * (size_t)nl * (size_t)vocab);
     const float *lg;
 
-    memcpy(lc, emu_side_forward(cpu, &b), sizeof(float) * (size_t)nl * (size_t)vocab);
-    memcpy(le, emu_side_forward(eager, &b), sizeof(float) * (size_t)nl * (size_t)vocab);
-    lg = emu_side_forward(graph, &b);
+    memcpy(lc, emu_side_forward(cpu, b), sizeof(float) * (size_t)nl * (size_t)vocab);
+    memcpy(le, emu_side_forward(eager, b), sizeof(float) * (size_t)nl * (size_t)vocab);
+    lg = emu_side_forward(graph, b);
     emu_compare(bits, le, lg, nl);
     emu_compare(num, lc, lg, nl);
     ck_assert_msg(same_kv(eager->dev, graph->dev), "KV pools differ after a step of %d tokens",
@@ -460,12 +407,6 @@ typedef struct job {
     int32_t n_prompt;
 } job_t;
 
-typedef struct out {
-    int32_t tok[N_GEN];
-    int32_t n;
-    int finished;
-} out_t;
-
 /* Input-grounded prompts: a passage of the chapter, then its first two
  * thirds again (the model continues by copying, so n-gram drafts are
  * often accepted, and sometimes not). */
@@ -529,114 +470,37 @@ n_gen(void)
  * prompt, then an 84-token one prefilled beside its decodes). */
 static int n_jobs = N_JOBS;
 
-static void
-collect(chan_t *outbox, out_t *res)
-{
-    for (msg_t *m = chan_take_all(outbox); m != NULL;) {
-        msg_t *next = m->next;
-
-        if (m->type == ENG_MSG_DELTA) {
-            eng_msg_delta_t *d = (eng_msg_delta_t *)m;
-            out_t *r = &res[d->id - 1];
-
-            for (int32_t i = 0; i < d->n_tokens; i++) {
-                ck_assert_int_lt(r->n, N_GEN);
-                r->tok[r->n++] = d->tok[i].token;
-            }
-        } else if (m->type == ENG_MSG_FINISHED) {
-            res[((eng_msg_finished_t *)m)->id - 1].finished = 1;
-        } else {
-            ck_assert_msg(m->type != ENG_MSG_ERROR, "engine error: %s",
-                          ((eng_msg_error_t *)m)->message);
-        }
-        eng_msg_free(m);
-        m = next;
-    }
-}
-
 /* One engine run of the jobs (submitted one per step) on device with KV
  * dtype kv; spec: a --speculative-config JSON or NULL. */
 static int run_graphs; /* runs with cuda_graphs set (as serve without --enforce-eager) */
 
 static void
 run(const mdl_model_t *m, const job_t *jobs, const char *device, mdl_kv_dtype_t kv,
-    const char *spec, out_t *res, eng_stats_t *st)
+    const char *spec, er_out_t *res, eng_stats_t *st)
 {
     eng_config_t c;
-    engine_t *eng;
-    chan_t outbox;
+    eng_msg_submit_t *reqs[N_JOBS];
     char err[256] = "";
-    bm_stats_t bs;
-    int next = 0, guard = 0;
-    const int nj = n_jobs;
 
-    memset(&c, 0, sizeof(c));
-    c.rt.device = device;
+    /* long prompts prefill in chunks beside decodes */
+    er_config(&c, device, 16, 48, N_JOBS, 40);
     c.rt.kv_dtype = kv;
     c.rt.cuda_graphs = run_graphs;
-    c.rt.n_threads = 1;
-    c.rt.block_size = 16;
-    c.rt.num_blocks = 48;
-    c.max_num_seqs = N_JOBS;
-    c.max_num_batched_tokens = 40; /* long prompts prefill in chunks beside decodes */
-    c.max_model_len = 256;
-    c.prefix_caching = 1;
-    c.n_tenants = 1;
-    c.tenants[0].weight = 1.0;
-    snprintf(c.tenants[0].name, sizeof(c.tenants[0].name), "default");
     if (spec != NULL) {
         ck_assert_msg(spec_config_parse(spec, &c.spec, err, sizeof(err)) == ST_OK, "%s", err);
     }
-
-    memset(res, 0, sizeof(out_t) * N_JOBS);
-
-    chan_init(&outbox, NULL, NULL);
-    ck_assert_msg(engine_create(&c, m, &outbox, &eng, err, sizeof(err)) == ST_OK, "%s", err);
-    do {
-        if (next < nj) {
-            eng_msg_submit_t *sm = xcalloc(1, sizeof(*sm));
-
-            sm->hdr.type = ENG_MSG_SUBMIT;
-            sm->req.id = (uint64_t)next + 1;
-            sm->req.n_prompt = jobs[next].n_prompt;
-            sm->req.prompt = xmalloc(sizeof(int32_t) * (size_t)sm->req.n_prompt);
-            memcpy(sm->req.prompt, jobs[next].prompt, sizeof(int32_t) * (size_t)sm->req.n_prompt);
-            sm->req.sampling.temperature = 0.0f; /* greedy */
-            sm->req.sampling.top_p = 1.0f;
-            sm->req.sampling.repetition_penalty = 1.0f;
-            sm->req.n = 1;
-            sm->req.max_tokens = n_gen();
-            sm->req.ignore_eos = 1;
-            chan_send(engine_inbox(eng), &sm->hdr);
-            next++;
-        }
-        ck_assert_int_ge(eng__iterate(eng, 0), 0);
-        collect(&outbox, res);
-        ck_assert_int_lt(++guard, 10000);
-    } while (next < nj || !sched_idle(eng__sched(eng)));
-    collect(&outbox, res);
-    for (int i = 0; i < nj; i++) {
+    for (int i = 0; i < n_jobs; i++) {
+        reqs[i] = er_request((uint64_t)i + 1, jobs[i].prompt, jobs[i].n_prompt, n_gen());
+    }
+    er_run(&c, m, reqs, n_jobs, 1, 0, res, st);
+    for (int i = 0; i < n_jobs; i++) {
         ck_assert_msg(res[i].finished && res[i].n == n_gen(), "request %d: %d tokens", i + 1,
                       res[i].n);
     }
-    /* The pool is clean: every block back, the bookkeeping consistent. */
-    bm_pool_check(eng__pool(eng));
-    bm_pool_stats(eng__pool(eng), &bs);
-    ck_assert_msg(bs.dev_used == 0 && bs.cpu_used == 0, "blocks in use: %u device, %u cpu",
-                  bs.dev_used, bs.cpu_used);
-    eng__stats(eng, st);
-    engine_stop(eng);
-    engine_destroy(eng);
-    for (msg_t *mm = chan_take_all(&outbox); mm != NULL;) {
-        msg_t *nx = mm->next;
-        eng_msg_free(mm);
-        mm = nx;
-    }
-    chan_fini(&outbox);
 }
 
 static void
-same(const out_t *a, const out_t *b, const char *what)
+same(const er_out_t *a, const er_out_t *b, const char *what)
 {
     for (int i = 0; i < n_jobs; i++) {
         int32_t at = 0;
@@ -660,7 +524,7 @@ START_TEST(test_spec_emu_engine_f16)
 {
     mdl_model_t *m = emu_load_model();
     static job_t jobs[N_JOBS];
-    static out_t cpu[N_JOBS], plain[N_JOBS], spec[N_JOBS];
+    static er_out_t cpu[N_JOBS], plain[N_JOBS], spec[N_JOBS];
     char js[1400], q4[96], err[256] = "";
     eng_stats_t st;
 
@@ -713,7 +577,7 @@ START_TEST(test_spec_emu_engine_graphs)
 {
     mdl_model_t *m = emu_load_model();
     static job_t jobs[N_JOBS];
-    static out_t plain[N_JOBS], graphs[N_JOBS], spec[N_JOBS];
+    static er_out_t plain[N_JOBS], graphs[N_JOBS], spec[N_JOBS];
     char js[1400];
     eng_stats_t st;
 
@@ -755,7 +619,7 @@ START_TEST(test_spec_emu_engine_int8)
 {
     mdl_model_t *m = emu_load_model();
     static job_t jobs[N_JOBS];
-    static out_t plain[N_JOBS], spec[N_JOBS];
+    static er_out_t plain[N_JOBS], spec[N_JOBS];
     eng_stats_t st;
 
     make_jobs(m, jobs);

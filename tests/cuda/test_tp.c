@@ -37,6 +37,7 @@
 #include "model/model_int.h"
 #include "model/tp.h"
 #include "scheduler/kv_stream.h"
+#include "tests/cuda/batch_build.h"
 #include "tests/cuda/synth_model.h"
 
 #define BS 8
@@ -73,47 +74,20 @@ typedef struct pair {
 static void
 step(pair_t *p, tseq_t *seqs, const int32_t *n_new)
 {
-    int32_t tok[256], pos[256], slot[256], qs[NSEQ + 1], ctx[NSEQ], bt[NSEQ * MAXB], rows[NSEQ];
-    int32_t n = 0, ns = 0;
+    tb_batch_t t;
     const float *l1, *lt;
 
-    qs[0] = 0;
+    tb_begin(&t, BS, MAXB);
     for (int32_t s = 0; s < NSEQ; s++) {
-        if (n_new[s] == 0) {
-            continue;
+        if (n_new[s] > 0) {
+            tb_add(&t, seqs[s].ids, &seqs[s].done, n_new[s], seqs[s].table, 1);
         }
-        tseq_t *q = &seqs[s];
-
-        for (int32_t i = 0; i < n_new[s]; i++) {
-            int32_t ix = q->done + i;
-
-            tok[n] = q->ids[ix];
-            pos[n] = ix;
-            slot[n] = q->table[ix / BS] * BS + ix % BS;
-            n++;
-        }
-        q->done += n_new[s];
-        ctx[ns] = q->done;
-        memcpy(bt + ns * MAXB, q->table, sizeof(q->table));
-        rows[ns] = n - 1;
-        qs[++ns] = n;
     }
-    mdl_batch_t b = {
-        .n_tokens = n,
-        .tokens = tok,
-        .positions = pos,
-        .slot_mapping = slot,
-        .n_seqs = ns,
-        .query_start = qs,
-        .context_len = ctx,
-        .block_tables = bt,
-        .max_blocks = MAXB,
-        .logits_rows = rows,
-        .n_logits = ns,
-    };
+    const mdl_batch_t *b = tb_end(&t);
+    const int32_t ns = b->n_seqs;
 
-    ck_assert_int_eq(mdl_forward(p->one, &b, &l1), ST_OK);
-    ck_assert_int_eq(mdl_forward(p->many, &b, &lt), ST_OK);
+    ck_assert_int_eq(mdl_forward(p->one, b, &l1), ST_OK);
+    ck_assert_int_eq(mdl_forward(p->many, b, &lt), ST_OK);
     double mx = 0.0, md = 0.0;
 
     for (size_t i = 0; i < (size_t)ns * p->vocab; i++) {

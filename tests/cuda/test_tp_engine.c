@@ -23,16 +23,10 @@
 #include "common/xmalloc.h"
 #include "scheduler/engine.h"
 #include "scheduler/engine_int.h"
+#include "tests/cuda/eng_run.h"
 
 #define N_REQ 12
 #define N_GEN 40
-#define N_GEN_MAX 320 /* past the 256-token context (sink + window runs) */
-
-typedef struct out {
-    int32_t tok[N_GEN_MAX];
-    int32_t n;
-    int finished;
-} out_t;
 
 /* One engine run: n_req greedy requests of n_gen tokens each. */
 typedef struct run_opts {
@@ -43,102 +37,34 @@ typedef struct run_opts {
 } run_opts_t;
 
 static void
-collect(chan_t *outbox, out_t *res)
-{
-    for (msg_t *m = chan_take_all(outbox); m != NULL;) {
-        msg_t *next = m->next;
-
-        if (m->type == ENG_MSG_DELTA) {
-            eng_msg_delta_t *d = (eng_msg_delta_t *)m;
-            out_t *r = &res[d->id - 1];
-
-            for (int32_t i = 0; i < d->n_tokens; i++) {
-                ck_assert_int_lt(r->n, N_GEN_MAX);
-                r->tok[r->n++] = d->tok[i].token;
-            }
-        } else if (m->type == ENG_MSG_FINISHED) {
-            res[((eng_msg_finished_t *)m)->id - 1].finished = 1;
-        } else {
-            ck_assert_msg(m->type != ENG_MSG_ERROR, "engine error: %s",
-                          ((eng_msg_error_t *)m)->message);
-        }
-        eng_msg_free(m);
-        m = next;
-    }
-}
-
-static void
-run(const mdl_model_t *model, const run_opts_t *o, out_t *res, eng_stats_t *st)
+run(const mdl_model_t *model, const run_opts_t *o, er_out_t *res, eng_stats_t *st)
 {
     eng_config_t c;
-    engine_t *eng;
-    chan_t outbox;
-    char err[256] = "";
-    bm_stats_t bs;
+    eng_msg_submit_t *reqs[N_REQ];
 
-    memset(&c, 0, sizeof(c));
-    c.rt.device = "cpu";
+    er_config(&c, "cpu", 16, o->num_blocks, N_REQ, 256);
     c.rt.tp_size = o->tp;
-    c.rt.n_threads = 1;
-    c.rt.block_size = 16;
-    c.rt.num_blocks = o->num_blocks;
     c.rt.swap_blocks = o->swap_blocks;
     c.rt.kv_dtype = o->dtype;
     c.kv_sink = o->kv_sink;
     c.kv_window = o->kv_window;
-    c.max_num_seqs = N_REQ;
-    c.max_num_batched_tokens = 256;
-    c.max_model_len = 256;
-    c.prefix_caching = 1;
-    c.n_tenants = 1;
-    c.tenants[0].weight = 1.0;
-    snprintf(c.tenants[0].name, sizeof(c.tenants[0].name), "default");
-
-    memset(res, 0, sizeof(out_t) * (size_t)o->n_req);
-    chan_init(&outbox, NULL, NULL);
-    ck_assert_msg(engine_create(&c, model, &outbox, &eng, err, sizeof(err)) == ST_OK, "%s", err);
+    ck_assert_int_le(o->n_req, N_REQ);
     for (int i = 0; i < o->n_req; i++) {
-        eng_msg_submit_t *m = xcalloc(1, sizeof(*m));
+        int32_t prompt[20 + 4 * N_REQ];
         uint32_t x = (uint32_t)(i + 1) * 2654435761u;
 
-        m->hdr.type = ENG_MSG_SUBMIT;
-        m->req.id = (uint64_t)i + 1;
-        m->req.n_prompt = 20 + 4 * i;
-        m->req.prompt = xmalloc(sizeof(int32_t) * (size_t)m->req.n_prompt);
-        m->req.prompt[0] = 1;
-        for (int32_t k = 1; k < m->req.n_prompt; k++) {
+        prompt[0] = 1;
+        for (int32_t k = 1; k < 20 + 4 * i; k++) {
             x = x * 1103515245u + 12345u;
-            m->req.prompt[k] = 3 + (int32_t)((x >> 8) % 1000);
+            prompt[k] = 3 + (int32_t)((x >> 8) % 1000);
         }
-        m->req.sampling.temperature = 0.0f; /* greedy */
-        m->req.sampling.top_p = 1.0f;
-        m->req.sampling.repetition_penalty = 1.0f;
-        m->req.n = 1;
-        m->req.max_tokens = o->n_gen;
-        m->req.ignore_eos = 1;
-        chan_send(engine_inbox(eng), &m->hdr);
+        reqs[i] = er_request((uint64_t)i + 1, prompt, 20 + 4 * i, o->n_gen);
     }
-    for (int guard = 0;; guard++) {
-        ck_assert_int_ge(eng__iterate(eng, 0), 0);
-        collect(&outbox, res);
-        if (sched_idle(eng__sched(eng))) {
-            break;
-        }
-        ck_assert_int_lt(guard, 100000);
-    }
-    eng__stats(eng, st);
-    bm_pool_check(eng__pool(eng));
-    bm_pool_stats(eng__pool(eng), &bs);
-    ck_assert_msg(bs.dev_used == 0 && bs.cpu_used == 0, "blocks in use: %u device, %u cpu",
-                  bs.dev_used, bs.cpu_used);
-    engine_stop(eng);
-    engine_destroy(eng);
-    collect(&outbox, res);
-    chan_fini(&outbox);
+    er_run(&c, model, reqs, o->n_req, 0, 0, res, st);
 }
 
 static void
-expect_same(const out_t *ref, const out_t *got, int32_t n_req, int32_t n_gen, const char *what)
+expect_same(const er_out_t *ref, const er_out_t *got, int32_t n_req, int32_t n_gen, const char *what)
 {
     for (int i = 0; i < n_req; i++) {
         ck_assert(ref[i].finished && got[i].finished);
@@ -154,7 +80,7 @@ static void
 swap_matches_tp1(mdl_kv_dtype_t dtype)
 {
     const char *dir = getenv("KVSERVE_TEST_MODEL");
-    static out_t ref[N_REQ], tp2[N_REQ];
+    static er_out_t ref[N_REQ], tp2[N_REQ];
     run_opts_t o = {.tp = 1, .num_blocks = 512, .dtype = dtype, .n_req = N_REQ, .n_gen = N_GEN};
     mdl_model_t *model;
     eng_stats_t st;
@@ -193,7 +119,7 @@ START_TEST(test_tp_engine_int4_kv_policy_past_context)
 {
     enum { SINK = 16, WINDOW = 160, NR = 3, GEN = 300 };
     const char *dir = getenv("KVSERVE_TEST_MODEL");
-    static out_t ref[NR], tp2[NR];
+    static er_out_t ref[NR], tp2[NR];
     run_opts_t o = {.tp = 1,
                     .num_blocks = 128,
                     .dtype = MDL_KV_INT4,
