@@ -348,14 +348,8 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     size_t r8_bytes = 0;
     int32_t r8_n = 0;
 
-    for (int32_t r = 0; r < s->tp; r++) {
-        st = cpu_rank_init(s, r, err, errlen);
-        if (st != ST_OK) {
-            goto fail;
-        }
-        r8_bytes += s->ranks[r].r8_bytes;
-        r8_n += s->ranks[r].r8_n;
-    }
+    /* lm_head first: while it is repacked the resident set holds its file
+     * pages and the copy, and little else yet. */
     s->head = m->lm_head;
     s->embd = m->tok_embd;
     {
@@ -367,6 +361,14 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
         }
         r8_bytes += n;
         r8_n += n > 0;
+    }
+    for (int32_t r = 0; r < s->tp; r++) {
+        st = cpu_rank_init(s, r, err, errlen);
+        if (st != ST_OK) {
+            goto fail;
+        }
+        r8_bytes += s->ranks[r].r8_bytes;
+        r8_n += s->ranks[r].r8_n;
     }
     if (r8_n > 0) {
         LOG_INFO("repacked %d q4_k / q6_k matrices (%.1f MiB) 8 rows at a time for the CPU kernels",
