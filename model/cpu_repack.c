@@ -51,8 +51,8 @@ mdl__cpu_repack(const mdl_model_t *m, kn_weight_t *w, void **own, void **src_own
     void *dst;
 
     *own = NULL;
-    if ((w->type != KN_W_Q4_K && w->type != KN_W_Q6_K) || w->rows % 8 != 0 ||
-        w->cols % 256 != 0 || !repack_enabled(w->type) || (src_own == NULL && !file)) {
+    if ((w->type != KN_W_Q4_K && w->type != KN_W_Q6_K) || w->rows % 8 != 0 || w->cols % 256 != 0 ||
+        !repack_enabled(w->type) || (src_own == NULL && !file)) {
         return 0;
     }
     int q6 = w->type == KN_W_Q6_K;

@@ -91,8 +91,7 @@ kn_q6r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out)
 static inline const uint8_t *
 q6r8_block(const kn_weight_t *w, int32_t r, int32_t k)
 {
-    return (const uint8_t *)w->data +
-           ((size_t)(r / 8) * (size_t)(w->cols / 256) + k) * KN_Q6R8_BLK;
+    return (const uint8_t *)w->data + ((size_t)(r / 8) * (size_t)(w->cols / 256) + k) * KN_Q6R8_BLK;
 }
 
 /* Code (0..63) of column c (0..255) of row rr (0..7) in block o. */
@@ -156,7 +155,8 @@ kn__q6r8_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bias, fl
                     }
                     s += (int8_t)o[KN_Q6R8_SC + 8 * g + rr] * (isum - 32 * xs);
                 }
-                float dd = q6r8_f16(o + KN_Q6R8_D + 2 * rr) * a->kd[(size_t)t * (a->d_pad / 256) + k];
+                float dd =
+                    q6r8_f16(o + KN_Q6R8_D + 2 * rr) * a->kd[(size_t)t * (a->d_pad / 256) + k];
 
                 acc = fmaf(dd, (float)s, acc);
             }

@@ -1,11 +1,10 @@
 /* test_q6r8.c - q6_K weights repacked 8 rows at a time (KN_W_Q6_K_R8,
  * kernels/cpu/kn_quant.h), as test_q4r8.c does for q4_K: the repack round
  * trip (every row of the repacked form dequantizes to the bits of
- * kn_dequant_row of the file's row), the shapes it refuses, the embedding lookup through it, and the
- * product at every ISA level this CPU has x 1 and 2 threads, bit for bit
- * against the scalar reference (the integer sums are exact and the f32
- * steps the same), on random and outlier-heavy weights and activations,
- * rows 8 .. 128, cols 256 .. 4096, n_tok 1 .. 40 (GEMV and tiles of 8),
+ * kn_dequant_row of the file's row), the shapes it refuses, the embedding lookup through it, and
+ * the product at every ISA level this CPU has x 1 and 2 threads, bit for bit against the scalar
+ * reference (the integer sums are exact and the f32 steps the same), on random and outlier-heavy
+ * weights and activations, rows 8 .. 128, cols 256 .. 4096, n_tok 1 .. 40 (GEMV and tiles of 8),
  * bias and accumulate; the reference within the Q8_K rounding bound of
  * an f64 product over the dequantized weights (wild blocks: every int8
  * scale and code, -128 and 63 included); a token alone against the
@@ -74,7 +73,8 @@ make_q6k(int32_t rows, int32_t cols, int wild, int outliers)
         }
         for (int32_t k = 0; k < cols / 256; k++) {
             uint8_t *b = p + (size_t)r * rb + 210 * k;
-            uint16_t d = kn_f32_to_f16((frand() > 0 ? 1 : -1) * (0.0001f + 0.001f * fabsf(frand())));
+            uint16_t d =
+                kn_f32_to_f16((frand() > 0 ? 1 : -1) * (0.0001f + 0.001f * fabsf(frand())));
 
             b[208] = (uint8_t)d;
             b[209] = (uint8_t)(d >> 8);
