@@ -1,5 +1,5 @@
-/* cpu_repack.c - the CPU backend's load-time repack of q4_K weights
- * (model/cpu_repack.h).
+/* cpu_repack.c - the CPU backend's load-time repack of q4_K and q6_K
+ * weights (model/cpu_repack.h).
  *
  * DESIGN. See the header. The repack reads each source row once and the
  * pages are dropped right after each matrix, so the resident set grows
@@ -30,12 +30,16 @@ in_file_map(const mdl_model_t *m, const void *p, size_t len)
     return 0;
 }
 
+/* Whether the environment leaves the repack of t on (see the header). */
 static int
-repack_enabled(void)
+repack_enabled(kn_wtype_t t)
 {
-    const char *e = getenv("KVSERVE_Q4K_REPACK");
+    const char *e = getenv("KVSERVE_Q4K_REPACK"), *e6 = getenv("KVSERVE_Q6K_REPACK");
 
-    return e == NULL || strcmp(e, "0") != 0;
+    if (e != NULL && strcmp(e, "0") == 0) {
+        return 0;
+    }
+    return t != KN_W_Q6_K || e6 == NULL || strcmp(e6, "0") != 0;
 }
 
 size_t
@@ -47,16 +51,18 @@ mdl__cpu_repack(const mdl_model_t *m, kn_weight_t *w, void **own, void **src_own
     void *dst;
 
     *own = NULL;
-    if (w->type != KN_W_Q4_K || w->rows % 8 != 0 || w->cols % 256 != 0 || !repack_enabled() ||
-        (src_own == NULL && !file)) {
+    if ((w->type != KN_W_Q4_K && w->type != KN_W_Q6_K) || w->rows % 8 != 0 || w->cols % 256 != 0 ||
+        !repack_enabled(w->type) || (src_own == NULL && !file)) {
         return 0;
     }
-    bytes = kn_q4r8_bytes(w->rows, w->cols);
+    int q6 = w->type == KN_W_Q6_K;
+
+    bytes = q6 ? kn_q6r8_bytes(w->rows, w->cols) : kn_q4r8_bytes(w->rows, w->cols);
     dst = malloc(bytes);
     if (dst == NULL) { /* the file's layout still works */
         return 0;
     }
-    if (kn_q4r8_repack(w, dst, &r8) != ST_OK) {
+    if ((q6 ? kn_q6r8_repack(w, dst, &r8) : kn_q4r8_repack(w, dst, &r8)) != ST_OK) {
         free(dst);
         return 0;
     }

@@ -1,9 +1,9 @@
-/* cpu_repack.h - the CPU backend's load-time repack of q4_K weights into
- * the 8-row interleaved form of its kernels (KN_W_Q4_K_R8,
- * kernels/cpu/kn_quant.h).
+/* cpu_repack.h - the CPU backend's load-time repack of q4_K and q6_K
+ * weights into the 8-row interleaved forms of its kernels (KN_W_Q4_K_R8,
+ * KN_W_Q6_K_R8, kernels/cpu/kn_quant.h).
  *
  * DESIGN. The model's weights stay in their file's layout (the CUDA
- * upload and the embedding lookup read it); each CPU rank repacks its own
+ * upload reads it); each CPU rank repacks its own
  * views (after the tensor-parallel row and column split, so a shard never
  * starts inside a group of 8) into buffers it owns, and the source's whole
  * pages are dropped when they lie in one of the model's file mappings:
@@ -11,7 +11,11 @@
  * layout faults its pages back in). A source in a buffer the model owns
  * (the q / k rows un-permuted at load) is left as it is, since dropping
  * it would lose it; a rank's own column copy is freed.
- * KVSERVE_Q4K_REPACK=0 in the environment turns the repack off (A/B runs).
+ * The backend repacks lm_head once (rank 0 computes the logits) and, when
+ * the embedding is tied to it, looks tokens up in the repacked copy
+ * (kn_embed_w reads it bit for bit as the file's rows).
+ * KVSERVE_Q4K_REPACK=0 in the environment turns the repack off (A/B runs),
+ * KVSERVE_Q6K_REPACK=0 that of q6_K only.
  *
  * Thread: the thread creating the backend.
  */
@@ -23,7 +27,7 @@
 #include "kernels/cpu/kn_quant.h"
 #include "model/model_int.h"
 
-/* Repacks *w when it is q4_K with rows % 8 == 0 and its source can be
+/* Repacks *w when it is q4_K or q6_K, rows % 8 == 0, and its source can be
  * released (see above): *w becomes the repacked view of a new buffer
  * stored in *own (the caller frees it). src_own: the caller's buffer *w
  * points into (a column copy), freed here and set to NULL once repacked;

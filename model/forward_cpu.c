@@ -71,7 +71,7 @@ typedef struct cpu_layer {
     kn_weight_t w_gate, w_up;   /* rows [f0, f0 + n_f) */
     kn_weight_t w_down;         /* [dim][n_f] */
     void *own_wo, *own_down;    /* column copies at T > 1, else NULL */
-    void *own_r8[7];            /* repacked q4_K weights (model/cpu_repack.h), or NULL */
+    void *own_r8[7];            /* repacked q4_K / q6_K weights (model/cpu_repack.h), or NULL */
 } cpu_layer_t;
 
 typedef struct cpu_rank {
@@ -92,7 +92,7 @@ typedef struct cpu_rank {
     float *sub_att; /* (S, n_q * hd) */
     void *scratch;  /* the one allocation behind every scratch pointer */
     kn_act_t act;   /* the input of the weights being applied */
-    size_t r8_bytes; /* q4_K bytes repacked (model/cpu_repack.h) */
+    size_t r8_bytes; /* q4_K / q6_K bytes repacked (model/cpu_repack.h) */
     int32_t r8_n;    /* and matrices */
     void *act_buf;  /* its quantized forms: kn_act_bytes(max(T, S), widest input) */
 } cpu_rank_t;
@@ -106,6 +106,11 @@ typedef struct cpu_state {
     kn_comm_t *comm;     /* T > 1 */
     kn_ranks_t *threads; /* T > 1 */
     float *inv_freq;     /* (hd / 2) */
+    /* lm_head (rank 0) and the embedding table as the kernels read them:
+     * the model's, or lm_head repacked (model/cpu_repack.h) in own_head,
+     * the embedding too when it is tied to lm_head. */
+    kn_weight_t head, embd;
+    void *own_head;
     float *logits;       /* (S, vocab), rank 0 */
     float *hidden;       /* (max_num_batched_tokens, dim), rank 0: b->hidden_rows */
     /* The last layer's sub-batch, the same on every rank (cpu_sub_batch). */
@@ -146,6 +151,7 @@ cpu_destroy(void *state)
         free(rk->act_buf);
     }
     free(s->ranks);
+    free(s->own_head);
     free(s->inv_freq);
     free(s->logits);
     free(s->hidden);
@@ -342,6 +348,20 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
     size_t r8_bytes = 0;
     int32_t r8_n = 0;
 
+    /* lm_head first: while it is repacked the resident set holds its file
+     * pages and the copy, and little else yet. */
+    s->head = m->lm_head;
+    s->embd = m->tok_embd;
+    {
+        int tied = m->lm_head.data == m->tok_embd.data;
+        size_t n = mdl__cpu_repack(m, &s->head, &s->own_head, NULL);
+
+        if (n > 0 && tied) { /* the lookup reads the repacked rows (kn_embed_w) */
+            s->embd = s->head;
+        }
+        r8_bytes += n;
+        r8_n += n > 0;
+    }
     for (int32_t r = 0; r < s->tp; r++) {
         st = cpu_rank_init(s, r, err, errlen);
         if (st != ST_OK) {
@@ -351,7 +371,7 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
         r8_n += s->ranks[r].r8_n;
     }
     if (r8_n > 0) {
-        LOG_INFO("repacked %d q4_k matrices (%.1f MiB) 8 rows at a time for the CPU kernels",
+        LOG_INFO("repacked %d q4_k / q6_k matrices (%.1f MiB) 8 rows at a time for the CPU kernels",
                  r8_n, (double)r8_bytes / (1024.0 * 1024.0));
     }
     s->inv_freq = xmalloc(sizeof(float) * (size_t)(c->head_dim / 2));
@@ -592,7 +612,7 @@ cpu_rank_forward(void *arg, int r)
         .scale = 1.0f / sqrtf((float)hd),
     };
 
-    kn_embed_w(&m->tok_embd, b->tokens, T, rk->x);
+    kn_embed_w(&s->embd, b->tokens, T, rk->x);
     kn_cpu_rope_table(b->positions, T, s->inv_freq, hd / 2, rk->cos_t, rk->sin_t);
 
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -642,12 +662,12 @@ cpu_rank_forward(void *arg, int r)
                    sizeof(float) * (size_t)dim);
         }
     }
-    const kn_weight_t *const wl[1] = {&m->lm_head};
+    const kn_weight_t *const wl[1] = {&s->head};
     kn_act_t *a = cpu_input(rk, rk->hrows, b->n_logits, dim);
 
     kn_cpu_rmsnorm_act(rk->hrows, m->out_norm, rk->hrows, b->n_logits, dim, c->norm_eps,
                        cpu_q8_for(a, 1, wl));
-    kn_matmul_w(a, &m->lm_head, NULL, s->logits, 0);
+    kn_matmul_w(a, &s->head, NULL, s->logits, 0);
     return ST_OK;
 }
 

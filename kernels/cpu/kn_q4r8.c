@@ -113,6 +113,10 @@ r8_code(const uint8_t *o, int rr, int c)
 void
 kn_weight_row(const kn_weight_t *w, int32_t r, float *dst)
 {
+    if (w->type == KN_W_Q6_K_R8) {
+        kn__q6r8_row(w, r, dst);
+        return;
+    }
     if (w->type != KN_W_Q4_K_R8) {
         kn_dequant_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes, dst, w->cols);
         return;
@@ -139,7 +143,8 @@ kn_weight_row(const kn_weight_t *w, int32_t r, float *dst)
 /* ---- Q8_K activations ---------------------------------------------------- */
 
 /* Token t's Q8_K form: per 256 columns kd = absmax / 127, codes
- * round-half-even(x * (1 / kd)) clamped to +-127, exact sums per 32. */
+ * round-half-even(x * (1 / kd)) clamped to +-127, exact sums per 32 and
+ * (as -16 times) per 16. */
 static void
 q8k_tok(kn_act_t *a, int32_t t)
 {
@@ -171,6 +176,14 @@ q8k_tok(kn_act_t *a, int32_t t)
                 s += q[256 * k + 32 * j + l];
             }
             a->kbs[(size_t)t * (a->d_pad / 32) + 8 * k + j] = (int16_t)s;
+        }
+        for (int j = 0; j < 16; j++) { /* KN_W_Q6_K_R8's offsets (kn_q6r8.c) */
+            int s = 0;
+
+            for (int l = 0; l < 16; l++) {
+                s += q[256 * k + 16 * j + l];
+            }
+            a->kc16[(size_t)t * (a->d_pad / 16) + 16 * k + j] = -16 * s;
         }
     }
 }

@@ -45,22 +45,35 @@ static const struct {
     [KN_W_Q5_K] = {"q5_k", 256, 176}, [KN_W_Q6_K] = {"q6_k", 256, 210},
 };
 
+/* Whether t is a repacked type (read with the Q8_K activations). */
+static int
+wtype_is_r8(kn_wtype_t t)
+{
+    return t == KN_W_Q4_K_R8 || t == KN_W_Q6_K_R8;
+}
+
 const char *
 kn_wtype_name(kn_wtype_t t)
 {
-    return t == KN_W_Q4_K_R8 ? "q4_k_r8" : (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].name : "?";
+    if (wtype_is_r8(t)) {
+        return t == KN_W_Q4_K_R8 ? "q4_k_r8" : "q6_k_r8";
+    }
+    return (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].name : "?";
 }
 
 int32_t
 kn_wtype_block_elems(kn_wtype_t t)
 {
-    return t == KN_W_Q4_K_R8 ? 256 : (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].elems : 0;
+    return wtype_is_r8(t) ? 256 : (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].elems : 0;
 }
 
 size_t
 kn_wtype_block_bytes(kn_wtype_t t)
 {
-    return t == KN_W_Q4_K_R8 ? KN_R8_BLK / 8 : (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].bytes : 0;
+    if (wtype_is_r8(t)) {
+        return t == KN_W_Q4_K_R8 ? KN_R8_BLK / 8 : KN_Q6R8_BLK / 8;
+    }
+    return (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].bytes : 0;
 }
 
 size_t
@@ -594,10 +607,10 @@ kn_act_bytes(int32_t n_tok, int32_t d_in)
      * per column */
     size_t per = (size_t)act_pad(d_in);
 
-    /* + the Q8_K form: codes 1, kd 1/64, kbs 1/16 */
-    return (size_t)n_tok *
-               (per + per + per / 4 + per / 4 + per / 8 + per + per + per / 64 + per / 16) +
-           10 * 64;
+    /* + the Q8_K form: codes 1, kd 1/64, kbs 1/16, kc16 1/4 */
+    return (size_t)n_tok * (per + per + per / 4 + per / 4 + per / 8 + per + per + per / 64 +
+                            per / 16 + per / 4) +
+           11 * 64;
 }
 
 static void *
@@ -630,6 +643,7 @@ kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf)
     a->kq = act_carve(&p, n);
     a->kd = act_carve(&p, n / 64);
     a->kbs = act_carve(&p, n / 16);
+    a->kc16 = act_carve(&p, n / 4);
     a->have_q8k = 0;
 }
 
@@ -778,12 +792,16 @@ kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float
     }
     kn_act_t a;
 
-    if (w->type == KN_W_Q4_K_R8) { /* its own reference, exact to its kernels */
+    if (wtype_is_r8(w->type)) { /* its own reference, exact to its kernels */
         void *kb = xmalloc(kn_act_bytes(n_tok, d_in));
 
         kn_act_init(&a, x, n_tok, d_in, kb);
         kn_act_quantize_q8k(&a);
-        kn__q4r8_rows_ref(&a, w, bias, y, accumulate, 0, d_out);
+        if (w->type == KN_W_Q4_K_R8) {
+            kn__q4r8_rows_ref(&a, w, bias, y, accumulate, 0, d_out);
+        } else {
+            kn__q6r8_rows_ref(&a, w, bias, y, accumulate, 0, d_out);
+        }
         free(kb);
         return;
     }
@@ -922,7 +940,7 @@ kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int 
     }
     if (wtype_is_q(w->type)) {
         kn_act_quantize_q8(a);
-    } else if (w->type == KN_W_Q4_K_R8) {
+    } else if (wtype_is_r8(w->type)) {
         kn_act_quantize_q8k(a);
     }
     if (nt <= 1 || w->rows < 32) {
@@ -986,7 +1004,7 @@ kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *con
             return;
         }
         any_q |= wtype_is_q(w[i]->type);
-        any_r8 |= w[i]->type == KN_W_Q4_K_R8;
+        any_r8 |= wtype_is_r8(w[i]->type);
         j.rows += w[i]->rows;
         work += (long)a->n_tok * w[i]->rows * w[i]->cols;
     }

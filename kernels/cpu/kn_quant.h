@@ -33,7 +33,8 @@
  * q4_K on the CPU backend is repacked at load into KN_W_Q4_K_R8 (below,
  * kn_q4r8.c, kn_q4r8_body.inc): 8 rows interleaved, read against Q8_K
  * activations (one scale per 256) with 8 rows' lanes side by side, 1.1-1.3x
- * the file-layout kernel's rate; the other types keep the file's rows.
+ * the file-layout kernel's rate; q6_K likewise into KN_W_Q6_K_R8
+ * (kn_q6r8.c, kn_q6r8_body.inc); the other types keep the file's rows.
  *
  * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
  * be called from any thread; a kn_act_t is used by one caller at a time.
@@ -56,7 +57,9 @@ typedef enum kn_wtype {
     KN_W_NTYPES, /* the types a file stores: the ones above */
     /* q4_K repacked at load for the CPU kernels, 8 rows interleaved (never
      * in a file, outside [0, KN_W_NTYPES): see kn_q4r8_repack). */
-    KN_W_Q4_K_R8 = 16
+    KN_W_Q4_K_R8 = 16,
+    /* q6_K repacked likewise (kn_q6r8_repack, kernels/cpu/kn_q6r8.c). */
+    KN_W_Q6_K_R8 = 17
 } kn_wtype_t;
 
 /* A weight matrix [rows][cols] (Hugging Face linear layout: rows = d_out,
@@ -69,9 +72,10 @@ typedef struct kn_weight {
     int32_t rows, cols;
 } kn_weight_t;
 
-/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_r8";
- * "?" if unknown. The size functions give q4_k_r8 256 elements and 144
- * bytes per row and block (its 8-row block of 1152 bytes shared out). */
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_r8",
+ * "q6_k_r8"; "?" if unknown. The size functions give q4_k_r8 256 elements
+ * and 144 bytes per row and block (its 8-row block of 1152 bytes shared
+ * out), q6_k_r8 256 and 210 (of 1680). */
 const char *kn_wtype_name(kn_wtype_t t);
 /* Elements per block: 1, 1, 1, 32, 32, 256, 256, 256 (0 if unknown). */
 int32_t kn_wtype_block_elems(kn_wtype_t t);
@@ -132,6 +136,10 @@ typedef struct kn_act {
     int8_t *kq;
     float *kd;
     int16_t *kbs;
+    /*   kc16 (n_tok, d_pad / 16) -16 * the sum of the codes of each 16, exact
+     *        (KN_W_Q6_K_R8: each lane of a 16-group's pair starts there, which
+     *        moves the q6_K codes' offset of 32 out of the integer dots) */
+    int32_t *kc16;
     int have_q8k;
 } kn_act_t;
 
@@ -148,7 +156,7 @@ void kn_act_quantize_q8(kn_act_t *a);
 void kn_act_quantize_q8_rows(kn_act_t *a, int32_t t0, int32_t t1);
 
 /* Makes the Q8_K form now; idempotent (kn_matmul_w calls it on first use
- * by a KN_W_Q4_K_R8 weight). Split over the team from 2^15 elements. */
+ * by a KN_W_Q4_K_R8 or KN_W_Q6_K_R8 weight). Split over the team from 2^15 elements. */
 void kn_act_quantize_q8k(kn_act_t *a);
 
 /* ---- q4_K repacked 8 rows at a time (KN_W_Q4_K_R8) ----------------------
@@ -183,7 +191,38 @@ size_t kn_q4r8_bytes(int32_t rows, int32_t cols);
  * (kn_q4r8_bytes, any alignment); *out becomes the KN_W_Q4_K_R8 view of
  * dst. ST_EINVAL (nothing written) for another type or shape. */
 int kn_q4r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out);
-/* Row r of w, any type (KN_W_Q4_K_R8 included), dequantized into dst
+/* ---- q6_K repacked 8 rows at a time (KN_W_Q6_K_R8) ----------------------
+ * For each group of 8 rows (G = r / 8) and each 256 columns (k), one block
+ * of 1680 bytes (the file's 8 blocks' size) at data + (G * cols / 256 + k)
+ * * 1680:
+ *     0  f16  d[8]            the 8 rows' super-block scales
+ *    16  int8 sc[16][8]       [group of 16 columns][row]: the file's scales
+ *   144  per quarter q (64 columns), 384 bytes at 144 + 384 q:
+ *          u8 ql[4][64]       byte 8 row + i of ql[j]: low nibble = low 4
+ *                             bits of the code of column 64 q + 8 j + i,
+ *                             high nibble = that of column 64 q + 8 (j + 4) + i
+ *          u8 qh[2][64]       byte 8 row + i of qh[h]: bits 2 s, 2 s + 1 =
+ *                             top 2 bits of the code of column
+ *                             64 q + 8 (4 h + s) + i
+ * so that one 64-byte vector of codes (8 columns of all 8 rows, a lane
+ * pair per row) is unpacked with two masks and two shifts and matches an
+ * 8-byte broadcast of the activation codes, and the 16 columns of a scale
+ * are two such vectors. The codes stay unsigned (0..63, value d * sc *
+ * (q - 32)); the product reads the Q8_K activations: per row and 256 columns
+ *   S = sum_g sc_g * (sum_{16} q * xq - 32 * sum_{16} xq)      (exact int32)
+ *   acc = fmaf(d * kd, (float)S, acc)
+ * from acc = 0, then + bias, then + y when accumulating: every ISA level and
+ * the reference give the same bits. kn_weight_row() and kn_embed_w() read
+ * it, kn_dequant_row() does not. */
+
+/* Bytes of the repacked form of a rows x cols q6_K matrix. */
+size_t kn_q6r8_bytes(int32_t rows, int32_t cols);
+/* Repacks w (KN_W_Q6_K, rows % 8 == 0, cols % 256 == 0) into dst
+ * (kn_q6r8_bytes, any alignment); *out becomes the KN_W_Q6_K_R8 view of
+ * dst. ST_EINVAL (nothing written) for another type or shape. */
+int kn_q6r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out);
+
+/* Row r of w, any type (the repacked ones included), dequantized into dst
  * (w->cols floats), bit for bit kn_dequant_row() of the file's row. */
 void kn_weight_row(const kn_weight_t *w, int32_t r, float *dst);
 

@@ -57,6 +57,19 @@ void kn__act_tokens(kn_act_t *a, void (*tok)(kn_act_t *a, int32_t t));
 void kn__q4r8_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bias, float *y,
                        int accumulate, int32_t r0, int32_t r1);
 
+/* KN_W_Q6_K_R8 (kn_quant.h): the offsets in a block of 8 rows x 256 columns. */
+#define KN_Q6R8_BLK 1680
+#define KN_Q6R8_D 0
+#define KN_Q6R8_SC 16  /* int8 [16][8] */
+#define KN_Q6R8_QS 144 /* 4 quarters of 384 bytes: ql[4][64], then qh[2][64] */
+#define KN_Q6R8_QQ 384
+
+/* The scalar reference of KN_W_Q6_K_R8 rows [r0, r1) (kn_q6r8.c), as
+ * kn__q4r8_rows_ref; and row r dequantized (kn_weight_row). */
+void kn__q6r8_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bias, float *y,
+                       int accumulate, int32_t r0, int32_t r1);
+void kn__q6r8_row(const kn_weight_t *w, int32_t r, float *dst);
+
 /* The 6-bit scale and min of sub-block j (0..7) of a q4_K / q5_K block's
  * scales[12] (ggml's get_scale_min_k4). */
 static inline void

@@ -242,7 +242,10 @@ END_TEST
  * quantizers in another order than T = 1's (last-bit differences that can
  * flip a code, as with the compressed KV below): 2e-2, where a wrong
  * shard or group would move the logits by O(1). */
-START_TEST(test_tp_default_model_q4k)
+/* The default model quantized to q (ffn_down of type t, repacked), T = 2
+ * against T = 1 within 2e-2 (see above). */
+static void
+check_default_model_quant(mdl_quant_t q, kn_wtype_t t, const char *name)
 {
     const char *dir = getenv("KVSERVE_TEST_MODEL");
     char path[] = "/tmp/kvs_tp_q4k_XXXXXX", gg[64], err[256];
@@ -251,15 +254,27 @@ START_TEST(test_tp_default_model_q4k)
     ck_assert_msg(dir != NULL, "KVSERVE_TEST_MODEL is not set");
     ck_assert(mkdtemp(path) != NULL);
     snprintf(gg, sizeof(gg), "%s/m.gguf", path);
-    ck_assert_msg(mdl_quantize(dir, gg, MDL_QUANT_Q4_K, err, sizeof(err)) == ST_OK, "%s", err);
+    ck_assert_msg(mdl_quantize(dir, gg, q, err, sizeof(err)) == ST_OK, "%s", err);
     ck_assert_msg(mdl_model_load(gg, &m, err, sizeof(err)) == ST_OK, "%s", err);
-    ck_assert_int_eq(m->layers[0].w_down.type, KN_W_Q4_K);
+    ck_assert_int_eq(m->layers[0].w_down.type, t);
     double worst = run_script(m, 2, MDL_KV_F32, 2e-2);
 
-    printf("default model q4_k, T=2: max relative logit difference %.3g\n", worst);
+    printf("default model %s, T=2: max relative logit difference %.3g\n", name, worst);
     mdl_model_destroy(m);
     unlink(gg);
     rmdir(path);
+}
+
+START_TEST(test_tp_default_model_q4k)
+{
+    check_default_model_quant(MDL_QUANT_Q4_K, KN_W_Q4_K, "q4_k");
+}
+END_TEST
+
+/* The same in q6_K: ffn_down repacked as KN_W_Q6_K_R8 (kernels/cpu/kn_q6r8.c). */
+START_TEST(test_tp_default_model_q6k)
+{
+    check_default_model_quant(MDL_QUANT_Q6_K, KN_W_Q6_K, "q6_k");
 }
 END_TEST
 
@@ -845,6 +860,7 @@ cuda_tp_suite(void)
     tcase_add_test(tc, test_tp_synthetic);
     tcase_add_test(tc, test_tp_default_model);
     tcase_add_test(tc, test_tp_default_model_q4k);
+    tcase_add_test(tc, test_tp_default_model_q6k);
     tcase_add_test(tc, test_tp_kv_quant_refusals);
     tcase_add_test(tc, test_tp_kv_pools_bit_exact);
     tcase_add_test(tc, test_tp_kv_quant_synthetic);

@@ -162,8 +162,11 @@ main(int argc, char **argv)
         printf("\nthreads %d: streaming read %.1f GB/s\n", nt, read_bw(rbuf, nt));
         printf("%-5s %-11s %5s %9s %8s %9s %9s %8s %9s\n", "type", "shape", "n_tok", "ms/call",
                "GB/s", "GFLOP/s", "cpu-ms", "cGB/s", "cGFLOP/s");
-        for (int ti8 = 0; ti8 <= KN_W_NTYPES; ti8++) { /* the last: q4_k_r8 */
-            kn_wtype_t t = ti8 == KN_W_NTYPES ? KN_W_Q4_K_R8 : (kn_wtype_t)ti8;
+        for (int ti8 = 0; ti8 <= KN_W_NTYPES + 1; ti8++) { /* the last: q4_k_r8, q6_k_r8 */
+            kn_wtype_t t = ti8 == KN_W_NTYPES       ? KN_W_Q4_K_R8
+                           : ti8 == KN_W_NTYPES + 1 ? KN_W_Q6_K_R8
+                                                    : (kn_wtype_t)ti8;
+            int r8 = t == KN_W_Q4_K_R8 || t == KN_W_Q6_K_R8;
             size_t rb = kn_wtype_row_bytes(t, 2048);
 
             if (only_type != NULL && strcmp(only_type, kn_wtype_name(t)) != 0) {
@@ -171,18 +174,23 @@ main(int argc, char **argv)
             }
 
             /* 2048 distinct quantized rows; larger matrices repeat them. */
-            if (t == KN_W_Q4_K_R8) { /* q4_K rows, repacked */
-                size_t rb4 = kn_wtype_row_bytes(KN_W_Q4_K, 2048);
+            if (r8) { /* q4_K / q6_K rows, repacked */
+                kn_wtype_t ft = t == KN_W_Q4_K_R8 ? KN_W_Q4_K : KN_W_Q6_K;
+                size_t rb4 = kn_wtype_row_bytes(ft, 2048);
                 uint8_t *q4 = malloc(rb4 * 2048);
-                kn_weight_t w4 = {KN_W_Q4_K, q4, rb4, 2048, 2048}, r8;
+                kn_weight_t w4 = {ft, q4, rb4, 2048, 2048}, wr;
 
                 for (int32_t r = 0; r < 2048; r++) {
-                    kn_quant_row(KN_W_Q4_K, src + (size_t)r * 2048, q4 + rb4 * r, 2048);
+                    kn_quant_row(ft, src + (size_t)r * 2048, q4 + rb4 * r, 2048);
                 }
-                kn_q4r8_repack(&w4, pool, &r8);
+                if (ft == KN_W_Q4_K) {
+                    kn_q4r8_repack(&w4, pool, &wr);
+                } else {
+                    kn_q6r8_repack(&w4, pool, &wr);
+                }
                 free(q4);
             }
-            for (int32_t r = 0; r < 2048 && t != KN_W_Q4_K_R8; r++) {
+            for (int32_t r = 0; r < 2048 && !r8; r++) {
                 kn_quant_row(t, src + (size_t)r * 2048, pool + rb * r, 2048);
             }
             for (int s = 0; s < 3; s++) {
