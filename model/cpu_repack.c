@@ -31,9 +31,9 @@ in_file_map(const mdl_model_t *m, const void *p, size_t len)
 }
 
 static int
-repack_enabled(void)
+repack_enabled(const char *var)
 {
-    const char *e = getenv("KVSERVE_Q4K_REPACK");
+    const char *e = getenv(var);
 
     return e == NULL || strcmp(e, "0") != 0;
 }
@@ -46,17 +46,22 @@ mdl__cpu_repack(const mdl_model_t *m, kn_weight_t *w, void **own, void **src_own
     kn_weight_t r8;
     void *dst;
 
+    /* q8_0: 16 rows at a time (kernels/cpu/kn_q8r16.c) */
+    int q8 = w->type == KN_W_Q8_0 && w->rows % 16 == 0 && w->cols % 32 == 0 &&
+             repack_enabled("KVSERVE_Q8_REPACK");
+
     *own = NULL;
-    if (w->type != KN_W_Q4_K || w->rows % 8 != 0 || w->cols % 256 != 0 || !repack_enabled() ||
+    if ((!q8 && (w->type != KN_W_Q4_K || w->rows % 8 != 0 || w->cols % 256 != 0 ||
+                 !repack_enabled("KVSERVE_Q4K_REPACK"))) ||
         (src_own == NULL && !file)) {
         return 0;
     }
-    bytes = kn_q4r8_bytes(w->rows, w->cols);
+    bytes = q8 ? kn_q8r16_bytes(w->rows, w->cols) : kn_q4r8_bytes(w->rows, w->cols);
     dst = malloc(bytes);
     if (dst == NULL) { /* the file's layout still works */
         return 0;
     }
-    if (kn_q4r8_repack(w, dst, &r8) != ST_OK) {
+    if ((q8 ? kn_q8r16_repack(w, dst, &r8) : kn_q4r8_repack(w, dst, &r8)) != ST_OK) {
         free(dst);
         return 0;
     }

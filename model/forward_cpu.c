@@ -430,7 +430,8 @@ static kn_act_t *
 cpu_q8_for(kn_act_t *a, int n, const kn_weight_t *const w[])
 {
     for (int i = 0; i < n; i++) {
-        if (w[i]->type >= KN_W_Q8_0 && w[i]->type < KN_W_NTYPES) {
+        if ((w[i]->type >= KN_W_Q8_0 && w[i]->type < KN_W_NTYPES) ||
+            w[i]->type == KN_W_Q8_0_R16) {
             return a;
         }
     }

@@ -56,7 +56,10 @@ typedef enum kn_wtype {
     KN_W_NTYPES, /* the types a file stores: the ones above */
     /* q4_K repacked at load for the CPU kernels, 8 rows interleaved (never
      * in a file, outside [0, KN_W_NTYPES): see kn_q4r8_repack). */
-    KN_W_Q4_K_R8 = 16
+    KN_W_Q4_K_R8 = 16,
+    /* q8_0 repacked at load, 16 rows interleaved (never in a file: see
+     * kn_q8r16_repack). */
+    KN_W_Q8_0_R16 = 18
 } kn_wtype_t;
 
 /* A weight matrix [rows][cols] (Hugging Face linear layout: rows = d_out,
@@ -186,6 +189,30 @@ int kn_q4r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out);
 /* Row r of w, any type (KN_W_Q4_K_R8 included), dequantized into dst
  * (w->cols floats), bit for bit kn_dequant_row() of the file's row. */
 void kn_weight_row(const kn_weight_t *w, int32_t r, float *dst);
+
+/* ---- q8_0 repacked 16 rows at a time (KN_W_Q8_0_R16, kn_q8r16.c) ------
+ * For each group of 16 rows (G = r / 16) and each block of 32 columns
+ * (b), 544 bytes (the file's 16 blocks' size) at data + (G * cols / 32 +
+ * b) * 544:
+ *     0  f16 d[16]           the 16 rows' block scales
+ *    32  u8  qs[8][16][4]    [i][row]: the row's codes 4 i .. 4 i + 3 of
+ *                            the block, each stored as q + 128 (q ^ 0x80)
+ * so that one 64-byte load holds 4 columns of all 16 rows, one dword lane
+ * per row, against a 4-byte broadcast of the activation codes
+ * (kn_q8r16_body.inc). Size name "q8_0_r16", 32 elements and 34 bytes
+ * per row and block. The product reads the Q8_0 activations (q, d32,
+ * c32): per row and block, with isum the exact int32 sum of q * xq,
+ *   acc = fmaf(d * dx, (float)isum, acc)
+ * from acc = 0, then + bias, then + y when accumulating: every ISA level
+ * and the reference give the same bits. kn_dequant_row() / kn_quant_row()
+ * do not take this type; kn_weight_row() and kn_embed_w() do. */
+
+/* Bytes of the repacked form of a rows x cols q8_0 matrix. */
+size_t kn_q8r16_bytes(int32_t rows, int32_t cols);
+/* Repacks w (KN_W_Q8_0, rows % 16 == 0, cols % 32 == 0) into dst
+ * (kn_q8r16_bytes, any alignment); *out becomes the KN_W_Q8_0_R16 view of
+ * dst. ST_EINVAL (nothing written) for another type or shape. */
+int kn_q8r16_repack(const kn_weight_t *w, void *dst, kn_weight_t *out);
 
 /* y (n_tok, w->rows) = x W^T (+ bias) (+ y when accumulate); w->cols ==
  * a->d_in; y must not alias x. F32 calls kn_cpu_matmul(). Allocates
