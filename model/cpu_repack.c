@@ -1,5 +1,5 @@
-/* cpu_repack.c - the CPU backend's load-time repack of q4_K weights
- * (model/cpu_repack.h).
+/* cpu_repack.c - the CPU backend's load-time repack of q4_K and q8_0
+ * weights (model/cpu_repack.h).
  *
  * DESIGN. See the header. The repack reads each source row once and the
  * pages are dropped right after each matrix, so the resident set grows

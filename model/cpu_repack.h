@@ -1,6 +1,7 @@
 /* cpu_repack.h - the CPU backend's load-time repack of q4_K weights into
  * the 8-row interleaved form of its kernels (KN_W_Q4_K_R8,
- * kernels/cpu/kn_quant.h).
+ * kernels/cpu/kn_quant.h), and of q8_0 weights into the 16-row form
+ * (KN_W_Q8_0_R16, rows % 16 == 0).
  *
  * DESIGN. The model's weights stay in their file's layout (the CUDA
  * upload and the embedding lookup read it); each CPU rank repacks its own
@@ -11,7 +12,8 @@
  * layout faults its pages back in). A source in a buffer the model owns
  * (the q / k rows un-permuted at load) is left as it is, since dropping
  * it would lose it; a rank's own column copy is freed.
- * KVSERVE_Q4K_REPACK=0 in the environment turns the repack off (A/B runs).
+ * KVSERVE_Q4K_REPACK=0 / KVSERVE_Q8_REPACK=0 in the environment turn the
+ * q4_K / q8_0 repack off (A/B runs).
  *
  * Thread: the thread creating the backend.
  */
@@ -23,7 +25,8 @@
 #include "kernels/cpu/kn_quant.h"
 #include "model/model_int.h"
 
-/* Repacks *w when it is q4_K with rows % 8 == 0 and its source can be
+/* Repacks *w when it is q4_K with rows % 8 == 0 (or q8_0 with rows % 16
+ * == 0) and its source can be
  * released (see above): *w becomes the repacked view of a new buffer
  * stored in *own (the caller frees it). src_own: the caller's buffer *w
  * points into (a column copy), freed here and set to NULL once repacked;

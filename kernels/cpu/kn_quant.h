@@ -33,7 +33,10 @@
  * q4_K on the CPU backend is repacked at load into KN_W_Q4_K_R8 (below,
  * kn_q4r8.c, kn_q4r8_body.inc): 8 rows interleaved, read against Q8_K
  * activations (one scale per 256) with 8 rows' lanes side by side, 1.1-1.3x
- * the file-layout kernel's rate; the other types keep the file's rows.
+ * the file-layout kernel's rate; q8_0 into KN_W_Q8_0_R16 (kn_q8r16.c,
+ * kn_q8r16_body.inc): 16 rows interleaved 4 codes at a time, one lane
+ * per row against the Q8_0 activations; the other types keep the file's
+ * rows.
  *
  * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
  * be called from any thread; a kn_act_t is used by one caller at a time.
