@@ -1,4 +1,4 @@
-/* cpu_repack.c - the CPU backend's load-time repack of q4_K and q6_K
+/* cpu_repack.c - the CPU backend's load-time repack of q4_K, q6_K and q8_0
  * weights (model/cpu_repack.h).
  *
  * DESIGN. See the header. The repack reads each source row once and the
@@ -34,35 +34,54 @@ in_file_map(const mdl_model_t *m, const void *p, size_t len)
 static int
 repack_enabled(kn_wtype_t t)
 {
-    const char *e = getenv("KVSERVE_Q4K_REPACK"), *e6 = getenv("KVSERVE_Q6K_REPACK");
+    const char *e = getenv("KVSERVE_Q4K_REPACK"), *e6 = getenv("KVSERVE_Q6K_REPACK"),
+               *e8 = getenv("KVSERVE_Q8_REPACK");
 
+    if (t == KN_W_Q8_0) {
+        return e8 == NULL || strcmp(e8, "0") != 0;
+    }
     if (e != NULL && strcmp(e, "0") == 0) {
         return 0;
     }
     return t != KN_W_Q6_K || e6 == NULL || strcmp(e6, "0") != 0;
 }
 
+/* Bytes of w's repacked form, or 0 when its type or shape has none. */
+static size_t
+repack_bytes(const kn_weight_t *w)
+{
+    switch (w->type) {
+    case KN_W_Q4_K:
+        return w->rows % 8 == 0 && w->cols % 256 == 0 ? kn_q4r8_bytes(w->rows, w->cols) : 0;
+    case KN_W_Q6_K:
+        return w->rows % 8 == 0 && w->cols % 256 == 0 ? kn_q6r8_bytes(w->rows, w->cols) : 0;
+    case KN_W_Q8_0: /* 16 rows at a time (kernels/cpu/kn_q8r16.c) */
+        return w->rows % 16 == 0 && w->cols % 32 == 0 ? kn_q8r16_bytes(w->rows, w->cols) : 0;
+    default:
+        return 0;
+    }
+}
+
 size_t
 mdl__cpu_repack(const mdl_model_t *m, kn_weight_t *w, void **own, void **src_own)
 {
-    size_t src_len = (size_t)w->rows * w->row_bytes, bytes;
-    int file = src_own == NULL && in_file_map(m, w->data, src_len);
+    size_t src_len = (size_t)w->rows * w->row_bytes, bytes = repack_bytes(w);
+    int file = src_own == NULL && in_file_map(m, w->data, src_len), rc;
     kn_weight_t r8;
     void *dst;
 
     *own = NULL;
-    if ((w->type != KN_W_Q4_K && w->type != KN_W_Q6_K) || w->rows % 8 != 0 || w->cols % 256 != 0 ||
-        !repack_enabled(w->type) || (src_own == NULL && !file)) {
+    if (bytes == 0 || !repack_enabled(w->type) || (src_own == NULL && !file)) {
         return 0;
     }
-    int q6 = w->type == KN_W_Q6_K;
-
-    bytes = q6 ? kn_q6r8_bytes(w->rows, w->cols) : kn_q4r8_bytes(w->rows, w->cols);
     dst = malloc(bytes);
     if (dst == NULL) { /* the file's layout still works */
         return 0;
     }
-    if ((q6 ? kn_q6r8_repack(w, dst, &r8) : kn_q4r8_repack(w, dst, &r8)) != ST_OK) {
+    rc = w->type == KN_W_Q4_K   ? kn_q4r8_repack(w, dst, &r8)
+         : w->type == KN_W_Q6_K ? kn_q6r8_repack(w, dst, &r8)
+                                : kn_q8r16_repack(w, dst, &r8);
+    if (rc != ST_OK) {
         free(dst);
         return 0;
     }

@@ -1,6 +1,7 @@
 /* cpu_repack.h - the CPU backend's load-time repack of q4_K and q6_K
  * weights into the 8-row interleaved forms of its kernels (KN_W_Q4_K_R8,
- * KN_W_Q6_K_R8, kernels/cpu/kn_quant.h).
+ * KN_W_Q6_K_R8, kernels/cpu/kn_quant.h), and of q8_0 weights into the
+ * 16-row form (KN_W_Q8_0_R16, rows % 16 == 0).
  *
  * DESIGN. The model's weights stay in their file's layout (the CUDA
  * upload reads it); each CPU rank repacks its own
@@ -14,8 +15,9 @@
  * The backend repacks lm_head once (rank 0 computes the logits) and, when
  * the embedding is tied to it, looks tokens up in the repacked copy
  * (kn_embed_w reads it bit for bit as the file's rows).
- * KVSERVE_Q4K_REPACK=0 in the environment turns the repack off (A/B runs),
- * KVSERVE_Q6K_REPACK=0 that of q6_K only.
+ * KVSERVE_Q4K_REPACK=0 in the environment turns the q4_K and q6_K repack
+ * off (A/B runs), KVSERVE_Q6K_REPACK=0 that of q6_K only,
+ * KVSERVE_Q8_REPACK=0 that of q8_0.
  *
  * Thread: the thread creating the backend.
  */
@@ -27,7 +29,8 @@
 #include "kernels/cpu/kn_quant.h"
 #include "model/model_int.h"
 
-/* Repacks *w when it is q4_K or q6_K, rows % 8 == 0, and its source can be
+/* Repacks *w when it is q4_K or q6_K with rows % 8 == 0 (or q8_0 with
+ * rows % 16 == 0), and its source can be
  * released (see above): *w becomes the repacked view of a new buffer
  * stored in *own (the caller frees it). src_own: the caller's buffer *w
  * points into (a column copy), freed here and set to NULL once repacked;

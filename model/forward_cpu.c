@@ -71,7 +71,7 @@ typedef struct cpu_layer {
     kn_weight_t w_gate, w_up;   /* rows [f0, f0 + n_f) */
     kn_weight_t w_down;         /* [dim][n_f] */
     void *own_wo, *own_down;    /* column copies at T > 1, else NULL */
-    void *own_r8[7];            /* repacked q4_K / q6_K weights (model/cpu_repack.h), or NULL */
+    void *own_r8[7];            /* repacked q4_K / q6_K / q8_0 (model/cpu_repack.h), or NULL */
 } cpu_layer_t;
 
 typedef struct cpu_rank {
@@ -92,7 +92,7 @@ typedef struct cpu_rank {
     float *sub_att; /* (S, n_q * hd) */
     void *scratch;  /* the one allocation behind every scratch pointer */
     kn_act_t act;   /* the input of the weights being applied */
-    size_t r8_bytes; /* q4_K / q6_K bytes repacked (model/cpu_repack.h) */
+    size_t r8_bytes; /* q4_K / q6_K / q8_0 bytes repacked (model/cpu_repack.h) */
     int32_t r8_n;    /* and matrices */
     void *act_buf;  /* its quantized forms: kn_act_bytes(max(T, S), widest input) */
 } cpu_rank_t;
@@ -371,7 +371,8 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
         r8_n += s->ranks[r].r8_n;
     }
     if (r8_n > 0) {
-        LOG_INFO("repacked %d q4_k / q6_k matrices (%.1f MiB) 8 rows at a time for the CPU kernels",
+        LOG_INFO("repacked %d matrices (%.1f MiB) for the CPU kernels (q4_k, q6_k 8, q8_0 16 "
+                 "rows at a time)",
                  r8_n, (double)r8_bytes / (1024.0 * 1024.0));
     }
     s->inv_freq = xmalloc(sizeof(float) * (size_t)(c->head_dim / 2));
@@ -450,7 +451,8 @@ static kn_act_t *
 cpu_q8_for(kn_act_t *a, int n, const kn_weight_t *const w[])
 {
     for (int i = 0; i < n; i++) {
-        if (w[i]->type >= KN_W_Q8_0 && w[i]->type < KN_W_NTYPES) {
+        if ((w[i]->type >= KN_W_Q8_0 && w[i]->type < KN_W_NTYPES) ||
+            w[i]->type == KN_W_Q8_0_R16) {
             return a;
         }
     }

@@ -117,6 +117,10 @@ kn_weight_row(const kn_weight_t *w, int32_t r, float *dst)
         kn__q6r8_row(w, r, dst);
         return;
     }
+    if (w->type == KN_W_Q8_0_R16) { /* kn_q8r16.c */
+        kn__q8r16_row(w, r, dst);
+        return;
+    }
     if (w->type != KN_W_Q4_K_R8) {
         kn_dequant_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes, dst, w->cols);
         return;

@@ -55,6 +55,9 @@ wtype_is_r8(kn_wtype_t t)
 const char *
 kn_wtype_name(kn_wtype_t t)
 {
+    if (t == KN_W_Q8_0_R16) {
+        return "q8_0_r16";
+    }
     if (wtype_is_r8(t)) {
         return t == KN_W_Q4_K_R8 ? "q4_k_r8" : "q6_k_r8";
     }
@@ -64,12 +67,18 @@ kn_wtype_name(kn_wtype_t t)
 int32_t
 kn_wtype_block_elems(kn_wtype_t t)
 {
+    if (t == KN_W_Q8_0_R16) {
+        return 32;
+    }
     return wtype_is_r8(t) ? 256 : (unsigned)t < KN_W_NTYPES ? kn_wtypes[t].elems : 0;
 }
 
 size_t
 kn_wtype_block_bytes(kn_wtype_t t)
 {
+    if (t == KN_W_Q8_0_R16) {
+        return KN_Q8R16_BLK / 16;
+    }
     if (wtype_is_r8(t)) {
         return t == KN_W_Q4_K_R8 ? KN_R8_BLK / 8 : KN_Q6R8_BLK / 8;
     }
@@ -805,6 +814,15 @@ kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float
         free(kb);
         return;
     }
+    if (w->type == KN_W_Q8_0_R16) { /* its own reference, exact to its kernels */
+        void *qb = xmalloc(kn_act_bytes(n_tok, d_in));
+
+        kn_act_init(&a, x, n_tok, d_in, qb);
+        kn_act_quantize_q8(&a);
+        kn__q8r16_rows_ref(&a, w, bias, y, accumulate, 0, d_out);
+        free(qb);
+        return;
+    }
     void *buf = xmalloc(kn_act_bytes(n_tok, d_in));
     float *wrow = xmalloc(sizeof(float) * (size_t)d_in);
 
@@ -938,7 +956,7 @@ kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int 
         kn_cpu_matmul(a->x, w->data, bias, y, a->n_tok, w->cols, w->rows, accumulate);
         return;
     }
-    if (wtype_is_q(w->type)) {
+    if (wtype_is_q(w->type) || w->type == KN_W_Q8_0_R16) {
         kn_act_quantize_q8(a);
     } else if (wtype_is_r8(w->type)) {
         kn_act_quantize_q8k(a);
@@ -1003,7 +1021,7 @@ kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *con
             }
             return;
         }
-        any_q |= wtype_is_q(w[i]->type);
+        any_q |= wtype_is_q(w[i]->type) || w[i]->type == KN_W_Q8_0_R16;
         any_r8 |= wtype_is_r8(w[i]->type);
         j.rows += w[i]->rows;
         work += (long)a->n_tok * w[i]->rows * w[i]->cols;

@@ -34,7 +34,10 @@
  * kn_q4r8.c, kn_q4r8_body.inc): 8 rows interleaved, read against Q8_K
  * activations (one scale per 256) with 8 rows' lanes side by side, 1.1-1.3x
  * the file-layout kernel's rate; q6_K likewise into KN_W_Q6_K_R8
- * (kn_q6r8.c, kn_q6r8_body.inc); the other types keep the file's rows.
+ * (kn_q6r8.c, kn_q6r8_body.inc); q8_0 into KN_W_Q8_0_R16 (kn_q8r16.c,
+ * kn_q8r16_body.inc): 16 rows interleaved 4 codes at a time, one lane
+ * per row against the Q8_0 activations; the other types keep the file's
+ * rows.
  *
  * Thread: the ISA comes from kn_cpu_isa() (set at start-up); functions may
  * be called from any thread; a kn_act_t is used by one caller at a time.
@@ -59,7 +62,10 @@ typedef enum kn_wtype {
      * in a file, outside [0, KN_W_NTYPES): see kn_q4r8_repack). */
     KN_W_Q4_K_R8 = 16,
     /* q6_K repacked likewise (kn_q6r8_repack, kernels/cpu/kn_q6r8.c). */
-    KN_W_Q6_K_R8 = 17
+    KN_W_Q6_K_R8 = 17,
+    /* q8_0 repacked at load, 16 rows interleaved (never in a file: see
+     * kn_q8r16_repack). */
+    KN_W_Q8_0_R16 = 18
 } kn_wtype_t;
 
 /* A weight matrix [rows][cols] (Hugging Face linear layout: rows = d_out,
@@ -225,6 +231,30 @@ int kn_q6r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out);
 /* Row r of w, any type (the repacked ones included), dequantized into dst
  * (w->cols floats), bit for bit kn_dequant_row() of the file's row. */
 void kn_weight_row(const kn_weight_t *w, int32_t r, float *dst);
+
+/* ---- q8_0 repacked 16 rows at a time (KN_W_Q8_0_R16, kn_q8r16.c) ------
+ * For each group of 16 rows (G = r / 16) and each block of 32 columns
+ * (b), 544 bytes (the file's 16 blocks' size) at data + (G * cols / 32 +
+ * b) * 544:
+ *     0  f16 d[16]           the 16 rows' block scales
+ *    32  u8  qs[8][16][4]    [i][row]: the row's codes 4 i .. 4 i + 3 of
+ *                            the block, each stored as q + 128 (q ^ 0x80)
+ * so that one 64-byte load holds 4 columns of all 16 rows, one dword lane
+ * per row, against a 4-byte broadcast of the activation codes
+ * (kn_q8r16_body.inc). Size name "q8_0_r16", 32 elements and 34 bytes
+ * per row and block. The product reads the Q8_0 activations (q, d32,
+ * c32): per row and block, with isum the exact int32 sum of q * xq,
+ *   acc = fmaf(d * dx, (float)isum, acc)
+ * from acc = 0, then + bias, then + y when accumulating: every ISA level
+ * and the reference give the same bits. kn_dequant_row() / kn_quant_row()
+ * do not take this type; kn_weight_row() and kn_embed_w() do. */
+
+/* Bytes of the repacked form of a rows x cols q8_0 matrix. */
+size_t kn_q8r16_bytes(int32_t rows, int32_t cols);
+/* Repacks w (KN_W_Q8_0, rows % 16 == 0, cols % 32 == 0) into dst
+ * (kn_q8r16_bytes, any alignment); *out becomes the KN_W_Q8_0_R16 view of
+ * dst. ST_EINVAL (nothing written) for another type or shape. */
+int kn_q8r16_repack(const kn_weight_t *w, void *dst, kn_weight_t *out);
 
 /* y (n_tok, w->rows) = x W^T (+ bias) (+ y when accumulate); w->cols ==
  * a->d_in; y must not alias x. F32 calls kn_cpu_matmul(). Allocates

@@ -70,6 +70,17 @@ void kn__q6r8_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bia
                        int accumulate, int32_t r0, int32_t r1);
 void kn__q6r8_row(const kn_weight_t *w, int32_t r, float *dst);
 
+/* KN_W_Q8_0_R16 (kn_quant.h): a block of 16 rows x 32 columns, its codes' offset. */
+#define KN_Q8R16_BLK 544
+#define KN_Q8R16_QS 32
+
+/* The scalar reference of KN_W_Q8_0_R16 rows [r0, r1) (kn_q8r16.c): a
+ * kn_qrows_fn that needs the 8-bit form of a; the C level runs it. */
+void kn__q8r16_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bias, float *y,
+                        int accumulate, int32_t r0, int32_t r1);
+/* Row r of a KN_W_Q8_0_R16 weight dequantized into dst (w->cols floats). */
+void kn__q8r16_row(const kn_weight_t *w, int32_t r, float *dst);
+
 /* The 6-bit scale and min of sub-block j (0..7) of a q4_K / q5_K block's
  * scales[12] (ggml's get_scale_min_k4). */
 static inline void

@@ -162,9 +162,11 @@ main(int argc, char **argv)
         printf("\nthreads %d: streaming read %.1f GB/s\n", nt, read_bw(rbuf, nt));
         printf("%-5s %-11s %5s %9s %8s %9s %9s %8s %9s\n", "type", "shape", "n_tok", "ms/call",
                "GB/s", "GFLOP/s", "cpu-ms", "cGB/s", "cGFLOP/s");
-        for (int ti8 = 0; ti8 <= KN_W_NTYPES + 1; ti8++) { /* the last: q4_k_r8, q6_k_r8 */
+        /* after the file types: q4_k_r8, q6_k_r8, q8_0_r16 */
+        for (int ti8 = 0; ti8 <= KN_W_NTYPES + 2; ti8++) {
             kn_wtype_t t = ti8 == KN_W_NTYPES       ? KN_W_Q4_K_R8
                            : ti8 == KN_W_NTYPES + 1 ? KN_W_Q6_K_R8
+                           : ti8 == KN_W_NTYPES + 2 ? KN_W_Q8_0_R16
                                                     : (kn_wtype_t)ti8;
             int r8 = t == KN_W_Q4_K_R8 || t == KN_W_Q6_K_R8;
             size_t rb = kn_wtype_row_bytes(t, 2048);
@@ -190,7 +192,17 @@ main(int argc, char **argv)
                 }
                 free(q4);
             }
-            for (int32_t r = 0; r < 2048 && !r8; r++) {
+            if (t == KN_W_Q8_0_R16) { /* q8_0 rows, repacked */
+                uint8_t *q8 = malloc(rb * 2048);
+                kn_weight_t w8 = {KN_W_Q8_0, q8, rb, 2048, 2048}, rp;
+
+                for (int32_t r = 0; r < 2048; r++) {
+                    kn_quant_row(KN_W_Q8_0, src + (size_t)r * 2048, q8 + rb * r, 2048);
+                }
+                kn_q8r16_repack(&w8, pool, &rp);
+                free(q8);
+            }
+            for (int32_t r = 0; r < 2048 && !r8 && t != KN_W_Q8_0_R16; r++) {
                 kn_quant_row(t, src + (size_t)r * 2048, pool + rb * r, 2048);
             }
             for (int s = 0; s < 3; s++) {
