@@ -133,6 +133,13 @@ typedef struct kn_act {
     float *kd;
     int16_t *kbs;
     int have_q8k;
+    /* The bf16 form, read by BF16 weights on the AVX512-BF16 level only
+     * (vdpbf16ps; made lazily by kn_matmul_w):
+     *   bh, bl  (n_tok, d_pad) x = bh + bl + r per element: bh = bf16(x),
+     *           bl = bf16(x - bh) (round to nearest even, x - bh exact in
+     *           f32), |r| <= 2^-18 |x|; zero past d_in */
+    uint16_t *bh, *bl;
+    int have_bf16;
 } kn_act_t;
 
 size_t kn_act_bytes(int32_t n_tok, int32_t d_in);
