@@ -18,6 +18,7 @@
  * Thread: no state but what callers pass; kn_matmul_w() runs regions on
  * the kernel team (kn_pool.c).
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -616,10 +617,10 @@ kn_act_bytes(int32_t n_tok, int32_t d_in)
      * per column */
     size_t per = (size_t)act_pad(d_in);
 
-    /* + the Q8_K form: codes 1, kd 1/64, kbs 1/16, kc16 1/4 */
+    /* + the Q8_K form: codes 1, kd 1/64, kbs 1/16, kc16 1/4; + the bf16 form: 2 + 2 */
     return (size_t)n_tok * (per + per + per / 4 + per / 4 + per / 8 + per + per + per / 64 +
-                            per / 16 + per / 4) +
-           11 * 64;
+                            per / 16 + per / 4 + 4 * per) +
+           13 * 64;
 }
 
 static void *
@@ -654,6 +655,9 @@ kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf)
     a->kbs = act_carve(&p, n / 16);
     a->kc16 = act_carve(&p, n / 4);
     a->have_q8k = 0;
+    a->bh = act_carve(&p, 2 * n);
+    a->bl = act_carve(&p, 2 * n);
+    a->have_bf16 = 0;
 }
 
 /* One token's 8-bit form: per block of 32, d = absmax / 127 and
@@ -781,7 +785,43 @@ kn_act_quantize_q8(kn_act_t *a)
     a->have_q8 = 1;
 }
 
+/* Token t's bf16 form (kn_quant.h: bh, bl). An infinite or NaN x keeps
+ * bl = 0 (x - bh would be NaN). */
+static void
+act_bf16_tok(kn_act_t *a, int32_t t)
+{
+    const float *x = a->x + (size_t)t * a->d_in;
+    uint16_t *bh = a->bh + (size_t)t * a->d_pad, *bl = a->bl + (size_t)t * a->d_pad;
+
+    for (int32_t i = 0; i < a->d_in; i++) {
+        uint16_t h = kn_f32_to_bf16(x[i]);
+        float hf = kn_bf16_to_f32(h);
+
+        bh[i] = h;
+        bl[i] = isfinite(hf) ? kn_f32_to_bf16(x[i] - hf) : 0;
+    }
+    memset(bh + a->d_in, 0, sizeof(uint16_t) * (size_t)(a->d_pad - a->d_in));
+    memset(bl + a->d_in, 0, sizeof(uint16_t) * (size_t)(a->d_pad - a->d_in));
+}
+
+/* Makes a's bf16 form now; idempotent. */
+static void
+act_make_bf16(kn_act_t *a)
+{
+    if (!a->have_bf16) {
+        kn__act_tokens(a, act_bf16_tok);
+        a->have_bf16 = 1;
+    }
+}
+
 /* ---- reference ----------------------------------------------------------- */
+
+/* v with a subnormal made zero: vdpbf16ps reads its inputs so (DAZ). */
+static inline double
+bf16_daz(float v)
+{
+    return fabsf(v) < FLT_MIN ? 0.0 : (double)v;
+}
 
 static int
 wtype_is_q(kn_wtype_t t)
@@ -840,7 +880,18 @@ kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float
             size_t xo = (size_t)t * a.d_pad;
             double acc = 0.0;
 
-            if (!wtype_is_q(w->type)) { /* f16, bf16: w * x, exact in double */
+            if (w->type == KN_W_BF16) {
+                /* w * (bh + bl), the bf16 form's two terms (kn_quant.h),
+                 * subnormals as zero, each product exact in double. */
+                for (int32_t i = 0; i < d_in; i++) {
+                    float xv = x[(size_t)t * d_in + i];
+                    uint16_t h = kn_f32_to_bf16(xv);
+                    float hf = kn_bf16_to_f32(h);
+                    float lf = isfinite(hf) ? kn_bf16_to_f32(kn_f32_to_bf16(xv - hf)) : 0.0f;
+
+                    acc += bf16_daz(wrow[i]) * (bf16_daz(hf) + bf16_daz(lf));
+                }
+            } else if (!wtype_is_q(w->type)) { /* f16: w * x, exact in double */
                 for (int32_t i = 0; i < d_in; i++) {
                     acc += (double)wrow[i] * x[(size_t)t * d_in + i];
                 }
@@ -960,6 +1011,8 @@ kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int 
         kn_act_quantize_q8(a);
     } else if (wtype_is_r8(w->type)) {
         kn_act_quantize_q8k(a);
+    } else if (w->type == KN_W_BF16 && w->cols <= KN_BF16_DP_COLS && j.fn == kn__qrows_vnni) {
+        act_make_bf16(a);
     }
     if (nt <= 1 || w->rows < 32) {
         j.fn(a, w, bias, y, accumulate, 0, w->rows);
@@ -1012,7 +1065,7 @@ kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *con
 {
     kn_qjobs_t j = {kn_qrows_for_isa(kn_cpu_isa()), a, n, w, bias, y, accumulate, 0};
     long work = 0;
-    int any_q = 0, any_r8 = 0, nt;
+    int any_q = 0, any_r8 = 0, any_bf16 = 0, nt;
 
     for (int i = 0; i < n; i++) {
         if (w[i]->type == KN_W_F32) { /* kn_cpu_matmul splits its own rows */
@@ -1023,6 +1076,7 @@ kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *con
         }
         any_q |= wtype_is_q(w[i]->type) || w[i]->type == KN_W_Q8_0_R16;
         any_r8 |= wtype_is_r8(w[i]->type);
+        any_bf16 |= w[i]->type == KN_W_BF16 && w[i]->cols <= KN_BF16_DP_COLS;
         j.rows += w[i]->rows;
         work += (long)a->n_tok * w[i]->rows * w[i]->cols;
     }
@@ -1031,6 +1085,9 @@ kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *con
     }
     if (any_r8) {
         kn_act_quantize_q8k(a);
+    }
+    if (any_bf16 && j.fn == kn__qrows_vnni) {
+        act_make_bf16(a);
     }
     nt = work >= KN_QPAR ? kn_cpu_threads() : 1;
     if (nt <= 1 || j.rows < 32) {

@@ -18,8 +18,12 @@
  *
  * where xq, dx are the activation's codes and block scale. F16 and BF16
  * weights are widened to f32 in registers (F16C; a 16-bit shift) and
- * multiply the f32 activations as they are (FMA); F32 weights use
- * kn_cpu_matmul().
+ * multiply the f32 activations as they are (FMA); on AVX512-BF16 CPUs
+ * BF16 rows up to 4096 wide instead multiply a two-term bf16 form of the
+ * activations (x = bh + bl within 2^-18, made once per input, kn_act_t)
+ * with vdpbf16ps, two per 32 columns: f32-path accuracy at 1.07-1.15x
+ * its rate at 32 tokens (kn_quant_body.inc has the measurements, and why
+ * one term is not used). F32 weights use kn_cpu_matmul().
  *
  * Products read each weight byte once and split rows over the kernel
  * thread team. On the SIMD levels a Q row is unpacked 256 columns at a
@@ -147,6 +151,13 @@ typedef struct kn_act {
      *        moves the q6_K codes' offset of 32 out of the integer dots) */
     int32_t *kc16;
     int have_q8k;
+    /* The bf16 form, read by BF16 weights on the AVX512-BF16 level only
+     * (vdpbf16ps; made lazily by kn_matmul_w):
+     *   bh, bl  (n_tok, d_pad) x = bh + bl + r per element: bh = bf16(x),
+     *           bl = bf16(x - bh) (round to nearest even, x - bh exact in
+     *           f32), |r| <= 2^-18 |x|; zero past d_in */
+    uint16_t *bh, *bl;
+    int have_bf16;
 } kn_act_t;
 
 size_t kn_act_bytes(int32_t n_tok, int32_t d_in);
@@ -270,9 +281,15 @@ void kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float
                    float *const y[], int accumulate);
 /* Scalar reference of the same arithmetic: the same 8-bit activations,
  * exact integer block dots, then the same f32 products of scales (a_h *
- * dx, c_h * s16), all accumulated in double. F16, BF16 and F32
- * accumulate w * x (the f32 activations) in double. The fast path differs
- * only by the order and f32 rounding of its sums. Allocates. */
+ * dx, c_h * s16), all accumulated in double. F16 and F32 accumulate w * x
+ * (the f32 activations) in double; BF16 accumulates w * (bh + bl), the
+ * two-term form the AVX512-BF16 kernel reads, with subnormal w, bh, bl
+ * read as zero as vdpbf16ps does (each product exact in double). The
+ * fast path differs only by the order and f32 rounding of its sums
+ * (vdpbf16ps: two FMAs per lane pair, round to nearest, subnormal results
+ * flushed), and BF16 on the FMA levels by its w * x, within 2^-18 |w x|
+ * per product of the reference: the kernel test's 1e-4 sum |w x| covers
+ * both. Allocates. */
 void kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float *bias,
                      float *y, int accumulate);
 /* out[t] (n_tok, w->cols) = dequantized row tokens[t] of an embedding

@@ -41,6 +41,13 @@ void kn__qrows_avx512(const kn_act_t *a, const kn_weight_t *w, const float *bias
 void kn__qrows_vnni(const kn_act_t *a, const kn_weight_t *w, const float *bias, float *y,
                     int accumulate, int32_t r0, int32_t r1);
 
+/* The widest BF16 rows read by the AVX512-BF16 kernel (vdpbf16ps against
+ * the activations' bf16 form, kn_quant.h); wider ones (a Llama's
+ * ffn_down) keep the f32 FMA tile, which ran 1.2x its rate at 8192
+ * columns and 32 tokens (bench_quant, one thread, Zen 4). The form is
+ * made only for inputs such a weight reads. */
+#define KN_BF16_DP_COLS 4096
+
 /* Runs tok(a, t) for every token of a, split over the kernel team from
  * 2^15 elements (each token's activation forms depend on it alone). */
 void kn__act_tokens(kn_act_t *a, void (*tok)(kn_act_t *a, int32_t t));

@@ -398,7 +398,8 @@ check_matmul_case(int32_t rows, int32_t cols, int32_t n_tok, int outliers, int m
                  * 8-bit rounding moves each x by at most half its block's
                  * step (absmax / 254), so |dy| <= sum |w| absmax / 254;
                  * f16 / bf16 / f32 read x as is (a bf16 rounding of x, up to
-                 * 2^-9 relative, would fail here). Plus the f32 summation
+                 * 2^-9 relative, would fail here; the AVX512-BF16 level's
+                 * two-term bh + bl is within 2^-18). Plus the f32 summation
                  * allowance above. */
                 double act_err = t >= KN_W_Q8_0 ? sq : 0;
 
