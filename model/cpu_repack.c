@@ -14,6 +14,8 @@
 #include "common/status.h"
 #include "model/cpu_repack.h"
 
+#define REPACK_SLAB 1024 /* rows per slab: a multiple of 16 */
+
 /* Whether [p, p + len) lies in one of m's file mappings. */
 static int
 in_file_map(const mdl_model_t *m, const void *p, size_t len)
@@ -78,13 +80,35 @@ mdl__cpu_repack(const mdl_model_t *m, kn_weight_t *w, void **own, void **src_own
     if (dst == NULL) { /* the file's layout still works */
         return 0;
     }
-    rc = w->type == KN_W_Q4_K   ? kn_q4r8_repack(w, dst, &r8)
-         : w->type == KN_W_Q6_K ? kn_q6r8_repack(w, dst, &r8)
-                                : kn_q8r16_repack(w, dst, &r8);
+    /* REPACK_SLAB rows at a time, each slab's file pages dropped right
+     * after it, so a large matrix (a tied lm_head of 128k rows) and its
+     * copy are both resident for one slab only, not whole: the repacked
+     * forms keep each group of 8 / 16 rows contiguous, so a slab is the
+     * same repack of a shorter matrix at its group's offset. A page
+     * dropped before a failure is read from the file again. */
+    int32_t group = w->type == KN_W_Q8_0 ? 16 : 8;
+    size_t group_bytes = bytes / (size_t)(w->rows / group);
+
+    rc = ST_OK;
+    for (int32_t r0 = 0; r0 < w->rows && rc == ST_OK; r0 += REPACK_SLAB) {
+        kn_weight_t part = *w;
+        void *at = (char *)dst + (size_t)(r0 / group) * group_bytes;
+
+        part.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        part.rows = w->rows - r0 < REPACK_SLAB ? w->rows - r0 : REPACK_SLAB;
+        rc = w->type == KN_W_Q4_K   ? kn_q4r8_repack(&part, at, &r8)
+             : w->type == KN_W_Q6_K ? kn_q6r8_repack(&part, at, &r8)
+                                    : kn_q8r16_repack(&part, at, &r8);
+        if (rc == ST_OK && file) {
+            mdl__drop_pages(part.data, (size_t)part.rows * w->row_bytes);
+        }
+    }
     if (rc != ST_OK) {
         free(dst);
         return 0;
     }
+    r8.data = dst;
+    r8.rows = w->rows;
     if (file) {
         mdl__drop_pages(w->data, src_len);
     } else {

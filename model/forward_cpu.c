@@ -315,8 +315,16 @@ cpu_rank_init(cpu_state_t *s, int32_t r, char *err, size_t errlen)
     size_t widest = (size_t)c->dim > lq ? (size_t)c->dim : lq;
 
     widest = (size_t)sh->n_f > widest ? (size_t)sh->n_f : widest;
-    rk->act_buf = xmalloc(kn_act_bytes((int32_t)(T > S ? T : S), (int32_t)widest));
-    memset(rk->act_buf, 0, kn_act_bytes((int32_t)(T > S ? T : S), (int32_t)widest)); /* commit */
+    int32_t act_tok = (int32_t)(T > S ? T : S);
+    size_t act_bytes = kn_act_bytes(act_tok, (int32_t)widest);
+
+    rk->act_buf = xmalloc(act_bytes);
+    /* Commit the pages now (a stable peak RSS), but not the bf16 form's
+     * when no matrix is BF16: nothing would read or write them. */
+    if (m->type_bytes[KN_W_BF16] == 0) {
+        act_bytes -= kn_act_bytes_bf16(act_tok, (int32_t)widest);
+    }
+    memset(rk->act_buf, 0, act_bytes);
     return ST_OK;
 }
 

@@ -623,6 +623,12 @@ kn_act_bytes(int32_t n_tok, int32_t d_in)
            13 * 64;
 }
 
+size_t
+kn_act_bytes_bf16(int32_t n_tok, int32_t d_in)
+{
+    return (size_t)n_tok * 4 * (size_t)act_pad(d_in) + 2 * 64;
+}
+
 static void *
 act_carve(uintptr_t *p, size_t bytes)
 {

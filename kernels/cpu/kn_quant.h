@@ -161,6 +161,10 @@ typedef struct kn_act {
 } kn_act_t;
 
 size_t kn_act_bytes(int32_t n_tok, int32_t d_in);
+/* The part of kn_act_bytes(n_tok, d_in) at its end that only the bf16
+ * form (BF16 weights on the AVX512-BF16 level) reads and writes: a caller
+ * whose weights hold no BF16 matrix need not commit those pages. */
+size_t kn_act_bytes_bf16(int32_t n_tok, int32_t d_in);
 void kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf);
 /* Makes the 8-bit form now; idempotent. kn_matmul_w() calls it on first
  * use by a Q weight. From 2^15 elements the tokens are split over the
