@@ -9,7 +9,12 @@
  * weight once plus each sequence's K and V so far, so its time is at least
  * bytes / bandwidth, with bandwidth measured here as the read rate of a
  * 256 MiB buffer summed by every kernel thread (decode only reads
- * weights). Decode is also given per CPU-second of the process, a figure
+ * weights). Batched decode is bound by compute instead, so it is also
+ * given as multiply-add operations per second (every matrix, lm_head
+ * included, plus attention over the context) against the peak rate of the
+ * instruction the model's bulk type runs on (kernels/cpu/kn_peak.h:
+ * f32 FMA, bf16 dp or int8 dp), measured here on every kernel thread at
+ * once. Decode is also given per CPU-second of the process, a figure
  * a busy host disturbs less than wall-clock time. The weights stay in
  * their file's type (--dtype converts at load, as serve does); the peak
  * RSS of the process is printed at the end.
@@ -36,6 +41,7 @@
 #include "blockmgr/blockmgr.h"
 #include "common/util.h"
 #include "kernels/cpu/kn_cpu.h"
+#include "kernels/cpu/kn_peak.h"
 #include "kvserve_config.h"
 #include "model/model.h"
 #include "cli/cmds.h"
@@ -110,34 +116,83 @@ bf_read_bandwidth_here(void)
     return best;
 }
 
-/* bf_read_bandwidth_here() in a child process, so that its buffer does not
- * count in this process's peak RSS. */
-static double
-bf_read_bandwidth(int threads)
+/* What the child measures: the read bandwidth and the compute peak of
+ * each kn_peak op, summed over the kernel threads running at once. */
+typedef struct bf_machine {
+    double bw;                   /* bytes/s */
+    double peak[KN_PEAK_NOPS]; /* operations/s, 0: no such instruction */
+} bf_machine_t;
+
+/* bf_read_bandwidth_here() and the compute peaks (kernels/cpu/kn_peak.h)
+ * in a child process, so that the buffer does not count in this process's
+ * peak RSS and no OpenMP team outlives it. */
+static void
+bf_measure_machine(int threads, bf_machine_t *mm)
 {
     int fd[2];
-    double bw = 0.0;
     pid_t pid;
 
+    memset(mm, 0, sizeof(*mm));
     if (pipe(fd) != 0) {
-        return 0.0;
+        return;
     }
     fflush(stdout);
     pid = fork();
     if (pid == 0) {
+        bf_machine_t r = {0};
+        int nt;
+
         kn_cpu_init(threads);
-        bw = bf_read_bandwidth_here();
-        _exit(write(fd[1], &bw, sizeof(bw)) == (ssize_t)sizeof(bw) ? 0 : 1);
+        nt = kn_cpu_threads();
+        r.bw = bf_read_bandwidth_here();
+        for (int op = 0; op < KN_PEAK_NOPS; op++) {
+            double sum = 0.0;
+
+#pragma omp parallel num_threads(nt) reduction(+ : sum)
+            sum += kn_peak_ops((kn_peak_op_t)op, kn_cpu_isa(), 0.2);
+            r.peak[op] = sum;
+        }
+        _exit(write(fd[1], &r, sizeof(r)) == (ssize_t)sizeof(r) ? 0 : 1);
     }
     close(fd[1]);
-    if (pid < 0 || read(fd[0], &bw, sizeof(bw)) != (ssize_t)sizeof(bw)) {
-        bw = 0.0;
+    if (pid < 0 || read(fd[0], mm, sizeof(*mm)) != (ssize_t)sizeof(*mm)) {
+        memset(mm, 0, sizeof(*mm));
     }
     close(fd[0]);
     if (pid > 0) {
         waitpid(pid, NULL, 0);
     }
-    return bw;
+}
+
+/* The kn_peak op the kernels use for the type holding most of m's
+ * matrix bytes: int8 products for the q formats, vdpbf16ps for bf16
+ * where the CPU has it (the default two-term split does two per product,
+ * so its ceiling is half that peak), f32 FMAs otherwise. */
+static kn_peak_op_t
+bf_bulk_op(const mdl_model_t *m, const bf_machine_t *mm)
+{
+    kn_wtype_t t = mdl_model_bulk_wtype(m);
+
+    if (t == KN_W_F32 || t == KN_W_F16) {
+        return KN_PEAK_F32_FMA;
+    }
+    if (t == KN_W_BF16) {
+        return mm->peak[KN_PEAK_BF16_DP] > 0.0 ? KN_PEAK_BF16_DP : KN_PEAK_F32_FMA;
+    }
+    return KN_PEAK_INT8_DP;
+}
+
+/* Multiply-add operations (2 per product) of one decode token at context
+ * length ctx: every matrix (lm_head included) once, and attention's
+ * q.k and p.v over ctx positions in every layer. */
+static double
+bf_token_ops(const mdl_config_t *c, double ctx)
+{
+    double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
+    double layer = (double)c->dim * (2.0 * qd + 2.0 * kvd) + 3.0 * (double)c->dim * c->ffn_dim;
+
+    return 2.0 * (layer * c->n_layers + (double)c->vocab_size * c->dim) +
+           4.0 * qd * ctx * c->n_layers;
 }
 
 /* Peak resident set of the process, bytes. */
@@ -166,6 +221,7 @@ typedef struct bf_run {
     double decode_tps;
     double roofline_frac;
     double decode_cpu_tps; /* tokens per CPU-second of the process (all threads) */
+    double decode_ops;     /* multiply-add operations per second of the best decode round */
 } bf_run_t;
 
 static int
@@ -193,7 +249,7 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
     bm_pool_t *pool = NULL;
     bm_config_t bc = {.block_size = BF_BLOCK, .num_blocks = (uint32_t)(batch * mb + 1)};
     const float *lg;
-    double t0, kv_bytes = 0.0;
+    double t0, kv_bytes = 0.0, ops = 0.0;
     int st;
 
     st = mdl_runtime_create(m, &rc, &rt, err, errlen);
@@ -280,6 +336,7 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
 
     for (int32_t k = 0; k < dec; k++) {
         kv_bytes += (double)batch * (double)(plen + k + 1) * kv_per_tok;
+        ops += (double)batch * bf_token_ops(c, (double)(plen + k + 1));
     }
     /* Each round decodes positions plen .. plen + dec - 1 again (the KV
      * written by the previous round is simply overwritten). */
@@ -310,6 +367,7 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
 
             r->decode_tps = tps;
             r->roofline_frac = bw > 0.0 ? (bytes / bw) / dt : 0.0;
+            r->decode_ops = ops / dt;
         }
     }
 
@@ -438,7 +496,11 @@ cmd_bench_forward(int argc, char **argv)
         mdl_model_destroy(m);
         return 2;
     }
-    double bw = bf_read_bandwidth(threads); /* before the kernel threads start: fork-safe */
+    bf_machine_t mm;
+
+    bf_measure_machine(threads, &mm); /* before the kernel threads start: fork-safe */
+    double bw = mm.bw;
+    kn_peak_op_t op = bf_bulk_op(m, &mm);
 
     kn_cpu_init(threads);
     char types[256];
@@ -450,6 +512,14 @@ cmd_bench_forward(int argc, char **argv)
            (double)mdl_model_weight_bytes(m) / 1e6, bf_peak_rss() / 1048576.0);
     printf("cpu: %s kernels, %d threads; read bandwidth %.2f GB/s\n", kn_isa_name(kn_cpu_isa()),
            kn_cpu_threads(), bw / 1e9);
+    printf("compute peak, %d threads at once:", kn_cpu_threads());
+    for (int k = 0; k < KN_PEAK_NOPS; k++) {
+        if (mm.peak[k] > 0.0) {
+            printf(" %s %.1f G/s%s", kn_peak_name((kn_peak_op_t)k), mm.peak[k] / 1e9,
+                   k + 1 < KN_PEAK_NOPS ? "," : "");
+        }
+    }
+    printf("\n");
     long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
 
     if (llc > 0 && (double)mdl_model_weight_bytes(m) < (double)llc) {
@@ -459,8 +529,8 @@ cmd_bench_forward(int argc, char **argv)
     }
     printf("prompt %d tokens, %d decode steps, KV %s (%.0f bytes/token)\n", plen, dec,
            mdl_kv_dtype_name(kvdt), (double)mdl_kv_block_bytes(mc, BF_BLOCK, kvdt) / BF_BLOCK);
-    printf("%6s %14s %14s %16s %18s\n", "batch", "prefill tok/s", "decode tok/s", "decode/roofline",
-           "decode tok/cpu-s");
+    printf("%6s %14s %14s %16s %18s %14s %15s\n", "batch", "prefill tok/s", "decode tok/s",
+           "decode/roofline", "decode tok/cpu-s", "decode Gop/s", "of peak");
     for (int i = 0; i < n_batches; i++) {
         bf_run_t r = {0};
         int st = bf_run(m, batches[i], plen, dec, threads, kvdt, bw, &r, err, sizeof(err));
@@ -471,8 +541,12 @@ cmd_bench_forward(int argc, char **argv)
             mdl_model_destroy(m);
             return 1;
         }
-        printf("%6d %14.1f %14.1f %15.1f%% %18.1f\n", batches[i], r.prefill_tps, r.decode_tps,
-               100.0 * r.roofline_frac, r.decode_cpu_tps);
+        double pk = mm.peak[op];
+
+        printf("%6d %14.1f %14.1f %15.1f%% %18.1f %14.1f %6.1f%% %-7s\n", batches[i],
+               r.prefill_tps, r.decode_tps, 100.0 * r.roofline_frac, r.decode_cpu_tps,
+               r.decode_ops / 1e9, pk > 0.0 ? 100.0 * r.decode_ops / pk : 0.0,
+               kn_peak_name(op));
         fflush(stdout);
     }
     printf("peak RSS %.1f MiB\n", bf_peak_rss() / 1048576.0);

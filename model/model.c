@@ -980,6 +980,19 @@ mdl_model_weight_bytes(const mdl_model_t *m)
     return m->weight_bytes;
 }
 
+kn_wtype_t
+mdl_model_bulk_wtype(const mdl_model_t *m)
+{
+    kn_wtype_t best = KN_W_F32;
+
+    for (int t = 0; t < KN_W_NTYPES; t++) {
+        if (m->type_bytes[t] > m->type_bytes[best]) {
+            best = (kn_wtype_t)t;
+        }
+    }
+    return best;
+}
+
 void
 mdl_model_weight_types(const mdl_model_t *m, char *buf, size_t len)
 {

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common/kvop.h"
+#include "kernels/cpu/kn_quant.h"
 
 typedef struct tok_tokenizer tok_tokenizer_t;
 
@@ -93,6 +94,9 @@ size_t mdl_model_weight_bytes(const mdl_model_t *m);
 /* "q4_k 380.2 MiB, q6_k 102.5 MiB, f32 0.1 MiB": the matrices' bytes by
  * storage type (the embedding included), into buf (truncated to len). */
 void mdl_model_weight_types(const mdl_model_t *m, char *buf, size_t len);
+/* The weight type holding most of m's matrix bytes (the embedding
+ * included), e.g. KN_W_Q4_K for a Q4_K_M file. */
+kn_wtype_t mdl_model_bulk_wtype(const mdl_model_t *m);
 
 /* ST_OK when b has a's vocabulary: the same vocab_size and tokenizer size
  * and the same bytes for every token id (a draft model for speculative
