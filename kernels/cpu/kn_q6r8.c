@@ -152,16 +152,7 @@ kn__q6r8_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bias, fl
 
                 acc = fmaf(dd, (float)s, acc);
             }
-            float *yp = y + (size_t)t * w->rows + r;
-            float v = acc;
-
-            if (bias != NULL) {
-                v = v + bias[r];
-            }
-            if (accumulate) {
-                v = v + *yp;
-            }
-            *yp = v;
+            kn__ref_store(y + (size_t)t * w->rows + r, acc, bias, r, accumulate);
         }
     }
 }

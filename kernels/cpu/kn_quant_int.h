@@ -105,6 +105,23 @@ void kn__q8r16_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bi
 /* Row r of a KN_W_Q8_0_R16 weight dequantized into dst (w->cols floats). */
 void kn__q8r16_row(const kn_weight_t *w, int32_t r, float *dst);
 
+/* The last step of the repacked types' scalar references: y at yp (row
+ * r of a token) becomes acc, plus bias[r] if bias, plus its old value if
+ * accumulate, added in that order as the SIMD kernels add them. */
+static inline void
+kn__ref_store(float *yp, float acc, const float *bias, int32_t r, int accumulate)
+{
+    float v = acc;
+
+    if (bias != NULL) {
+        v = v + bias[r];
+    }
+    if (accumulate) {
+        v = v + *yp;
+    }
+    *yp = v;
+}
+
 /* The 6-bit scale and min of sub-block j (0..7) of a q4_K / q5_K block's
  * scales[12] (ggml's get_scale_min_k4). */
 static inline void
