@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/status.h"
 #include "kernels/cpu/kn_cpu.h"
 #include "kernels/cpu/kn_int.h"
 #include "kernels/cpu/kn_quant_int.h"
@@ -40,46 +39,38 @@ kn_q4r8_bytes(int32_t rows, int32_t cols)
     return (size_t)(rows / 8) * (size_t)(cols / 256) * KN_R8_BLK;
 }
 
-int
-kn_q4r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out)
+/* One block of 8 rows x 256 columns from the rows' q4_K blocks (kn_repack_t). */
+static void
+q4r8_pack(const uint8_t *src, size_t stride, uint8_t *o)
 {
-    if (w->type != KN_W_Q4_K || w->rows <= 0 || w->rows % 8 != 0 || w->cols <= 0 ||
-        w->cols % 256 != 0) {
-        return ST_EINVAL;
-    }
-    int32_t nsb = w->cols / 256;
+    memset(o + KN_R8_SM, 0, KN_R8_QS - KN_R8_SM);
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *b = src + (size_t)r * stride;
 
-    for (int32_t g8 = 0; g8 < w->rows / 8; g8++) {
-        for (int32_t k = 0; k < nsb; k++) {
-            uint8_t *o = (uint8_t *)dst + ((size_t)g8 * nsb + k) * KN_R8_BLK;
+        memcpy(o + KN_R8_D + 2 * r, b, 2);
+        memcpy(o + KN_R8_DMIN + 2 * r, b + 2, 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, m, i = 2 * r + (j & 1);
+            uint8_t *sm = o + KN_R8_SM + 24 * (j / 2);
 
-            memset(o + KN_R8_SM, 0, KN_R8_QS - KN_R8_SM);
-
-            for (int r = 0; r < 8; r++) {
-                const uint8_t *b =
-                    (const uint8_t *)w->data + (size_t)(8 * g8 + r) * w->row_bytes + 144 * k;
-
-                memcpy(o + KN_R8_D + 2 * r, b, 2);
-                memcpy(o + KN_R8_DMIN + 2 * r, b + 2, 2);
-                for (int j = 0; j < 8; j++) {
-                    int sc, m, i = 2 * r + (j & 1);
-                    uint8_t *sm = o + KN_R8_SM + 24 * (j / 2);
-
-                    kn__k4_scale_min(j, b + 4, &sc, &m);
-                    sm[i] = (uint8_t)((sc & 0xF) | (m & 0xF) << 4);
-                    sm[16 + i / 2] |= (uint8_t)(((sc >> 4) | (m >> 4) << 4) << (2 * (i & 1)));
-                }
-                for (int g = 0; g < 4; g++) {
-                    for (int p = 0; p < 4; p++) {
-                        memcpy(o + KN_R8_QS + 256 * g + 64 * p + 8 * r, b + 16 + 32 * g + 8 * p, 8);
-                    }
-                }
+            kn__k4_scale_min(j, b + 4, &sc, &m);
+            sm[i] = (uint8_t)((sc & 0xF) | (m & 0xF) << 4);
+            sm[16 + i / 2] |= (uint8_t)(((sc >> 4) | (m >> 4) << 4) << (2 * (i & 1)));
+        }
+        for (int g = 0; g < 4; g++) {
+            for (int p = 0; p < 4; p++) {
+                memcpy(o + KN_R8_QS + 256 * g + 64 * p + 8 * r, b + 16 + 32 * g + 8 * p, 8);
             }
         }
     }
-    *out = (kn_weight_t){KN_W_Q4_K_R8, dst, kn_wtype_row_bytes(KN_W_Q4_K_R8, w->cols), w->rows,
-                         w->cols};
-    return ST_OK;
+}
+
+int
+kn_q4r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out)
+{
+    static const kn_repack_t rp = {KN_W_Q4_K, KN_W_Q4_K_R8, 8, 256, KN_R8_BLK, q4r8_pack};
+
+    return kn__repack(w, &rp, dst, out);
 }
 
 /* Block k of row r's group and r's place in it. */
@@ -240,16 +231,7 @@ kn__q4r8_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bias, fl
                 acc = fmaf(dd, (float)s1, acc);
                 acc = fmaf(-dm, (float)s2, acc);
             }
-            float *yp = y + (size_t)t * w->rows + r;
-            float v = acc;
-
-            if (bias != NULL) {
-                v = v + bias[r];
-            }
-            if (accumulate) {
-                v = v + *yp;
-            }
-            *yp = v;
+            kn__ref_store(y + (size_t)t * w->rows + r, acc, bias, r, accumulate);
         }
     }
 }

@@ -19,7 +19,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "common/status.h"
 #include "kernels/cpu/kn_int.h"
 #include "kernels/cpu/kn_quant_int.h"
 #include "kernels/cpu/kv_quant.h"
@@ -50,41 +49,34 @@ kn_q6r8_bytes(int32_t rows, int32_t cols)
     return (size_t)(rows / 8) * (size_t)(cols / 256) * KN_Q6R8_BLK;
 }
 
+/* One block of 8 rows x 256 columns from the rows' q6_K blocks (kn_repack_t). */
+static void
+q6r8_pack(const uint8_t *src, size_t stride, uint8_t *o)
+{
+    memset(o + KN_Q6R8_QS, 0, KN_Q6R8_BLK - KN_Q6R8_QS);
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *b = src + (size_t)r * stride;
+
+        memcpy(o + KN_Q6R8_D + 2 * r, b + 208, 2);
+        for (int g = 0; g < 16; g++) {
+            o[KN_Q6R8_SC + 8 * g + r] = b[192 + g];
+        }
+        for (int c = 0; c < 256; c++) {
+            int q = q6_file_code(b, c), qq = c / 64, p = (c % 64) / 8, i = c % 8;
+            uint8_t *qs = o + KN_Q6R8_QS + KN_Q6R8_QQ * qq;
+
+            qs[64 * (p % 4) + 8 * r + i] |= (uint8_t)((q & 0xF) << (4 * (p / 4)));
+            qs[256 + 64 * (p / 4) + 8 * r + i] |= (uint8_t)((q >> 4) << (2 * (p % 4)));
+        }
+    }
+}
+
 int
 kn_q6r8_repack(const kn_weight_t *w, void *dst, kn_weight_t *out)
 {
-    if (w->type != KN_W_Q6_K || w->rows <= 0 || w->rows % 8 != 0 || w->cols <= 0 ||
-        w->cols % 256 != 0) {
-        return ST_EINVAL;
-    }
-    int32_t nsb = w->cols / 256;
+    static const kn_repack_t rp = {KN_W_Q6_K, KN_W_Q6_K_R8, 8, 256, KN_Q6R8_BLK, q6r8_pack};
 
-    for (int32_t g8 = 0; g8 < w->rows / 8; g8++) {
-        for (int32_t k = 0; k < nsb; k++) {
-            uint8_t *o = (uint8_t *)dst + ((size_t)g8 * nsb + k) * KN_Q6R8_BLK;
-
-            memset(o + KN_Q6R8_QS, 0, KN_Q6R8_BLK - KN_Q6R8_QS);
-            for (int r = 0; r < 8; r++) {
-                const uint8_t *b =
-                    (const uint8_t *)w->data + (size_t)(8 * g8 + r) * w->row_bytes + 210 * k;
-
-                memcpy(o + KN_Q6R8_D + 2 * r, b + 208, 2);
-                for (int g = 0; g < 16; g++) {
-                    o[KN_Q6R8_SC + 8 * g + r] = b[192 + g];
-                }
-                for (int c = 0; c < 256; c++) {
-                    int q = q6_file_code(b, c), qq = c / 64, p = (c % 64) / 8, i = c % 8;
-                    uint8_t *qs = o + KN_Q6R8_QS + KN_Q6R8_QQ * qq;
-
-                    qs[64 * (p % 4) + 8 * r + i] |= (uint8_t)((q & 0xF) << (4 * (p / 4)));
-                    qs[256 + 64 * (p / 4) + 8 * r + i] |= (uint8_t)((q >> 4) << (2 * (p % 4)));
-                }
-            }
-        }
-    }
-    *out = (kn_weight_t){KN_W_Q6_K_R8, dst, kn_wtype_row_bytes(KN_W_Q6_K_R8, w->cols), w->rows,
-                         w->cols};
-    return ST_OK;
+    return kn__repack(w, &rp, dst, out);
 }
 
 /* Block k of row r's group. */
@@ -160,16 +152,7 @@ kn__q6r8_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bias, fl
 
                 acc = fmaf(dd, (float)s, acc);
             }
-            float *yp = y + (size_t)t * w->rows + r;
-            float v = acc;
-
-            if (bias != NULL) {
-                v = v + bias[r];
-            }
-            if (accumulate) {
-                v = v + *yp;
-            }
-            *yp = v;
+            kn__ref_store(y + (size_t)t * w->rows + r, acc, bias, r, accumulate);
         }
     }
 }

@@ -20,7 +20,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "common/status.h"
 #include "kernels/cpu/kn_quant_int.h"
 #include "kernels/cpu/kv_quant.h"
 
@@ -30,35 +29,28 @@ kn_q8r16_bytes(int32_t rows, int32_t cols)
     return (size_t)(rows / 16) * (size_t)(cols / 32) * KN_Q8R16_BLK;
 }
 
-int
-kn_q8r16_repack(const kn_weight_t *w, void *dst, kn_weight_t *out)
+/* One block of 16 rows x 32 columns from the rows' q8_0 blocks (kn_repack_t). */
+static void
+q8r16_pack(const uint8_t *src, size_t stride, uint8_t *o)
 {
-    if (w->type != KN_W_Q8_0 || w->rows <= 0 || w->rows % 16 != 0 || w->cols <= 0 ||
-        w->cols % 32 != 0) {
-        return ST_EINVAL;
-    }
-    int32_t nb = w->cols / 32;
+    for (int r = 0; r < 16; r++) {
+        const uint8_t *s = src + (size_t)r * stride;
 
-    for (int32_t g = 0; g < w->rows / 16; g++) {
-        for (int32_t b = 0; b < nb; b++) {
-            uint8_t *o = (uint8_t *)dst + ((size_t)g * nb + b) * KN_Q8R16_BLK;
-
-            for (int r = 0; r < 16; r++) {
-                const uint8_t *s =
-                    (const uint8_t *)w->data + (size_t)(16 * g + r) * w->row_bytes + 34 * b;
-
-                memcpy(o + 2 * r, s, 2);
-                for (int i = 0; i < 8; i++) {
-                    for (int l = 0; l < 4; l++) {
-                        o[KN_Q8R16_QS + 64 * i + 4 * r + l] = (uint8_t)(s[2 + 4 * i + l] ^ 0x80);
-                    }
-                }
+        memcpy(o + 2 * r, s, 2);
+        for (int i = 0; i < 8; i++) {
+            for (int l = 0; l < 4; l++) {
+                o[KN_Q8R16_QS + 64 * i + 4 * r + l] = (uint8_t)(s[2 + 4 * i + l] ^ 0x80);
             }
         }
     }
-    *out = (kn_weight_t){KN_W_Q8_0_R16, dst, kn_wtype_row_bytes(KN_W_Q8_0_R16, w->cols), w->rows,
-                         w->cols};
-    return ST_OK;
+}
+
+int
+kn_q8r16_repack(const kn_weight_t *w, void *dst, kn_weight_t *out)
+{
+    static const kn_repack_t rp = {KN_W_Q8_0, KN_W_Q8_0_R16, 16, 32, KN_Q8R16_BLK, q8r16_pack};
+
+    return kn__repack(w, &rp, dst, out);
 }
 
 /* Block b of row r's group. */
@@ -117,16 +109,7 @@ kn__q8r16_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bias, f
 
                 acc = fmaf(dw * dx[b], (float)isum, acc);
             }
-            float *yp = y + (size_t)t * w->rows + r;
-            float v = acc;
-
-            if (bias != NULL) {
-                v = v + bias[r];
-            }
-            if (accumulate) {
-                v = v + *yp;
-            }
-            *yp = v;
+            kn__ref_store(y + (size_t)t * w->rows + r, acc, bias, r, accumulate);
         }
     }
 }

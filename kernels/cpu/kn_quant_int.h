@@ -52,6 +52,23 @@ void kn__qrows_vnni(const kn_act_t *a, const kn_weight_t *w, const float *bias, 
  * 2^15 elements (each token's activation forms depend on it alone). */
 void kn__act_tokens(kn_act_t *a, void (*tok)(kn_act_t *a, int32_t t));
 
+/* One interleaved type's repack (kn_repack.c): a weight of type `from`
+ * becomes type `to`, `group` rows at a time, in blocks of blk_cols columns
+ * and blk_bytes bytes. pack writes one such block whole: src is the first
+ * row's file block (row r's at src + r * stride, stride the file's row
+ * bytes), o the group's block. */
+typedef struct kn_repack {
+    kn_wtype_t from, to;
+    int32_t group, blk_cols;
+    size_t blk_bytes;
+    void (*pack)(const uint8_t *src, size_t stride, uint8_t *o);
+} kn_repack_t;
+
+/* Repacks w into dst (its type's kn_*_bytes) as rp says and sets *out to
+ * the repacked view: ST_EINVAL, *out untouched, unless w is of rp->from
+ * with rows a positive multiple of rp->group and cols of rp->blk_cols. */
+int kn__repack(const kn_weight_t *w, const kn_repack_t *rp, void *dst, kn_weight_t *out);
+
 /* KN_W_Q4_K_R8 (kn_quant.h): the offsets in a block of 8 rows x 256 columns. */
 #define KN_R8_BLK 1152
 #define KN_R8_D 0
@@ -87,6 +104,23 @@ void kn__q8r16_rows_ref(const kn_act_t *a, const kn_weight_t *w, const float *bi
                         int accumulate, int32_t r0, int32_t r1);
 /* Row r of a KN_W_Q8_0_R16 weight dequantized into dst (w->cols floats). */
 void kn__q8r16_row(const kn_weight_t *w, int32_t r, float *dst);
+
+/* The last step of the repacked types' scalar references: y at yp (row
+ * r of a token) becomes acc, plus bias[r] if bias, plus its old value if
+ * accumulate, added in that order as the SIMD kernels add them. */
+static inline void
+kn__ref_store(float *yp, float acc, const float *bias, int32_t r, int accumulate)
+{
+    float v = acc;
+
+    if (bias != NULL) {
+        v = v + bias[r];
+    }
+    if (accumulate) {
+        v = v + *yp;
+    }
+    *yp = v;
+}
 
 /* The 6-bit scale and min of sub-block j (0..7) of a q4_K / q5_K block's
  * scales[12] (ggml's get_scale_min_k4). */
