@@ -322,8 +322,8 @@ void kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const 
  * exact products and differs only in the order and f32 rounding of its
  * sums (and, below AVX512-BF16, by not flushing subnormal products: each
  * under 2^-126 |w|). Other types: kn_matmul_w_ref. Allocates. */
-void kn_matmul_w_ref_medium(const float *x, int32_t n_tok, const kn_weight_t *w,
-                            const float *bias, float *y, int accumulate);
+void kn_matmul_w_ref_medium(const float *x, int32_t n_tok, const kn_weight_t *w, const float *bias,
+                            float *y, int accumulate);
 /* out[t] (n_tok, w->cols) = dequantized row tokens[t] of an embedding
  * table w (rows = vocab, cols = dim; any type). Ids must be in range. */
 void kn_embed_w(const kn_weight_t *w, const int32_t *tokens, int32_t n_tok, float *out);
