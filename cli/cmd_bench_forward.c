@@ -19,6 +19,11 @@
  * their file's type (--dtype converts at load, as serve does); the peak
  * RSS of the process is printed at the end.
  *
+ * --matmul-precision high,medium (either, or both: then each batch size
+ * runs high and medium back to back, interleaved A/B on a shared host,
+ * and prints medium's decode rate over high's) picks how BF16 weights
+ * multiply their activations (model/model.h mdl_matmul_prec_t).
+ *
  * --kv-cache-dtype picks the KV format (the compressed ones read fewer KV
  * bytes per decode step; the roofline counts the format's bytes per token,
  * scales included). Decode rounds after the first rewrite positions
@@ -55,7 +60,7 @@ bf_usage(FILE *f)
 {
     fprintf(f, "usage: kvserve bench-forward [--model PATH] [--prompt-len P] [--decode D]\n"
                "                             [--batch B[,B...]] [--threads N] [--kv-cache-dtype X]\n"
-               "                             [--dtype T]\n"
+               "                             [--dtype T] [--matmul-precision P[,P]]\n"
                "\n"
                "  --model PATH     Hugging Face directory or .gguf (default " BF_DEFAULT_MODEL ")\n"
                "  --prompt-len P   prompt tokens per sequence (default 128)\n"
@@ -64,6 +69,9 @@ bf_usage(FILE *f)
                "  --threads N      CPU threads (default: one per physical core)\n"
                "  --kv-cache-dtype X  f32 f16 bf16 fp8_e4m3 int8 int4 tq3 tq4 (default f32)\n"
                "  --dtype T        weights: auto (the file's type), f32, bf16, f16 (default auto)\n"
+               "  --matmul-precision P[,P]  BF16 weights: high (default) or medium (activations\n"
+               "                   rounded to one bf16 term); high,medium runs both per batch\n"
+               "                   size, interleaved, with their ratio; other types ignore it\n"
                "  --help           this text\n");
 }
 
@@ -226,7 +234,8 @@ typedef struct bf_run {
 
 static int
 bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threads,
-       mdl_kv_dtype_t kvdt, double bw, bf_run_t *r, char *err, size_t errlen)
+       mdl_kv_dtype_t kvdt, mdl_matmul_prec_t prec, double bw, bf_run_t *r, char *err,
+       size_t errlen)
 {
     const mdl_config_t *c = mdl_model_config(m);
     int32_t total = plen + dec, mb = (total + BF_BLOCK - 1) / BF_BLOCK;
@@ -239,6 +248,7 @@ bf_run(const mdl_model_t *m, int32_t batch, int32_t plen, int32_t dec, int threa
         .max_num_seqs = batch,
         .max_blocks_per_seq = mb,
         .kv_dtype = kvdt,
+        .matmul_precision = prec,
     };
     mdl_runtime_t *rt = NULL;
     int32_t *tok = calloc((size_t)T, sizeof(int32_t)), *pos = calloc((size_t)T, sizeof(int32_t));
@@ -397,6 +407,7 @@ cmd_bench_forward(int argc, char **argv)
         {"threads", required_argument, NULL, 't'},
         {"kv-cache-dtype", required_argument, NULL, 'k'},
         {"dtype", required_argument, NULL, 'w'},
+        {"matmul-precision", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -405,6 +416,8 @@ cmd_bench_forward(int argc, char **argv)
     int32_t batches[16] = {1, 8, 32};
     int n_batches = 3;
     mdl_kv_dtype_t kvdt = MDL_KV_F32;
+    mdl_matmul_prec_t precs[2] = {MDL_MATMUL_HIGH, MDL_MATMUL_HIGH};
+    int n_precs = 1;
     mdl_load_opts_t lo = {0};
     char defpath[4096], err[512] = "";
     mdl_model_t *m = NULL;
@@ -416,7 +429,7 @@ cmd_bench_forward(int argc, char **argv)
         char *end = NULL;
         long v = 0;
 
-        if (c != 'm' && c != 'k' && c != 'w' && c != 'b' && c != 'h' && c != '?') {
+        if (c != 'm' && c != 'k' && c != 'w' && c != 'P' && c != 'b' && c != 'h' && c != '?') {
             v = strtol(optarg, &end, 10);
             if (*end != '\0' || v < (c == 't' ? 0 : 1) || v > 1000000) {
                 fprintf(stderr, "kvserve bench-forward: bad value '%s'\n", optarg);
@@ -456,6 +469,23 @@ cmd_bench_forward(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'P': {
+            char one[16];
+            const char *comma = strchr(optarg, ',');
+            size_t len = comma != NULL ? (size_t)(comma - optarg) : strlen(optarg);
+
+            snprintf(one, sizeof(one), "%.*s", (int)(len < sizeof(one) ? len : 0), optarg);
+            n_precs = comma != NULL ? 2 : 1;
+            if (mdl_matmul_prec_parse(one, &precs[0]) != ST_OK ||
+                (comma != NULL && mdl_matmul_prec_parse(comma + 1, &precs[1]) != ST_OK)) {
+                fprintf(stderr,
+                        "kvserve bench-forward: bad --matmul-precision '%s' (high, medium, or "
+                        "both: high,medium)\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        }
         case 't':
             threads = (int32_t)v;
             break;
@@ -529,25 +559,34 @@ cmd_bench_forward(int argc, char **argv)
     }
     printf("prompt %d tokens, %d decode steps, KV %s (%.0f bytes/token)\n", plen, dec,
            mdl_kv_dtype_name(kvdt), (double)mdl_kv_block_bytes(mc, BF_BLOCK, kvdt) / BF_BLOCK);
-    printf("%6s %14s %14s %16s %18s %14s %15s\n", "batch", "prefill tok/s", "decode tok/s",
-           "decode/roofline", "decode tok/cpu-s", "decode Gop/s", "of peak");
+    printf("%6s %7s %14s %14s %16s %18s %14s %15s\n", "batch", "matmul", "prefill tok/s",
+           "decode tok/s", "decode/roofline", "decode tok/cpu-s", "decode Gop/s", "of peak");
     for (int i = 0; i < n_batches; i++) {
-        bf_run_t r = {0};
-        int st = bf_run(m, batches[i], plen, dec, threads, kvdt, bw, &r, err, sizeof(err));
+        bf_run_t r[2] = {{0}};
 
-        if (st != ST_OK) {
-            fprintf(stderr, "kvserve bench-forward: batch %d: %s %s\n", batches[i], st_str(st),
-                    err);
-            mdl_model_destroy(m);
-            return 1;
+        for (int k = 0; k < n_precs; k++) {
+            int st = bf_run(m, batches[i], plen, dec, threads, kvdt, precs[k], bw, &r[k], err,
+                            sizeof(err));
+
+            if (st != ST_OK) {
+                fprintf(stderr, "kvserve bench-forward: batch %d: %s %s\n", batches[i],
+                        st_str(st), err);
+                mdl_model_destroy(m);
+                return 1;
+            }
+            double pk = mm.peak[op];
+
+            printf("%6d %7s %14.1f %14.1f %15.1f%% %18.1f %14.1f %6.1f%% %-7s\n", batches[i],
+                   mdl_matmul_prec_name(precs[k]), r[k].prefill_tps, r[k].decode_tps,
+                   100.0 * r[k].roofline_frac, r[k].decode_cpu_tps, r[k].decode_ops / 1e9,
+                   pk > 0.0 ? 100.0 * r[k].decode_ops / pk : 0.0, kn_peak_name(op));
+            fflush(stdout);
         }
-        double pk = mm.peak[op];
-
-        printf("%6d %14.1f %14.1f %15.1f%% %18.1f %14.1f %6.1f%% %-7s\n", batches[i],
-               r.prefill_tps, r.decode_tps, 100.0 * r.roofline_frac, r.decode_cpu_tps,
-               r.decode_ops / 1e9, pk > 0.0 ? 100.0 * r.decode_ops / pk : 0.0,
-               kn_peak_name(op));
-        fflush(stdout);
+        if (n_precs == 2 && r[0].decode_tps > 0 && r[0].decode_cpu_tps > 0) {
+            printf("%6d %7s %13.2fx %13.2fx %16s %17.2fx\n", batches[i], "ratio",
+                   r[1].prefill_tps / r[0].prefill_tps, r[1].decode_tps / r[0].decode_tps, "",
+                   r[1].decode_cpu_tps / r[0].decode_cpu_tps);
+        }
     }
     printf("peak RSS %.1f MiB\n", bf_peak_rss() / 1048576.0);
     mdl_model_destroy(m);

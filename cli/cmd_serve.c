@@ -115,6 +115,7 @@ engine_config(const cfg_t *cfg, const mdl_model_t *model, srv_setup_t *su)
     e->rt.kv_mass = mdl_kv_mass_fits(cfg->device, e->rt.kv_dtype);
     e->rt.gpu_memory_utilization = (float)cfg->gpu_memory_utilization;
     e->rt.cuda_graphs = !cfg->enforce_eager;
+    CHECK(mdl_matmul_prec_parse(cfg->matmul_precision, &e->rt.matmul_precision) == ST_OK);
     {
         char serr[256];
 

@@ -106,6 +106,9 @@ static const opt_t opts[] = {
      "cuda: run every step eagerly (no CUDA graphs for decode steps; default off)"},
     {"dtype", OT_ENUM, F(dtype), 0, 0, "auto|f32|float32|bf16|bfloat16|f16|float16|half", "T",
      "weight type (auto: the file's; others convert at load)"},
+    {"matmul-precision", OT_ENUM, F(matmul_precision), 0, 0, "high|medium", "P",
+     "BF16 weights on the cpu backend: high (f32 accuracy) or medium (activations rounded to one "
+     "bf16 term, as llama.cpp: faster, up to 2^-9 relative); other weight types ignore it"},
     {"kv-cache-dtype", OT_ENUM, F(kv_cache_dtype), 0, 0,
      "auto|f32|f16|bf16|fp8_e4m3|int8|int4|tq3|tq4", "T",
      "KV cache element type (tq3 / tq4: rotated 3 / 4-bit codes with a QJL key sketch, CPU)"},
@@ -624,6 +627,7 @@ cfg_defaults(cfg_t *c)
     strcpy(c->tool_call_parser, "auto");
     strcpy(c->reasoning_parser, "none");
     strcpy(c->dtype, "auto");
+    strcpy(c->matmul_precision, "high");
     strcpy(c->kv_policy, "full");
     c->enable_prefix_caching = 1;
     c->kv_watermark = 0.01;

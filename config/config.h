@@ -90,6 +90,7 @@ typedef struct cfg {
                                         * on a GPU (--no-enforce-eager turns them on) */
     char dtype[16];                    /* --dtype: weight type, auto f32 bf16 f16 (and aliases) */
     char kv_cache_dtype[16];           /* auto f32 f16 bf16 fp8_e4m3 int8 int4 tq3 tq4 */
+    char matmul_precision[8];          /* --matmul-precision high (default) | medium: BF16 weights */
     char kv_policy[64];                /* --kv-policy, "full" or "sink=S,window=W" */
     int32_t kv_policy_sink;            /* parsed S tokens; 0 with "full" */
     int32_t kv_policy_window;          /* parsed W tokens; 0 with "full" */

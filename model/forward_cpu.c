@@ -95,6 +95,7 @@ typedef struct cpu_rank {
     size_t r8_bytes; /* q4_K / q6_K / q8_0 bytes repacked (model/cpu_repack.h) */
     int32_t r8_n;    /* and matrices */
     void *act_buf;  /* its quantized forms: kn_act_bytes(max(T, S), widest input) */
+    int bf16_medium; /* act.bf16_medium of every input (--matmul-precision medium) */
 } cpu_rank_t;
 
 typedef struct cpu_state {
@@ -325,6 +326,7 @@ cpu_rank_init(cpu_state_t *s, int32_t r, char *err, size_t errlen)
         act_bytes -= kn_act_bytes_bf16(act_tok, (int32_t)widest);
     }
     memset(rk->act_buf, 0, act_bytes);
+    rk->bf16_medium = s->rc.matmul_precision == MDL_MATMUL_MEDIUM;
     return ST_OK;
 }
 
@@ -408,6 +410,12 @@ cpu_create(const mdl_model_t *m, const mdl_runtime_config_t *rc, void **state, c
             goto fail;
         }
     }
+    if (rc->matmul_precision == MDL_MATMUL_MEDIUM) {
+        LOG_INFO("matmul precision medium: BF16 weights (%.1f MiB) multiply activations rounded "
+                 "to one bf16 term (up to 2^-9 relative; high keeps f32 accuracy)%s",
+                 (double)m->type_bytes[KN_W_BF16] / (1024.0 * 1024.0),
+                 m->type_bytes[KN_W_BF16] == 0 ? ": no BF16 weight here, no effect" : "");
+    }
     LOG_DEBUG("cpu backend: %s kernels, %d threads, tensor parallel %d (%d query heads, %d KV "
               "heads, FFN %d per rank), KV cache %s, %zu MiB per rank",
               kn_isa_name(kn_cpu_isa()), kn_cpu_threads(), s->tp, sh.n_q, sh.n_kv, sh.n_f,
@@ -447,6 +455,7 @@ static kn_act_t *
 cpu_input(cpu_rank_t *rk, const float *in, int32_t n, int32_t d_in)
 {
     kn_act_init(&rk->act, in, n, d_in, rk->act_buf);
+    rk->act.bf16_medium = rk->bf16_medium;
     return &rk->act;
 }
 

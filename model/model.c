@@ -868,6 +868,25 @@ mdl_dtype_name(mdl_dtype_t d)
 }
 
 int
+mdl_matmul_prec_parse(const char *s, mdl_matmul_prec_t *out)
+{
+    if (s != NULL && strcmp(s, "high") == 0) {
+        *out = MDL_MATMUL_HIGH;
+    } else if (s != NULL && strcmp(s, "medium") == 0) {
+        *out = MDL_MATMUL_MEDIUM;
+    } else {
+        return ST_EINVAL;
+    }
+    return ST_OK;
+}
+
+const char *
+mdl_matmul_prec_name(mdl_matmul_prec_t p)
+{
+    return p == MDL_MATMUL_MEDIUM ? "medium" : "high";
+}
+
+int
 mdl_model_load(const char *path, mdl_model_t **out, char *err, size_t errlen)
 {
     return mdl_model_load_opts(path, NULL, out, err, errlen);

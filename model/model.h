@@ -72,6 +72,23 @@ typedef enum mdl_dtype {
 int mdl_dtype_parse(const char *s, mdl_dtype_t *out);
 const char *mdl_dtype_name(mdl_dtype_t d);
 
+/* How BF16 weights multiply their activations on the CPU backend
+ * (--matmul-precision, PyTorch's torch.set_float32_matmul_precision
+ * names): HIGH keeps f32 accuracy (the activations as f32, or a two-term
+ * bf16 split of them with vdpbf16ps: within 2^-18); MEDIUM rounds each
+ * activation to one bf16 term (nearest even; up to 2^-9 relative), as
+ * llama.cpp and vLLM's bfloat16 do, for about twice the products per
+ * instruction on AVX512-BF16. Other weight types, and the cuda backend,
+ * ignore it. */
+typedef enum mdl_matmul_prec {
+    MDL_MATMUL_HIGH = 0,
+    MDL_MATMUL_MEDIUM,
+} mdl_matmul_prec_t;
+
+/* "high", "medium" <-> precision. parse: ST_EINVAL for anything else. */
+int mdl_matmul_prec_parse(const char *s, mdl_matmul_prec_t *out);
+const char *mdl_matmul_prec_name(mdl_matmul_prec_t p);
+
 typedef struct mdl_load_opts {
     mdl_dtype_t dtype;
 } mdl_load_opts_t;
@@ -226,6 +243,8 @@ typedef struct mdl_runtime_config {
      * cuda_graphs is set; longer rows (prefill chunks) run eagerly with
      * the query-tile kernel. */
     int32_t spec_k;
+    /* BF16 weights on the cpu backend (--matmul-precision; 0: HIGH). */
+    mdl_matmul_prec_t matmul_precision;
 } mdl_runtime_config_t;
 
 typedef struct mdl_runtime mdl_runtime_t;

@@ -663,7 +663,9 @@ kn_act_init(kn_act_t *a, const float *x, int32_t n_tok, int32_t d_in, void *buf)
     a->have_q8k = 0;
     a->bh = act_carve(&p, 2 * n);
     a->bl = act_carve(&p, 2 * n);
+    a->br = (float *)(void *)a->bh; /* bl follows bh: 2n is a multiple of 64 */
     a->have_bf16 = 0;
+    a->bf16_medium = 0;
 }
 
 /* One token's 8-bit form: per block of 32, d = absmax / 127 and
@@ -789,35 +791,6 @@ kn_act_quantize_q8(kn_act_t *a)
     }
     kn__act_tokens(a, act_q8_tok);
     a->have_q8 = 1;
-}
-
-/* Token t's bf16 form (kn_quant.h: bh, bl). An infinite or NaN x keeps
- * bl = 0 (x - bh would be NaN). */
-static void
-act_bf16_tok(kn_act_t *a, int32_t t)
-{
-    const float *x = a->x + (size_t)t * a->d_in;
-    uint16_t *bh = a->bh + (size_t)t * a->d_pad, *bl = a->bl + (size_t)t * a->d_pad;
-
-    for (int32_t i = 0; i < a->d_in; i++) {
-        uint16_t h = kn_f32_to_bf16(x[i]);
-        float hf = kn_bf16_to_f32(h);
-
-        bh[i] = h;
-        bl[i] = isfinite(hf) ? kn_f32_to_bf16(x[i] - hf) : 0;
-    }
-    memset(bh + a->d_in, 0, sizeof(uint16_t) * (size_t)(a->d_pad - a->d_in));
-    memset(bl + a->d_in, 0, sizeof(uint16_t) * (size_t)(a->d_pad - a->d_in));
-}
-
-/* Makes a's bf16 form now; idempotent. */
-static void
-act_make_bf16(kn_act_t *a)
-{
-    if (!a->have_bf16) {
-        kn__act_tokens(a, act_bf16_tok);
-        a->have_bf16 = 1;
-    }
 }
 
 /* ---- reference ----------------------------------------------------------- */
@@ -1017,8 +990,8 @@ kn_matmul_w(kn_act_t *a, const kn_weight_t *w, const float *bias, float *y, int 
         kn_act_quantize_q8(a);
     } else if (wtype_is_r8(w->type)) {
         kn_act_quantize_q8k(a);
-    } else if (w->type == KN_W_BF16 && w->cols <= KN_BF16_DP_COLS && j.fn == kn__qrows_vnni) {
-        act_make_bf16(a);
+    } else if (w->type == KN_W_BF16) {
+        kn__act_bf16_for(a, j.fn == kn__qrows_vnni);
     }
     if (nt <= 1 || w->rows < 32) {
         j.fn(a, w, bias, y, accumulate, 0, w->rows);
@@ -1082,7 +1055,7 @@ kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *con
         }
         any_q |= wtype_is_q(w[i]->type) || w[i]->type == KN_W_Q8_0_R16;
         any_r8 |= wtype_is_r8(w[i]->type);
-        any_bf16 |= w[i]->type == KN_W_BF16 && w[i]->cols <= KN_BF16_DP_COLS;
+        any_bf16 |= w[i]->type == KN_W_BF16;
         j.rows += w[i]->rows;
         work += (long)a->n_tok * w[i]->rows * w[i]->cols;
     }
@@ -1092,8 +1065,8 @@ kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float *con
     if (any_r8) {
         kn_act_quantize_q8k(a);
     }
-    if (any_bf16 && j.fn == kn__qrows_vnni) {
-        act_make_bf16(a);
+    if (any_bf16) {
+        kn__act_bf16_for(a, j.fn == kn__qrows_vnni);
     }
     nt = work >= KN_QPAR ? kn_cpu_threads() : 1;
     if (nt <= 1 || j.rows < 32) {

@@ -23,7 +23,11 @@
  * activations (x = bh + bl within 2^-18, made once per input, kn_act_t)
  * with vdpbf16ps, two per 32 columns: f32-path accuracy at 1.07-1.15x
  * its rate at 32 tokens (kn_quant_body.inc has the measurements, and why
- * one term is not used). F32 weights use kn_cpu_matmul().
+ * one term is not used by default). F32 weights use kn_cpu_matmul().
+ * With kn_act_t's bf16_medium (--matmul-precision medium) BF16 weights
+ * read one bf16 term of the activations instead, at every width and
+ * every ISA level (kn_bf16m.c): vdpbf16ps on bh alone, or the FMA tile
+ * on the rounded values below AVX512-BF16.
  *
  * Products read each weight byte once and split rows over the kernel
  * thread team. On the SIMD levels a Q row is unpacked 256 columns at a
@@ -155,10 +159,24 @@ typedef struct kn_act {
      * (vdpbf16ps; made lazily by kn_matmul_w):
      *   bh, bl  (n_tok, d_pad) x = bh + bl + r per element: bh = bf16(x),
      *           bl = bf16(x - bh) (round to nearest even, x - bh exact in
-     *           f32), |r| <= 2^-18 |x|; zero past d_in */
+     *           f32), |r| <= 2^-18 |x|; zero past d_in
+     * With bf16_medium (below) BF16 weights read one term instead: bh
+     * alone on the AVX512-BF16 level (KN_BF16_ONE, bl not made), and on
+     * the other levels
+     *   br      (n_tok, d_pad) f32 bf16(x) (the same rounding; zero past
+     *           d_in), in bh and bl's bytes (KN_BF16_F32)
+     * have_bf16 says which form the bytes hold (KN_BF16_*, 0: none). */
     uint16_t *bh, *bl;
+    float *br;
     int have_bf16;
+    /* Set by the caller after kn_act_init, before any product (0 there):
+     * nonzero multiplies BF16 weights by bf16(x), one term, at every ISA
+     * level (--matmul-precision medium, kn_bf16m.c); other types ignore it. */
+    int bf16_medium;
 } kn_act_t;
+
+/* What kn_act_t's bf16 bytes hold. */
+enum { KN_BF16_TWO = 1, KN_BF16_ONE = 2, KN_BF16_F32 = 3 };
 
 size_t kn_act_bytes(int32_t n_tok, int32_t d_in);
 /* The part of kn_act_bytes(n_tok, d_in) at its end that only the bf16
@@ -296,6 +314,16 @@ void kn_matmul_w_n(kn_act_t *a, int n, const kn_weight_t *const w[], const float
  * both. Allocates. */
 void kn_matmul_w_ref(const float *x, int32_t n_tok, const kn_weight_t *w, const float *bias,
                      float *y, int accumulate);
+/* The reference of a BF16 product with bf16_medium (kernels/cpu/kn_bf16m.c):
+ * y = sum bf16(w) * bf16(x) (x rounded to nearest even, as kn_f32_to_bf16;
+ * subnormal w or bf16(x) read as zero, as vdpbf16ps does), each product
+ * exact in f32 and in double, accumulated in double, then + bias, + y when
+ * accumulating, rounded once to f32. Every ISA level computes the same
+ * exact products and differs only in the order and f32 rounding of its
+ * sums (and, below AVX512-BF16, by not flushing subnormal products: each
+ * under 2^-126 |w|). Other types: kn_matmul_w_ref. Allocates. */
+void kn_matmul_w_ref_medium(const float *x, int32_t n_tok, const kn_weight_t *w, const float *bias,
+                            float *y, int accumulate);
 /* out[t] (n_tok, w->cols) = dequantized row tokens[t] of an embedding
  * table w (rows = vocab, cols = dim; any type). Ids must be in range. */
 void kn_embed_w(const kn_weight_t *w, const int32_t *tokens, int32_t n_tok, float *out);

@@ -47,6 +47,18 @@ void kn__qrows_vnni(const kn_act_t *a, const kn_weight_t *w, const float *bias, 
  * columns and 32 tokens (bench_quant, one thread, Zen 4). The form is
  * made only for inputs such a weight reads. */
 #define KN_BF16_DP_COLS 4096
+/* The same limit with bf16_medium (one bf16 term, kn_bf16m.c): none, the
+ * single-term vdpbf16ps tile ran faster than the FMA tile at every width
+ * measured (kn_bf16m.c has the figures). */
+#define KN_BF16M_DP_COLS INT32_MAX
+
+/* Makes the bf16 form that BF16 weights reading a need (kn_bf16m.c), on
+ * the AVX512-BF16 level when dp: two terms (KN_BF16_TWO) for rows up to
+ * KN_BF16_DP_COLS, one (KN_BF16_ONE) with a->bf16_medium up to
+ * KN_BF16M_DP_COLS; else with bf16_medium the f32 rounded values
+ * (KN_BF16_F32); else nothing. Idempotent; remakes the bytes when they
+ * hold another form (one activation read at several ISA levels). */
+void kn__act_bf16_for(kn_act_t *a, int dp);
 
 /* Runs tok(a, t) for every token of a, split over the kernel team from
  * 2^15 elements (each token's activation forms depend on it alone). */

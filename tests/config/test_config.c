@@ -692,6 +692,23 @@ START_TEST(test_dtype)
 }
 END_TEST
 
+/* --matmul-precision: high (the default) or medium; anything else is
+ * refused with the choices. */
+START_TEST(test_matmul_precision)
+{
+    cfg_t c;
+
+    cfg_defaults(&c);
+    ck_assert_str_eq(c.matmul_precision, "high");
+    ck_assert_int_eq(PARSE(&c, "--matmul-precision", "medium"), ST_OK);
+    ck_assert_str_eq(c.matmul_precision, "medium");
+    ck_assert_int_eq(PARSE(&c, "--matmul-precision", "low"), ST_EINVAL);
+    assert_err_is("--matmul-precision: expected one of high|medium");
+    ck_assert_int_eq(load_text(&c, "matmul_precision = high\n"), ST_OK);
+    ck_assert_str_eq(c.matmul_precision, "high");
+}
+END_TEST
+
 START_TEST(test_example_file)
 {
     cfg_t d, c;
@@ -859,6 +876,7 @@ config_suite(void)
     tcase_add_test(tc, test_long_line);
     tcase_add_test(tc, test_round_trip);
     tcase_add_test(tc, test_dtype);
+    tcase_add_test(tc, test_matmul_precision);
     tcase_add_test(tc, test_example_file);
     tcase_add_test(tc, test_parsers);
     tcase_add_test(tc, test_watermark_and_vtc_weights);

@@ -1,7 +1,7 @@
 /* bench_quant.c - micro-benchmark of the weight kernels (kn_matmul_w),
  * not run by `meson test`.
  *
- *   bench_quant [THREADS...] [isa=N] [ms=M] [type=NAME] [ntok=N] [hot]
+ *   bench_quant [THREADS...] [isa=N] [ms=M] [type=NAME] [ntok=N] [hot] [medium]
  *
  * For each thread count (default 1 and 2): the machine's streaming read
  * bandwidth (a vectorized sum over 512 MB), then per weight type the
@@ -16,7 +16,8 @@
  * the CPU-time rates are what the kernel does when it runs (they count
  * the team's spin-waits as busy, so they never flatter a parallel run).
  * isa=N forces a kn_isa_t level; type= picks one type and ntok= one batch
- * size (any, not only 1 / 8 / 32); hot reuses one copy (weights from cache: the compute rate).
+ * size (any, not only 1 / 8 / 32); hot reuses one copy (weights from cache: the compute rate);
+ * medium sets kn_act_t bf16_medium (BF16 weights read one bf16 term).
  */
 #include <math.h>
 #include <pthread.h>
@@ -109,7 +110,7 @@ read_bw(const uint64_t *buf, int nt)
 int
 main(int argc, char **argv)
 {
-    int threads[8], n_threads = 0, isa = -1, only_ntok = 0, hot = 0;
+    int threads[8], n_threads = 0, isa = -1, only_ntok = 0, hot = 0, medium = 0;
     const char *only_type = NULL;
     double ms_budget = 300;
     static const int32_t shapes[3][2] = {{2048, 2048}, {8192, 2048}, {2048, 8192}};
@@ -123,6 +124,8 @@ main(int argc, char **argv)
         } else if (strncmp(argv[i], "ntok=", 5) == 0) {
             only_ntok = atoi(argv[i] + 5);
             only_ntok = only_ntok > 32 ? 32 : only_ntok; /* the buffers hold 32 tokens */
+        } else if (strcmp(argv[i], "medium") == 0) {
+            medium = 1;
         } else if (strcmp(argv[i], "hot") == 0) {
             hot = 1;
         } else if (strncmp(argv[i], "ms=", 3) == 0) {
@@ -232,6 +235,7 @@ main(int argc, char **argv)
                             kn_weight_t w = {t, pool + (size_t)c * mat, rbm, rows, cols};
 
                             kn_act_init(&act, x, n_tok, cols, abuf);
+                            act.bf16_medium = medium;
                             kn_matmul_w(&act, &w, NULL, y, 0);
                         }
                         dt = (now_s() - t0) / copies;

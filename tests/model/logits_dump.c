@@ -5,6 +5,8 @@
  *
  *   logits_dump MODEL CHUNK ID...
  *   logits_dump MODEL CHUNK ID... + ID...
+ *   logits_dump --matmul-precision P MODEL CHUNK ...   (high or medium:
+ *               mdl_runtime_config_t.matmul_precision; default high)
  *
  * The prompt is fed in chunks of CHUNK tokens (0: all at once) through a
  * KV pool whose blocks are handed out in a scrambled order, so the
@@ -47,7 +49,17 @@ main(int argc, char **argv)
     int32_t *tok, *pos, *slot, *rows, *table;
     int rc;
 
+    mdl_matmul_prec_t prec = MDL_MATMUL_HIGH;
+
     memset(seq, 0, sizeof(seq));
+    if (argc >= 3 && strcmp(argv[1], "--matmul-precision") == 0) {
+        if (mdl_matmul_prec_parse(argv[2], &prec) != ST_OK) {
+            fprintf(stderr, "logits_dump: bad --matmul-precision '%s'\n", argv[2]);
+            return 2;
+        }
+        argv += 2;
+        argc -= 2;
+    }
     if (argc < 4) {
         fprintf(stderr, "usage: logits_dump MODEL CHUNK ID... [+ ID...]\n");
         return 2;
@@ -87,6 +99,7 @@ main(int argc, char **argv)
         .max_num_batched_tokens = n_seqs * chunk,
         .max_num_seqs = n_seqs * chunk,
         .max_blocks_per_seq = nb_max,
+        .matmul_precision = prec,
     };
     rc = mdl_runtime_create(m, &rc_cfg, &rt, err, sizeof(err));
     if (rc != ST_OK) {
