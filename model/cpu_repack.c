@@ -10,11 +10,36 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/status.h"
 #include "model/cpu_repack.h"
 
 #define REPACK_SLAB 1024 /* rows per slab: a multiple of 16 */
+#define REPACK_HUGE ((size_t)2 << 20) /* x86-64's transparent huge page */
+
+/* A buffer of bytes for a repacked matrix (free() releases it), asking
+ * for transparent huge pages on its whole 2 MB pages: the kernels stream
+ * it once per token, and on 4 KB pages bench_quant streamed q4_K / q6_K
+ * at 8192 x 2048 22-24 GB/s against 29-30 on 2 MB pages (one thread).
+ * The tail below 2 MB keeps 4 KB pages, so no page is resident unused;
+ * where THP is off ("never") the advice is ignored. */
+static void *
+repack_alloc(size_t bytes)
+{
+    void *p = NULL;
+
+    if (bytes < REPACK_HUGE) {
+        return malloc(bytes);
+    }
+    if (posix_memalign(&p, REPACK_HUGE, bytes) != 0) {
+        return NULL;
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes / REPACK_HUGE * REPACK_HUGE, MADV_HUGEPAGE);
+#endif
+    return p;
+}
 
 /* Whether [p, p + len) lies in one of m's file mappings. */
 static int
@@ -76,7 +101,7 @@ mdl__cpu_repack(const mdl_model_t *m, kn_weight_t *w, void **own, void **src_own
     if (bytes == 0 || !repack_enabled(w->type) || (src_own == NULL && !file)) {
         return 0;
     }
-    dst = malloc(bytes);
+    dst = repack_alloc(bytes);
     if (dst == NULL) { /* the file's layout still works */
         return 0;
     }

@@ -1,7 +1,8 @@
 /* bench_quant.c - micro-benchmark of the weight kernels (kn_matmul_w),
  * not run by `meson test`.
  *
- *   bench_quant [THREADS...] [isa=N] [ms=M] [type=NAME] [ntok=N] [hot] [medium]
+ *   bench_quant [THREADS...] [isa=N] [ms=M] [type=NAME] [ntok=N] [shape=RxC] [hot] [thp]
+ *               [medium]
  *
  * For each thread count (default 1 and 2): the machine's streaming read
  * bandwidth (a vectorized sum over 512 MB), then per weight type the
@@ -18,6 +19,9 @@
  * isa=N forces a kn_isa_t level; type= picks one type and ntok= one batch
  * size (any, not only 1 / 8 / 32); hot reuses one copy (weights from cache: the compute rate);
  * medium sets kn_act_t bf16_medium (BF16 weights read one bf16 term).
+ * shape=RxC runs that one shape (C a multiple of 2048, e.g. 512x2048 for k / v);
+ * thp puts the weights on transparent huge pages (MADV_HUGEPAGE), as the
+ * model's repacked matrices are (model/cpu_repack.c).
  */
 #include <math.h>
 #include <pthread.h>
@@ -25,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "kernels/cpu/kn_cpu.h"
@@ -110,10 +115,11 @@ read_bw(const uint64_t *buf, int nt)
 int
 main(int argc, char **argv)
 {
-    int threads[8], n_threads = 0, isa = -1, only_ntok = 0, hot = 0, medium = 0;
+    int threads[8], n_threads = 0, isa = -1, only_ntok = 0, hot = 0, thp = 0, medium = 0;
     const char *only_type = NULL;
     double ms_budget = 300;
-    static const int32_t shapes[3][2] = {{2048, 2048}, {8192, 2048}, {2048, 8192}};
+    int32_t shapes[3][2] = {{2048, 2048}, {8192, 2048}, {2048, 8192}};
+    int n_shapes = 3;
     static const int32_t n_toks[3] = {1, 8, 32};
 
     for (int i = 1; i < argc; i++) {
@@ -126,6 +132,16 @@ main(int argc, char **argv)
             only_ntok = only_ntok > 32 ? 32 : only_ntok; /* the buffers hold 32 tokens */
         } else if (strcmp(argv[i], "medium") == 0) {
             medium = 1;
+        } else if (strncmp(argv[i], "shape=", 6) == 0) {
+            if (sscanf(argv[i] + 6, "%dx%d", &shapes[0][0], &shapes[0][1]) != 2 ||
+                shapes[0][0] <= 0 || shapes[0][0] % 16 != 0 || shapes[0][1] <= 0 ||
+                shapes[0][1] % 2048 != 0 || shapes[0][1] > 8192) {
+                fprintf(stderr, "shape=RxC: R a multiple of 16, C of 2048, C <= 8192\n");
+                return 1;
+            }
+            n_shapes = 1;
+        } else if (strcmp(argv[i], "thp") == 0) {
+            thp = 1;
         } else if (strcmp(argv[i], "hot") == 0) {
             hot = 1;
         } else if (strncmp(argv[i], "ms=", 3) == 0) {
@@ -146,7 +162,11 @@ main(int argc, char **argv)
     printf("kernels: %s\n", kn_isa_name(kn_cpu_isa()));
 
     uint64_t *rbuf = malloc(READ_BYTES);
-    uint8_t *pool = malloc(POOL_BYTES);
+    uint8_t *pool = aligned_alloc(2u << 20, POOL_BYTES);
+
+    if (thp) { /* as model/cpu_repack.c's buffers */
+        (void)madvise(pool, POOL_BYTES, MADV_HUGEPAGE);
+    }
     float *src = malloc(sizeof(float) * 2048 * 2048);
     float *x = malloc(sizeof(float) * 32 * 8192), *y = malloc(sizeof(float) * 32 * 8192);
     void *abuf = malloc(kn_act_bytes(32, 8192));
@@ -208,7 +228,7 @@ main(int argc, char **argv)
             for (int32_t r = 0; r < 2048 && !r8 && t != KN_W_Q8_0_R16; r++) {
                 kn_quant_row(t, src + (size_t)r * 2048, pool + rb * r, 2048);
             }
-            for (int s = 0; s < 3; s++) {
+            for (int s = 0; s < n_shapes; s++) {
                 int32_t rows = shapes[s][0], cols = shapes[s][1];
                 /* wider rows: consecutive 2048-column rows end to end */
                 size_t rbm = rb * (size_t)(cols / 2048), mat = rbm * (size_t)rows;
